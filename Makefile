@@ -1,0 +1,27 @@
+# The course in two commands: `make lab` and `make test`. Both create .venv when it is missing
+# and (re)install the course when pyproject.toml changed since the last install.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+# Two pytest workers (one per core); --dist loadfile keeps each notebook's cells on one worker.
+WORKERS ?= 2
+
+.PHONY: lab test install clean
+
+$(INSTALLED): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --editable ".[lab,test]"
+	touch $@
+
+install: $(INSTALLED)
+
+lab: $(INSTALLED)
+	cd notebooks && ../$(BIN)/jupyter lab 00_gpu_basics.ipynb
+
+test: $(INSTALLED)
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile --nbval-lax --nbval-current-env tests notebooks
+
+clean:
+	rm -rf $(VENV) release build *.egg-info

@@ -1,0 +1,171 @@
+"""Exercise checking: run a student's answer against the reference and say, in a line, what is wrong.
+
+``check(exercise_id, answer)`` tries the answer (a ``@cuda.jit`` kernel with the library
+kernel's signature, or a NumPy function, as the exercise says) on random data at several
+sizes, awkward ones included (1, 7, sizes that leave the last block partly used), prints a
+short verdict and returns a ``CheckResult`` with ``passed``, ``diagnosis`` and ``message``.
+
+Diagnosis codes:
+- ``ok``: right at every size tried;
+- ``not_implemented``: the answer still raises NotImplementedError (or is None);
+- ``not_a_kernel``: a kernel was expected (decorate it with ``@cuda.jit``);
+- ``out_of_bounds``: a thread read or wrote past the end of an array (a missing bounds guard);
+- ``raised_error``: the answer raised something else (its one-line error is shown);
+- ``wrong_shape``: the result has the wrong shape;
+- ``wrong_values``: the values differ from the reference (the first differing entry is shown);
+  entries that the answer never wrote are reported as such.
+
+Each exercise lives in ``EXERCISES`` under its id, such as ``"00_scale_add"``.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import cuda
+
+from attention_lib import basics
+from attention_lib.launch import ceil_div
+
+SEED = 2024
+
+
+@dataclass
+class CheckResult:
+    """The verdict on one answer: passed or not, a diagnosis code and a message for the student."""
+
+    exercise_id: str
+    passed: bool
+    diagnosis: str
+    message: str
+
+    def __str__(self):
+        mark = "✔" if self.passed else "✘"
+        return f"{mark} {self.exercise_id} [{self.diagnosis}]: {self.message}"
+
+
+class OutOfBoundsWrite(IndexError):
+    """A kernel wrote into the guard zone past the end of an output array."""
+
+
+@dataclass
+class Exercise:
+    """One exercise: how to run an answer on one case, and what to tell the student.
+
+    run(answer, case, rng) -> (got, expected), both NumPy arrays. `cases` are the sizes tried,
+    in order, smallest and most awkward first. Differences are accepted within
+    |got - expected| <= atol + rtol * |expected|.
+    """
+
+    exercise_id: str
+    title: str
+    kind: str                         # "kernel" or "function"
+    run: object
+    cases: list
+    hint: str
+    rtol: float = 1e-5
+    atol: float = 1e-5
+    describe_case: object = field(default=str)
+
+
+def _is_kernel(answer):
+    return hasattr(answer, "py_func") or type(answer).__name__ in ("FakeCUDAKernel", "CUDADispatcher")
+
+
+def _guarded_output(n, guard):
+    """A device vector of n + guard float32 set to NaN, and the view of its first n entries.
+
+    NaN marks entries the kernel never wrote; the guard zone behind the view catches writes
+    past the end on a real GPU, where they would otherwise land silently.
+    """
+    full = cuda.to_device(np.full(n + guard, np.nan, np.float32))
+    return full, full[:n]
+
+
+def _assert_guard_intact(full, n):
+    tail = full.copy_to_host()[n:]
+    if not np.all(np.isnan(tail)):
+        first = n + int(np.argmax(~np.isnan(tail)))
+        raise OutOfBoundsWrite(f"out[{first}] was written but out has only {n} elements")
+
+
+def _run_scale_add(kernel, n, rng):
+    alpha = np.float32(rng.uniform(-2.0, 2.0))
+    x = rng.standard_normal(n).astype(np.float32)
+    y = rng.standard_normal(n).astype(np.float32)
+    threads = basics.THREADS_PER_BLOCK
+    full, out = _guarded_output(n, guard=threads)
+    kernel[ceil_div(n, threads), threads](alpha, cuda.to_device(x), cuda.to_device(y), out)
+    _assert_guard_intact(full, n)
+    return out.copy_to_host(), basics.scale_add_reference(alpha, x, y)
+
+
+EXERCISES = {
+    "00_scale_add": Exercise(
+        exercise_id="00_scale_add",
+        title="out[i] = alpha * x[i] + y[i], one thread per element",
+        kind="kernel",
+        run=_run_scale_add,
+        # 1 and 7: fewer threads than a block; 64: exactly one block; 65 and 200: a partly used last block.
+        cases=[1, 7, 64, 65, 200],
+        describe_case=lambda n: f"n = {n} (blocks of {basics.THREADS_PER_BLOCK})",
+        hint="i = cuda.grid(1), then only if i < out.shape[0]: out[i] = alpha * x[i] + y[i]",
+    ),
+}
+
+
+def _one_line(error):
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
+
+
+def _first_difference(got, expected, rtol, atol):
+    bad = ~np.isclose(got, expected, rtol=rtol, atol=atol, equal_nan=False)
+    where = tuple(int(i) for i in np.argwhere(bad)[0])
+    index = where[0] if len(where) == 1 else where
+    return index, got[where], expected[where], int(bad.sum())
+
+
+def _judge(exercise, answer):
+    """Run every case; return (diagnosis, message)."""
+    if answer is None:
+        return "not_implemented", f"not implemented yet. Hint: {exercise.hint}"
+    if exercise.kind == "kernel" and not _is_kernel(answer):
+        return "not_a_kernel", f"expected a @cuda.jit kernel, got {type(answer).__name__}; decorate it with @cuda.jit"
+    rng = np.random.default_rng(SEED)
+    for case in exercise.cases:
+        where = exercise.describe_case(case)
+        try:
+            got, expected = exercise.run(answer, case, rng)
+        except NotImplementedError:
+            return "not_implemented", f"not implemented yet. Hint: {exercise.hint}"
+        except IndexError as error:
+            return "out_of_bounds", (f"at {where} a thread went past the end of an array ({_one_line(error)}). "
+                                     "Guard the index: threads of the last block may have no element.")
+        except Exception as error:  # the student's code may raise anything; report it in one line
+            return "raised_error", f"at {where} the answer raised {_one_line(error)}"
+        got = np.asarray(got)
+        if got.shape != expected.shape:
+            return "wrong_shape", f"at {where} the result has shape {got.shape}, expected {expected.shape}"
+        unwritten = np.isnan(got) & ~np.isnan(expected)
+        if unwritten.any():
+            return "wrong_values", (f"at {where} {int(unwritten.sum())} of {got.size} entries were never written "
+                                    f"(first at index {tuple(int(i) for i in np.argwhere(unwritten)[0])}). "
+                                    "Does every element get a thread?")
+        if not np.allclose(got, expected, rtol=exercise.rtol, atol=exercise.atol):
+            index, value, want, count = _first_difference(got, expected, exercise.rtol, exercise.atol)
+            return "wrong_values", (f"at {where} {count} of {got.size} entries differ; "
+                                    f"first at [{index}]: got {value:.6g}, expected {want:.6g}. Hint: {exercise.hint}")
+    sizes = ", ".join(str(case) for case in exercise.cases)
+    return "ok", f"correct at every size tried ({sizes}) on random data"
+
+
+def check(exercise_id, answer, verbose=True):
+    """Check `answer` for exercise `exercise_id`; print the verdict (unless not verbose) and return it."""
+    if exercise_id not in EXERCISES:
+        raise ValueError(f"exercise_id must be one of {sorted(EXERCISES)}, got {exercise_id!r}")
+    exercise = EXERCISES[exercise_id]
+    diagnosis, message = _judge(exercise, answer)
+    result = CheckResult(exercise_id, diagnosis == "ok", diagnosis, message)
+    if verbose:
+        print(result)
+    return result

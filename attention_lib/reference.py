@@ -1,0 +1,135 @@
+"""NumPy references for every stage of attention: the ground truth the kernels are checked against.
+
+Every function accumulates in float64 and returns float64, whatever it is given, so that a
+float32 kernel is compared with something more precise than itself.
+
+Conventions (PyTorch's scaled-dot-product layout):
+- per-head tensors are (..., T, d_k): any leading batch and head axes are carried along;
+- weights follow the formula: Q = x @ W_Q with W_Q of shape (d_model, d_k);
+- a masked score is -inf, and a row whose scores are all masked gets all-zero weights
+  (it attends to nothing), never NaN.
+"""
+
+import numpy as np
+
+
+def _f64(array):
+    return np.asarray(array, dtype=np.float64)
+
+
+def project(x, w, b=None):
+    """One learned linear map: x @ w (+ b).
+
+    x: (..., T, d_model); w: (d_model, d_out); b: (d_out,) or None -> (..., T, d_out).
+    """
+    out = _f64(x) @ _f64(w)
+    return out if b is None else out + _f64(b)
+
+
+def scores(q, k, scale=True):
+    """Attention scores q @ k^T, divided by sqrt(d_k) when `scale`.
+
+    q: (..., T_q, d_k); k: (..., T_k, d_k) -> (..., T_q, T_k). Entry [i, j] says how well
+    query i matches key j.
+    """
+    q, k = _f64(q), _f64(k)
+    raw = q @ np.swapaxes(k, -1, -2)                           # (..., T_q, d_k) @ (..., d_k, T_k)
+    return raw / np.sqrt(q.shape[-1]) if scale else raw
+
+
+def causal_mask(T_q, T_k=None):
+    """Boolean (T_q, T_k) matrix, True where query i may see key j.
+
+    With T_k > T_q the queries are the *last* T_q positions (as when decoding with a cache):
+    query i sits at position i + (T_k - T_q) and sees keys 0 .. that position.
+    """
+    T_k = T_q if T_k is None else T_k
+    offset = T_k - T_q
+    return np.arange(T_k)[None, :] <= np.arange(T_q)[:, None] + offset
+
+
+def apply_causal_mask(s):
+    """Scores with every future position (key j after query i) set to -inf.
+
+    s: (..., T_q, T_k) -> same shape, a new array.
+    """
+    s = _f64(s).copy()
+    s[..., ~causal_mask(s.shape[-2], s.shape[-1])] = -np.inf
+    return s
+
+
+def softmax(s, axis=-1):
+    """Softmax along `axis`, stable for large scores (the row maximum is subtracted first).
+
+    s: any shape -> same shape; along `axis` entries are >= 0 and sum to 1, except for a
+    fully masked line (all -inf), which becomes all zeros.
+    """
+    s = _f64(s)
+    row_max = np.max(s, axis=axis, keepdims=True)
+    fully_masked = np.isneginf(row_max)
+    shifted = s - np.where(fully_masked, 0.0, row_max)     # exp(x - max) never overflows
+    e = np.exp(shifted)
+    total = np.sum(e, axis=axis, keepdims=True)
+    return np.where(fully_masked, 0.0, e / np.where(total == 0.0, 1.0, total))
+
+
+def weighted_sum(a, v):
+    """Each output row is a mix of the value rows: out[i] = sum_j a[i, j] * v[j].
+
+    a: (..., T_q, T_k) attention weights; v: (..., T_k, d_v) -> (..., T_q, d_v).
+    """
+    return _f64(a) @ _f64(v)
+
+
+def split_heads(x, n_head):
+    """Cut the model width into heads.
+
+    x: (..., T, d_model) -> (..., n_head, T, d_k) with d_k = d_model / n_head; head h holds
+    columns h*d_k .. (h+1)*d_k - 1 of x.
+    """
+    x = _f64(x)
+    *lead, T, d_model = x.shape
+    if d_model % n_head:
+        raise ValueError(f"split_heads: d_model {d_model} is not divisible by n_head {n_head}")
+    d_k = d_model // n_head
+    heads = x.reshape(*lead, T, n_head, d_k)                   # (..., T, n_head, d_k)
+    return np.swapaxes(heads, -3, -2)                          # (..., n_head, T, d_k)
+
+
+def merge_heads(h):
+    """Undo split_heads: put the heads side by side again.
+
+    h: (..., n_head, T, d_k) -> (..., T, n_head * d_k).
+    """
+    h = _f64(h)
+    *lead, n_head, T, d_k = h.shape
+    side_by_side = np.swapaxes(h, -3, -2)                      # (..., T, n_head, d_k)
+    return side_by_side.reshape(*lead, T, n_head * d_k)        # (..., T, d_model)
+
+
+def attention_weights(q, k, causal=True):
+    """softmax(mask(q k^T / sqrt(d_k))): (..., T_q, d_k), (..., T_k, d_k) -> (..., T_q, T_k)."""
+    s = scores(q, k, scale=True)
+    return softmax(apply_causal_mask(s) if causal else s)
+
+
+def attention(q, k, v, causal=True):
+    """Scaled dot-product attention of one or many heads.
+
+    q: (..., T_q, d_k); k: (..., T_k, d_k); v: (..., T_k, d_v) -> (..., T_q, d_v).
+    """
+    return weighted_sum(attention_weights(q, k, causal), v)
+
+
+def multi_head_attention(x, w_q, w_k, w_v, w_o, n_head, causal=True,
+                         b_q=None, b_k=None, b_v=None, b_o=None):
+    """A whole multi-head self-attention layer.
+
+    x: (..., T, d_model); w_q, w_k, w_v, w_o: (d_model, d_model); biases (d_model,) or None
+    -> (..., T, d_model): project, split into n_head heads, attend per head, merge, then W_O.
+    """
+    q = split_heads(project(x, w_q, b_q), n_head)              # (..., n_head, T, d_k)
+    k = split_heads(project(x, w_k, b_k), n_head)
+    v = split_heads(project(x, w_v, b_v), n_head)
+    heads = attention(q, k, v, causal)                         # (..., n_head, T, d_k)
+    return project(merge_heads(heads), w_o, b_o)               # (..., T, d_model)

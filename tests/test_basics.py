@@ -1,0 +1,75 @@
+"""Notebook 00's kernels against NumPy at awkward sizes, and their launchers' input checks."""
+
+import numpy as np
+import pytest
+from attention_lib import basics
+
+# 1 and 7: less than a block; 64: exactly one; 65 and 200: a partly used last block.
+SIZES = [1, 7, 64, 65, 200]
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_add_matches_numpy(rng, n):
+    x, y = rng.standard_normal((2, n)).astype(np.float32)
+    got = basics.add(x, y)
+    assert got.dtype == np.float32 and got.shape == (n,)
+    assert np.allclose(got, x.astype(np.float64) + y, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_scale_add_matches_reference(rng, n):
+    x, y = rng.standard_normal((2, n))
+    alpha = rng.uniform(-3, 3)
+    assert np.allclose(basics.scale_add(alpha, x, y), basics.scale_add_reference(alpha, x, y), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads_per_block", [1, 3, 32, 64])
+def test_whoami_covers_every_element_once(threads_per_block):
+    n = 70
+    block_of, thread_of, global_of = basics.whoami(n, threads_per_block)
+    assert np.array_equal(global_of, np.arange(n))
+    assert np.array_equal(block_of, np.arange(n) // threads_per_block)
+    assert np.array_equal(thread_of, np.arange(n) % threads_per_block)
+
+
+def test_whoami_2d_tiles_the_matrix_with_x_along_columns():
+    rows, cols = 11, 19
+    block_of, thread_of = basics.whoami_2d(rows, cols, block=(8, 4))
+    r, c = np.indices((rows, cols))
+    blocks_across = 3                                  # ceil(19 / 8)
+    assert np.array_equal(block_of, (r // 4) * blocks_across + c // 8)
+    assert np.array_equal(thread_of, (r % 4) * 8 + c % 8)
+
+
+def test_bad_inputs_are_one_line_errors_naming_the_argument(rng):
+    x = rng.standard_normal(5)
+    with pytest.raises(ValueError, match=r"^y must have the shape of x \(5,\), got \(6,\)$"):
+        basics.add(x, np.zeros(6))
+    with pytest.raises(ValueError, match=r"^x must have shape \(n,\) \(1 axes\), got shape \(2, 3\)$"):
+        basics.add(np.zeros((2, 3)), np.zeros((2, 3)))
+    with pytest.raises(TypeError, match=r"^y must be a float array of shape \(n,\), got dtype complex128$"):
+        basics.add(x, x * 1j)
+    with pytest.raises(TypeError, match=r"^x must be a NumPy float array of shape \(n,\), got str$"):
+        basics.add("hello", x)
+    with pytest.raises(ValueError, match=r"^x contains nan at index \(2,\); it must be finite$"):
+        bad = x.copy()
+        bad[2] = np.nan
+        basics.add(bad, x)
+    with pytest.raises(ValueError, match=r"^x must not be empty, got shape \(0,\)$"):
+        basics.add(np.zeros(0), np.zeros(0))
+    with pytest.raises(TypeError, match=r"^alpha must be a finite number, got inf$"):
+        basics.scale_add(np.inf, x, x)
+
+
+def test_integer_input_is_converted(rng):
+    x = rng.integers(-5, 5, 9)
+    assert np.array_equal(basics.add(x, x), 2.0 * x)
+
+
+def test_the_simulator_refuses_launches_that_would_take_minutes(monkeypatch):
+    from attention_lib import launch
+    monkeypatch.setattr(launch, "ON_SIMULATOR", True)
+    with pytest.raises(ValueError, match=r"^basics: 2,000,000 CUDA threads would take about \d+ min on the simulator"):
+        launch.check_simulator_budget("basics", 2_000_000)
+    monkeypatch.setenv(launch.ALLOW_SLOW_VARIABLE, "1")
+    launch.check_simulator_budget("basics", 2_000_000)   # allowed on request: no error

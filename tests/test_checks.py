@@ -1,0 +1,72 @@
+"""The exercise checker: planted mistakes get their diagnosis, the right answer passes."""
+
+import numpy as np
+import pytest
+from attention_lib import basics
+from attention_lib.checks import EXERCISES, check
+from numba import cuda
+
+
+@cuda.jit
+def no_bounds_guard(alpha, x, y, out):
+    i = cuda.grid(1)
+    out[i] = alpha * x[i] + y[i]
+
+
+@cuda.jit
+def forgets_alpha(alpha, x, y, out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = x[i] + y[i]
+
+
+@cuda.jit
+def skips_the_last_element(alpha, x, y, out):
+    i = cuda.grid(1)
+    if i < out.shape[0] - 1:
+        out[i] = alpha * x[i] + y[i]
+
+
+@cuda.jit
+def only_the_first_block(alpha, x, y, out):
+    i = cuda.threadIdx.x                 # forgets blockIdx: right only while n <= one block
+    if i < out.shape[0]:
+        out[i] = alpha * x[i] + y[i]
+
+
+@cuda.jit
+def not_written_yet(alpha, x, y, out):
+    raise NotImplementedError()
+
+
+def test_the_library_kernel_passes(capsys):
+    result = check("00_scale_add", basics.scale_add_kernel)
+    assert result.passed and result.diagnosis == "ok"
+    assert capsys.readouterr().out.startswith("✔ 00_scale_add [ok]")
+
+
+@pytest.mark.parametrize("answer, diagnosis, says", [
+    (no_bounds_guard, "out_of_bounds", "Guard the index"),
+    (forgets_alpha, "wrong_values", "entries differ"),
+    (skips_the_last_element, "wrong_values", "never written"),
+    (only_the_first_block, "wrong_values", "n = 65"),
+    (not_written_yet, "not_implemented", "not implemented yet"),
+    (None, "not_implemented", "not implemented yet"),
+    (lambda alpha, x, y: alpha * x + y, "not_a_kernel", "@cuda.jit"),
+])
+def test_planted_mistakes_get_their_diagnosis(answer, diagnosis, says):
+    result = check("00_scale_add", answer, verbose=False)
+    assert not result.passed
+    assert result.diagnosis == diagnosis
+    assert says in result.message
+    assert "\n" not in str(result)
+
+
+def test_an_unknown_exercise_is_named():
+    with pytest.raises(ValueError, match="exercise_id must be one of"):
+        check("99_nothing", basics.scale_add_kernel)
+
+
+def test_every_exercise_tries_awkward_sizes():
+    for exercise in EXERCISES.values():
+        assert 1 in exercise.cases or any(np.ndim(c) and 1 in c for c in exercise.cases)
