@@ -1,4 +1,4 @@
-"""Exercise checking: run a student's answer against the reference and say, in a line, what is wrong.
+"""The checking engine: run a student's answer against the reference and say, in a line, what is wrong.
 
 ``check(exercise_id, answer)`` tries the answer (a ``@cuda.jit`` kernel with the library
 kernel's signature, or a NumPy function, as the exercise says) on random data at several
@@ -15,16 +15,14 @@ Diagnosis codes:
 - ``wrong_values``: the values differ from the reference (the first differing entry is shown);
   entries that the answer never wrote are reported as such.
 
-Each exercise lives in ``EXERCISES`` under its id, such as ``"00_scale_add"``.
+Each exercise is defined in a module ``checks/exNN_<topic>.py`` beside this one and registered
+in ``EXERCISES`` under its id, such as ``"00_scale_add"``.
 """
 
 from dataclasses import dataclass, field
 
 import numpy as np
 from numba import cuda
-
-from attention_lib import basics
-from attention_lib.launch import ceil_div
 
 SEED = 2024
 
@@ -42,10 +40,8 @@ class CheckResult:
         mark = "✔" if self.passed else "✘"
         return f"{mark} {self.exercise_id} [{self.diagnosis}]: {self.message}"
 
-
 class OutOfBoundsWrite(IndexError):
     """A kernel wrote into the guard zone past the end of an output array."""
-
 
 @dataclass
 class Exercise:
@@ -66,12 +62,10 @@ class Exercise:
     atol: float = 1e-5
     describe_case: object = field(default=str)
 
-
 def _is_kernel(answer):
     return hasattr(answer, "py_func") or type(answer).__name__ in ("FakeCUDAKernel", "CUDADispatcher")
 
-
-def _guarded_output(n, guard):
+def guarded_output(n, guard):
     """A device vector of n + guard float32 set to NaN, and the view of its first n entries.
 
     NaN marks entries the kernel never wrote; the guard zone behind the view catches writes
@@ -80,50 +74,31 @@ def _guarded_output(n, guard):
     full = cuda.to_device(np.full(n + guard, np.nan, np.float32))
     return full, full[:n]
 
-
-def _assert_guard_intact(full, n):
+def assert_guard_intact(full, n):
     tail = full.copy_to_host()[n:]
     if not np.all(np.isnan(tail)):
         first = n + int(np.argmax(~np.isnan(tail)))
         raise OutOfBoundsWrite(f"out[{first}] was written but out has only {n} elements")
 
+# Filled by the exercise modules (attention_lib/checks/ex*.py) through register().
+EXERCISES = {}
 
-def _run_scale_add(kernel, n, rng):
-    alpha = np.float32(rng.uniform(-2.0, 2.0))
-    x = rng.standard_normal(n).astype(np.float32)
-    y = rng.standard_normal(n).astype(np.float32)
-    threads = basics.THREADS_PER_BLOCK
-    full, out = _guarded_output(n, guard=threads)
-    kernel[ceil_div(n, threads), threads](alpha, cuda.to_device(x), cuda.to_device(y), out)
-    _assert_guard_intact(full, n)
-    return out.copy_to_host(), basics.scale_add_reference(alpha, x, y)
-
-
-EXERCISES = {
-    "00_scale_add": Exercise(
-        exercise_id="00_scale_add",
-        title="out[i] = alpha * x[i] + y[i], one thread per element",
-        kind="kernel",
-        run=_run_scale_add,
-        # 1 and 7: fewer threads than a block; 64: exactly one block; 65 and 200: a partly used last block.
-        cases=[1, 7, 64, 65, 200],
-        describe_case=lambda n: f"n = {n} (blocks of {basics.THREADS_PER_BLOCK})",
-        hint="i = cuda.grid(1), then only if i < out.shape[0]: out[i] = alpha * x[i] + y[i]",
-    ),
-}
-
+def register(exercise):
+    """Add an exercise to the registry; ids are unique."""
+    if exercise.exercise_id in EXERCISES:
+        raise ValueError(f"exercise id {exercise.exercise_id!r} is registered twice")
+    EXERCISES[exercise.exercise_id] = exercise
+    return exercise
 
 def _one_line(error):
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"
-
 
 def _first_difference(got, expected, rtol, atol):
     bad = ~np.isclose(got, expected, rtol=rtol, atol=atol, equal_nan=False)
     where = tuple(int(i) for i in np.argwhere(bad)[0])
     index = where[0] if len(where) == 1 else where
     return index, got[where], expected[where], int(bad.sum())
-
 
 def _judge(exercise, answer):
     """Run every case; return (diagnosis, message)."""
@@ -157,7 +132,6 @@ def _judge(exercise, answer):
                                     f"first at [{index}]: got {value:.6g}, expected {want:.6g}. Hint: {exercise.hint}")
     sizes = ", ".join(str(case) for case in exercise.cases)
     return "ok", f"correct at every size tried ({sizes}) on random data"
-
 
 def check(exercise_id, answer, verbose=True):
     """Check `answer` for exercise `exercise_id`; print the verdict (unless not verbose) and return it."""
