@@ -1,8 +1,14 @@
 """Exercise checking: ``check(exercise_id, answer)`` and the registry of every exercise.
 
 The engine (running cases, diagnosing, the verdict) is in ``engine``; each notebook's
-exercises are in ``exNN_<topic>.py`` and are registered when this package is imported.
+exercises are in ``exNN_<topic>.py`` beside it, every one of which is imported (and so
+registers its exercises) when this package is imported.
 """
 
+import importlib
+import pkgutil
+
 from attention_lib.checks.engine import EXERCISES, CheckResult, Exercise, check  # noqa: F401
-from attention_lib.checks import ex00_basics  # noqa: F401  (registers its exercises)
+
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name.startswith("ex")):
+    importlib.import_module(f"{__name__}.{_module}")
