@@ -19,6 +19,7 @@ Each exercise is defined in a module ``checks/exNN_<topic>.py`` beside this one 
 in ``EXERCISES`` under its id, such as ``"00_scale_add"``.
 """
 
+import inspect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,6 +62,10 @@ class Exercise:
     rtol: float = 1e-5
     atol: float = 1e-5
     describe_case: object = field(default=str)
+    # Optional: diagnose(got, expected, *inputs) -> (code, message) or None, asked when the values
+    # are wrong; `inputs` are whatever `run` returned after (got, expected), so a typical mistake
+    # (a missing scale, a mask on the wrong side) can be named instead of a bare wrong_values.
+    diagnose: object = None
 
 def _is_kernel(answer):
     return hasattr(answer, "py_func") or type(answer).__name__ in ("FakeCUDAKernel", "CUDADispatcher")
@@ -90,6 +95,19 @@ def register(exercise):
     EXERCISES[exercise.exercise_id] = exercise
     return exercise
 
+def _still_a_stub(answer):
+    """True when the answer's code still raises NotImplementedError (a student copy's stub).
+
+    A real GPU ignores a `raise` inside a kernel, so a stub kernel would just write nothing;
+    reading the source tells "not started" from "started but wrong" on every backend.
+    """
+    function = getattr(answer, "py_func", answer)
+    try:
+        return "raise NotImplementedError" in inspect.getsource(function)
+    except (OSError, TypeError):  # no source (built in, or typed at a prompt that keeps none)
+        return False
+
+
 def _one_line(error):
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"
@@ -104,13 +122,15 @@ def _judge(exercise, answer):
     """Run every case; return (diagnosis, message)."""
     if answer is None:
         return "not_implemented", f"not implemented yet. Hint: {exercise.hint}"
+    if _still_a_stub(answer):
+        return "not_implemented", f"not implemented yet. Hint: {exercise.hint}"
     if exercise.kind == "kernel" and not _is_kernel(answer):
         return "not_a_kernel", f"expected a @cuda.jit kernel, got {type(answer).__name__}; decorate it with @cuda.jit"
     rng = np.random.default_rng(SEED)
     for case in exercise.cases:
         where = exercise.describe_case(case)
         try:
-            got, expected = exercise.run(answer, case, rng)
+            got, expected, *inputs = exercise.run(answer, case, rng)
         except NotImplementedError:
             return "not_implemented", f"not implemented yet. Hint: {exercise.hint}"
         except IndexError as error:
@@ -127,6 +147,9 @@ def _judge(exercise, answer):
                                     f"(first at index {tuple(int(i) for i in np.argwhere(unwritten)[0])}). "
                                     "Does every element get a thread?")
         if not np.allclose(got, expected, rtol=exercise.rtol, atol=exercise.atol):
+            named = exercise.diagnose and exercise.diagnose(got, expected, *inputs)
+            if named:
+                return named[0], f"at {where} {named[1]}"
             index, value, want, count = _first_difference(got, expected, exercise.rtol, exercise.atol)
             return "wrong_values", (f"at {where} {count} of {got.size} entries differ; "
                                     f"first at [{index}]: got {value:.6g}, expected {want:.6g}. Hint: {exercise.hint}")
