@@ -7,6 +7,9 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 # Two pytest workers (one per core); --dist loadfile keeps each notebook's cells on one worker.
 WORKERS ?= 2
+# Extra flags for JupyterLab, e.g. LAB_FLAGS=--no-browser; as root (containers) it needs --allow-root.
+LAB_FLAGS ?=
+ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
 .PHONY: lab test install clean
 
@@ -18,7 +21,7 @@ $(INSTALLED): pyproject.toml
 install: $(INSTALLED)
 
 lab: $(INSTALLED)
-	cd notebooks && ../$(BIN)/jupyter lab 00_gpu_basics.ipynb
+	cd notebooks && ../$(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_FLAGS) 00_gpu_basics.ipynb
 
 test: $(INSTALLED)
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile --nbval-lax --nbval-current-env tests notebooks
