@@ -1,0 +1,99 @@
+"""Pictures for the notebooks: one function per kind of figure, each returning its axes."""
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.colors import ListedColormap
+
+
+def plot_thread_map(ids, title="Which thread wrote each element", ax=None):
+    """Draw a thread map (from ``attention_lib.sanitizer.thread_map``) as a coloured grid.
+
+    ids: (n,) or (rows, cols) int array, the id of the thread (or block) that wrote each
+    element, -1 where none did (drawn grey). A 1-D array is drawn as one row. Cells carry
+    their id when the grid is small enough to read. Returns the matplotlib axes.
+    """
+    ids = np.asarray(ids)
+    if ids.ndim not in (1, 2):
+        raise ValueError(f"ids must be 1-D or 2-D, got shape {ids.shape}")
+    grid = ids.reshape(1, -1) if ids.ndim == 1 else ids
+    if ax is None:
+        _, ax = plt.subplots(figsize=(min(12, 1 + 0.45 * grid.shape[1]),
+                                      min(8, 1 + 0.45 * grid.shape[0])))
+    written = np.unique(grid[grid >= 0])
+    if 0 < len(written) <= 20:
+        # Few writers: one distinct colour each, so neighbouring threads never look alike.
+        colours = ListedColormap(plt.get_cmap("tab20").colors[:len(written)])
+        shown = np.searchsorted(written, grid)  # rank of each id among the writers
+        vmin, vmax, dark_low = -0.5, len(written) - 0.5, False
+    else:
+        colours, shown, vmin, vmax = plt.get_cmap("viridis"), grid, 0, max(1, grid.max())
+        dark_low = True  # viridis is dark at the low end: white text there
+    colours = colours.with_extremes(bad="lightgrey")
+    ax.imshow(np.ma.masked_where(grid < 0, shown), cmap=colours, vmin=vmin, vmax=vmax,
+              interpolation="nearest")
+    if grid.size <= 32 * 32 and grid.shape[1] <= 40:  # beyond that the numbers overlap
+        for (row, col), value in np.ndenumerate(grid):
+            if value < 0:
+                continue
+            dark = dark_low and (value - vmin) / (vmax - vmin) < 0.5
+            ax.text(col, row, str(value), ha="center", va="center",
+                    color="white" if dark else "black", fontsize=7 if value >= 100 else 8)
+    ax.set_title(title)
+    ax.set_xlabel("column" if ids.ndim == 2 else "element")
+    if ids.ndim == 1:
+        ax.set_yticks([])
+    else:
+        ax.set_ylabel("row")
+    return ax
+
+
+# Colours for entries a colour scale cannot show: masked scores and never-written values.
+NEG_INF_COLOUR = "#d0d0d0"
+NAN_COLOUR = "#e8336d"
+
+
+def plot_heatmap(matrix, title="", ax=None, xlabel="key position j", ylabel="query position i",
+                 cmap="viridis", vmin=None, vmax=None, annotate=None, colorbar=True):
+    """Draw a matrix (attention scores, attention weights) as a heatmap; returns the axes.
+
+    matrix: (rows, cols) float. The colour scale covers the finite entries; -inf (a masked
+    score) is drawn light grey and NaN (a value never computed) pink, each named in a legend,
+    so that a mask and a bug never look like a small number. annotate: write each value in
+    its cell (default: only when the matrix has at most 12 x 12 entries).
+    """
+    m = np.asarray(matrix, dtype=np.float64)
+    if m.ndim != 2:
+        raise ValueError(f"matrix must be 2-D (rows, cols), got shape {m.shape}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(min(7, 2 + 0.25 * m.shape[1]), min(6, 1.5 + 0.25 * m.shape[0])))
+    finite = np.isfinite(m)
+    image = ax.imshow(np.ma.masked_where(~finite, m), cmap=plt.get_cmap(cmap).with_extremes(bad="none"),
+                      vmin=vmin, vmax=vmax, interpolation="nearest")
+    from matplotlib.patches import Patch
+    legend = []
+    for special, colour, label in ((np.isneginf(m), NEG_INF_COLOUR, "-inf (masked)"),
+                                   (np.isnan(m), NAN_COLOUR, "NaN")):
+        if special.any():
+            ax.imshow(np.ma.masked_where(~special, np.zeros_like(m)), cmap=ListedColormap([colour]),
+                      interpolation="nearest")
+            legend.append(Patch(color=colour, label=label))
+    if annotate is None:
+        annotate = m.shape[0] <= 12 and m.shape[1] <= 12
+    if annotate:
+        for (row, col), value in np.ndenumerate(m):
+            if np.isfinite(value):
+                red, green, blue, _ = image.cmap(image.norm(value))
+                light = 0.299 * red + 0.587 * green + 0.114 * blue > 0.5   # perceived brightness
+                text, colour = f"{value:.2f}", "black" if light else "white"
+            else:
+                text, colour = str(value).replace("inf", "∞"), "black"
+            ax.text(col, row, text, ha="center", va="center", fontsize=7, color=colour)
+    if colorbar and finite.any():
+        plt.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    if legend:
+        ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2,
+                  frameon=False, fontsize=8)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    return ax

@@ -1,0 +1,676 @@
+"""A small compute-sanitizer for Numba's CUDA simulator: count memory traffic, find data races,
+catch out-of-bounds indices, and show which thread wrote what.
+
+Without a GPU a kernel cannot be timed, so the course reasons about performance by counting
+memory accesses; and the most common kernel bug, a missing ``cuda.syncthreads()``, usually
+passes on the simulator by luck. This module makes both visible. It launches a ``@cuda.jit``
+kernel once on the simulator with every array argument replaced by a recording wrapper, and,
+for the length of that launch only, patches three simulator internals:
+
+- ``FakeCUDAShared.array`` (``cuda.shared.array``) so shared arrays are recorded too;
+- ``BlockThread.syncthreads`` so each thread counts the barriers it has passed;
+- the methods of ``FakeCUDAAtomic`` (``cuda.atomic.*``) so atomics are recorded as atomics.
+
+Everything is restored afterwards, also when the kernel raises. The installed package is not
+edited. On a machine whose kernels run on a real GPU the same functions work: they simulate the
+kernel's Python source on the CPU (see ``_simulated``), so a notebook's counts are the same on
+both backends. Public functions:
+
+- ``run(kernel, griddim, blockdim, *args)``: a launch with bounds checking only.
+- ``count_memory(...) -> MemoryReport``: loads, stores and atomics per element of every array.
+- ``find_races(...) -> list[Race]``: shared- and global-memory data races of one launch.
+- ``thread_map(..., array="out", by="thread")``: which thread (or block) last wrote each element.
+
+``args`` may be NumPy arrays, simulator device arrays (``cuda.to_device``) and scalars. The
+kernel writes straight into the caller's arrays, so results land where a normal launch puts them.
+An out-of-bounds index raises ``OutOfBoundsError`` in every mode.
+
+What is counted: each scalar element read ``a[i, j]`` is one load, each scalar element write
+one store (``a[i] += x`` is both), a slice assignment ``a[i, :] = 0`` one store per element;
+taking a view (``row = a[i]``) moves nothing until its elements are read. Every access counts as
+if it went to memory: no caches, no coalescing, no registers holding a value for reuse.
+``cuda.local.array`` (private to a thread) is not recorded.
+"""
+
+import inspect
+import linecache
+import os
+import re
+import sys
+import threading
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from attention_lib import runtime
+
+LOAD, STORE, ATOMIC = "read", "write", "atomic"
+GLOBAL, SHARED = "global", "shared"
+# Modes of an instrumented launch, cheapest first.
+_BOUNDS, _COUNT, _TRACE = "bounds", "count", "trace"
+_ATOMICS = ("add", "sub", "and_", "or_", "xor", "inc", "dec", "exch", "max", "min",
+            "nanmax", "nanmin", "cas", "compare_and_swap")
+
+
+class OutOfBoundsError(IndexError):
+    """An index outside an array's shape in an instrumented launch (negative indices included).
+
+    Attributes (None when the error was rebuilt from its message alone): ``block``, ``thread``
+    (blockIdx, threadIdx as tuples), ``array`` (name), ``index`` (tuple), ``shape``, ``line``
+    ("file:line" of the kernel code).
+    """
+
+    # The simulator re-creates a thread's exception as type(e)(message) before raising it in
+    # the launching thread, so the constructor must accept the message alone.
+    def __init__(self, message, *, block=None, thread=None, array=None, index=None,
+                 shape=None, line=None):
+        super().__init__(message)
+        self.block, self.thread, self.array = block, thread, array
+        self.index, self.shape, self.line = index, shape, line
+
+
+# ----------------------------------------------------------------------------------------------
+# What the kernel sees instead of an array
+
+
+def _kernel_frame():
+    """The innermost frame outside this module: the kernel (or device function) line."""
+    frame = sys._getframe(1)
+    while frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    return frame
+
+
+def _where(frame):
+    """'file:line' of a frame, the file shortened to its name."""
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+class _Target:
+    """One recorded array of a launch: a global argument or a shared-array declaration."""
+
+    def __init__(self, launch, name, space, ary):
+        mode = launch.mode
+        self.name, self.space = name, space
+        self.errors = launch.errors  # out-of-bounds errors, shared by the launch's arrays
+        self.shape, self.dtype = ary.shape, ary.dtype
+        self.recording = mode != _BOUNDS
+        # Counting needs only the element ids; list.append is atomic under the GIL, so the
+        # simulator's threads can share the lists without locks and no count is lost.
+        self.counts = {LOAD: [], STORE: [], ATOMIC: []} if mode == _COUNT else None
+        # Race finding needs who, when (barrier interval) and where, decided after the launch.
+        self.trace = [] if mode == _TRACE else None
+
+    def note(self, kind, ids):
+        """Record an access of `kind` to the element id(s) `ids` (flat index into the array)."""
+        flat = ids.ravel().tolist() if isinstance(ids, np.ndarray) else [ids]
+        if self.counts is not None:
+            self.counts[kind].extend(flat)
+            return
+        thread = threading.current_thread()
+        frame = _kernel_frame()
+        site = (frame.f_code.co_filename, frame.f_lineno)
+        interval = getattr(thread, "_sanitizer_barriers", 0)
+        try:
+            who = thread._sanitizer_who
+        except AttributeError:  # first access of this thread: (blockIdx, threadIdx) as tuples
+            who = thread._sanitizer_who = (tuple(thread.blockIdx), tuple(thread.threadIdx))
+        for element in flat:
+            self.trace.append((element, kind, who, interval, site))
+
+    def out_of_bounds(self, kind, key, shape):
+        """The error for index `key` into a view of this array with `shape`."""
+        thread = threading.current_thread()
+        frame = _kernel_frame()
+        block, tid = tuple(thread.blockIdx), tuple(thread.threadIdx)
+        index = tuple(int(i) if isinstance(i, (int, np.integer)) else i for i in key)
+        shown = ", ".join(str(i) for i in index)
+        code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+        negative = " (negative: a kernel must not rely on wrap-around)" if any(
+            isinstance(i, int) and i < 0 for i in index) else ""
+        message = (f"out-of-bounds {kind} {self.name}[{shown}]{negative}: {self.space} array "
+                   f"'{self.name}' has shape {tuple(shape)}; block {block} thread {tid} at "
+                   f"{_where(frame)}: {code}")
+        error = OutOfBoundsError(message, block=block, thread=tid, array=self.name, index=index,
+                                 shape=tuple(shape), line=_where(frame))
+        self.errors.append(error)
+        return error
+
+
+class _View:
+    """Stands in for an array (or a view of one) inside the kernel: checks and records accesses.
+
+    `_ids` has the view's shape and holds, for each of its elements, the flat index of that
+    element in the whole array, so a row view `a[i]` records into the right elements of `a`.
+    """
+
+    __slots__ = ("_ary", "_ids", "_target")
+
+    def __init__(self, ary, ids, target):
+        self._ary, self._ids, self._target = ary, ids, target
+
+    def _check(self, kind, idx):
+        """Raise OutOfBoundsError for a bad integer index; True when `idx` picks one element."""
+        key = idx if type(idx) is tuple else (idx,)
+        shape = self._ary.shape
+        single = len(key) == len(shape)
+        for axis, i in enumerate(key):
+            if isinstance(i, (int, np.integer)):
+                # NumPy (and Numba) wrap negative indices; in a kernel that is almost always an
+                # off-by-one, so a negative index is reported like any other bad one.
+                if axis >= len(shape) or not 0 <= i < shape[axis]:
+                    raise self._target.out_of_bounds(kind, key, shape)
+            else:
+                single = False
+                if not isinstance(i, slice):  # Ellipsis, None, arrays: axes no longer line up
+                    break
+        return single
+
+    def __getitem__(self, idx):
+        single = self._check(LOAD, idx)
+        value = self._ary[idx]
+        if not single:  # a view (a row, a slice): nothing is read until its elements are
+            return _View(value, self._ids[idx], self._target) if isinstance(
+                value, np.ndarray) else value
+        if self._target.recording:
+            self._target.note(LOAD, self._ids[idx])
+        return value
+
+    def __setitem__(self, idx, value):
+        self._check(STORE, idx)
+        if self._target.recording:
+            self._target.note(STORE, self._ids[idx])
+        self._ary[idx] = value
+
+    def _atomic_element(self, index):
+        """Check and record the element an atomic works on; returns the raw array for it."""
+        if not self._check(ATOMIC, index):
+            raise IndexError(f"atomic on '{self._target.name}' needs one element, got {index}")
+        if self._target.recording:
+            self._target.note(ATOMIC, self._ids[index])
+        return self._ary
+
+    @property
+    def shape(self):
+        return self._ary.shape
+
+    def __len__(self):
+        return len(self._ary)
+
+    def __iter__(self):  # `for x in row:` reads element by element, each one recorded
+        for i in range(len(self._ary)):
+            yield self[i]
+
+    def __getattr__(self, name):  # size, ndim, dtype, strides...
+        return getattr(self._ary, name)
+
+    def __repr__(self):
+        return f"<recorded {self._target.space} array '{self._target.name}' {self._ary.shape}>"
+
+
+def _wrap(ary, target):
+    return _View(ary, np.arange(ary.size).reshape(ary.shape), target)
+
+
+# ----------------------------------------------------------------------------------------------
+# The instrumented launch
+
+
+def _simulated(kernel):
+    """The kernel as the simulator runs it.
+
+    On the simulator that is the kernel itself. On a real GPU, the simulator is built from the
+    kernel's Python source (``py_func``): the simulator swaps the module's ``cuda`` for its own
+    for the length of the launch, so the same code runs on the CPU, instrumented, beside the
+    GPU. Device functions the kernel calls stay compiled for the GPU and cannot be called
+    from there: such a kernel needs a process on the simulator (ATTENTION_LIB_BACKEND=simulator).
+    """
+    if runtime.ON_SIMULATOR:
+        return kernel
+    from numba.cuda.simulator.kernel import FakeCUDAKernel
+    return FakeCUDAKernel(kernel.py_func, device=False)
+
+
+def _dim3(dims, what):
+    """(x, y, z) from an int or a tuple of 1 to 3 ints."""
+    dims = (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
+    if not 1 <= len(dims) <= 3 or any(int(d) < 1 for d in dims):
+        raise ValueError(f"{what} must be 1 to 3 positive ints, got {dims}")
+    return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
+
+
+def _shared_name(filename, lineno, taken):
+    """A readable key for a shared array: the variable it is assigned to, else file:line."""
+    match = re.match(r"\s*([A-Za-z_]\w*)\s*=", linecache.getline(filename, lineno))
+    name = match.group(1) if match else f"shared@{os.path.basename(filename)}:{lineno}"
+    return name if name not in taken else f"{name}@{lineno}"
+
+
+class _Launch:
+    """The arrays of one instrumented launch and what was recorded on them."""
+
+    def __init__(self, kernel, griddim, blockdim, mode):
+        fn = getattr(kernel, "py_func", None)
+        if fn is None or not hasattr(kernel, "__getitem__"):
+            raise TypeError(f"kernel must be a @cuda.jit kernel, got {type(kernel).__name__}")
+        self.kernel_name = fn.__name__
+        self.params = list(inspect.signature(fn).parameters)
+        self.griddim, self.blockdim = _dim3(griddim, "griddim"), _dim3(blockdim, "blockdim")
+        self.mode = mode
+        self.targets = {}  # name -> _Target: global arguments first, then shared arrays
+        self._shared = {}  # declaration (file, line) or dtype for dynamic -> _View
+        self._lock = threading.Lock()
+        self.errors = []  # out-of-bounds errors raised in the simulator's threads
+        self.device_copies = []  # (GPU device array, its host copy) to write back after the launch
+
+    def wrap_arg(self, position, arg):
+        """What the kernel receives for `arg`: a recording view for arrays, else `arg`."""
+        from numba.cuda.simulator.args import ArgHint, In
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        if isinstance(arg, ArgHint):
+            # cuda.In promises nothing is copied back: let the kernel write into a copy.
+            arg = np.array(arg.value) if isinstance(arg, In) else arg.value
+        if isinstance(arg, FakeCUDAArray):
+            arg = arg._ary  # a simulator device array is a NumPy array underneath
+        elif hasattr(arg, "copy_to_host"):
+            # A real GPU's device array: the simulated launch works on a host copy, written
+            # back to the device afterwards (see _launch), as a GPU launch would leave it.
+            device, arg = arg, arg.copy_to_host()
+            self.device_copies.append((device, arg))
+        if not isinstance(arg, np.ndarray) or arg.ndim == 0:
+            return arg
+        name = self.params[position] if position < len(self.params) else f"arg{position}"
+        self.targets[name] = _Target(self, name, GLOBAL, arg)
+        return _wrap(arg, self.targets[name])
+
+    def shared_array(self, fake_shared, original, shape, dtype, alignment=None):
+        """Replacement for FakeCUDAShared.array: the same array for every thread of a launch,
+        per declaration line (as the simulator does), wrapped for recording."""
+        from numba.cuda import types
+        from numba.cuda.np import numpy_support
+
+        caller = _kernel_frame()
+        site = (caller.f_code.co_filename, caller.f_lineno)
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        # Dynamic shared memory (shape 0) is one buffer for all declarations of a dtype.
+        key = ("dynamic", np.dtype(dtype).str) if shape == 0 else site
+        with self._lock:  # every thread of the block asks at once; create it only once
+            view = self._shared.get(key)
+            if view is None:
+                name = _shared_name(*site, self.targets) + (" (dynamic)" if shape == 0 else "")
+                ary = original(fake_shared, 0, dtype) if shape == 0 else np.empty(shape, dtype)
+                self.targets[name] = _Target(self, name, SHARED, ary)
+                view = self._shared[key] = _wrap(ary, self.targets[name])
+        return view
+
+    @property
+    def threads_per_block(self):
+        return int(np.prod(self.blockdim))
+
+    def global_id(self, block, thread, by="thread"):
+        """Linear id of a block, or of a thread: block id * threads per block + thread id,
+        both counted x fastest (CUDA's order). In a 1-D launch this equals cuda.grid(1)."""
+        (bx, by_, bz), (gx, gy, _) = block, self.griddim
+        block_id = bx + gx * (by_ + gy * bz)
+        if by == "block":
+            return block_id
+        (tx, ty, tz), (dx, dy, _) = thread, self.blockdim
+        return block_id * self.threads_per_block + tx + dx * (ty + dy * tz)
+
+
+@contextmanager
+def _instrumented(launch):
+    """Patch the simulator's shared arrays, barriers and atomics for `launch`; undo on exit."""
+    from numba.cuda.simulator import kernel as simkernel
+    from numba.cuda.simulator import kernelapi
+
+    patched = []  # (owner, attribute, original)
+
+    def patch(owner, name, replacement):
+        patched.append((owner, name, owner.__dict__[name]))
+        setattr(owner, name, replacement)
+
+    original_shared = kernelapi.FakeCUDAShared.array
+    patch(kernelapi.FakeCUDAShared, "array",
+          lambda self, shape, dtype, alignment=None:
+          launch.shared_array(self, original_shared, shape, dtype, alignment))
+
+    original_sync = simkernel.BlockThread.syncthreads
+
+    def syncthreads(thread):
+        # The k-th barrier a thread passes ends its interval k. Counted before waiting: the
+        # thread's own accesses after this call belong to the next interval.
+        thread._sanitizer_barriers = getattr(thread, "_sanitizer_barriers", 0) + 1
+        original_sync(thread)
+
+    patch(simkernel.BlockThread, "syncthreads", syncthreads)
+
+    def atomic(original):
+        def recorded(self, array, *rest):
+            if isinstance(array, _View):  # compare_and_swap works on element 0
+                index = (0,) * array.ndim if original.__name__ == "compare_and_swap" else rest[0]
+                array = array._atomic_element(index)
+            return original(self, array, *rest)
+        return recorded
+
+    for name in _ATOMICS:
+        if name in kernelapi.FakeCUDAAtomic.__dict__:
+            patch(kernelapi.FakeCUDAAtomic, name,
+                  atomic(kernelapi.FakeCUDAAtomic.__dict__[name]))
+    try:
+        yield
+    finally:
+        # After an exception the simulator aborts the block's other threads without joining
+        # them; let them finish before the patches go, so none runs half-patched.
+        for thread in threading.enumerate():
+            if isinstance(thread, simkernel.BlockThread) and thread.is_alive():
+                thread.join(timeout=2.0)
+        for owner, name, original in reversed(patched):
+            setattr(owner, name, original)
+
+
+def _launch(kernel, griddim, blockdim, args, mode, sharedmem=0):
+    """Run `kernel` once on the simulator with recording arrays; returns the _Launch."""
+    launch = _Launch(kernel, griddim, blockdim, mode)
+    wrapped = [launch.wrap_arg(position, arg) for position, arg in enumerate(args)]
+    with _instrumented(launch):
+        try:
+            _simulated(kernel)[launch.griddim, launch.blockdim, 0, sharedmem](*wrapped)
+        except OutOfBoundsError as error:
+            # The simulator re-raises a copy of the thread's error with "tid=[..] ctaid=[..]:"
+            # prefixed; raise the original, which already says all that on one line.
+            originals = [e for e in launch.errors if str(error).endswith(str(e))]
+            raise (originals[0] if originals else error) from None
+    for device, host in launch.device_copies:
+        device.copy_to_device(host)
+    return launch
+
+
+def run(kernel, griddim, blockdim, *args, sharedmem=0):
+    """Launch `kernel[griddim, blockdim](*args)` on the simulator, checking every index.
+
+    The cheapest instrumented mode: nothing is recorded. Raises OutOfBoundsError (an
+    IndexError) with a one-line message naming the block and thread, the array, the index, its
+    shape and the kernel line. A negative index counts as out of bounds: NumPy, and Numba's
+    compiled kernels too, would silently wrap it to the end of the axis (CUDA C does not), which
+    in a kernel is almost always an off-by-one such as ``a[i - 1]`` at ``i = 0``.
+
+    args: NumPy arrays, simulator device arrays, scalars; written arrays are updated in place.
+    sharedmem: bytes of dynamic shared memory, as in ``kernel[grid, block, 0, sharedmem]``.
+    """
+    _launch(kernel, griddim, blockdim, args, _BOUNDS, sharedmem)
+
+
+# ----------------------------------------------------------------------------------------------
+# Counting memory traffic
+
+
+@dataclass
+class ArrayTraffic:
+    """Accesses to one array during a launch; each count array has the array's shape.
+
+    For a shared array the counts are summed over all blocks (each block has its own copy).
+    """
+
+    name: str
+    space: str  # "global" or "shared"
+    shape: tuple
+    itemsize: int
+    loads: np.ndarray
+    stores: np.ndarray
+    atomics: np.ndarray
+
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes read plus written, an atomic counting as one read and one write."""
+        return int(self.loads.sum() + self.stores.sum() + 2 * self.atomics.sum()) * self.itemsize
+
+
+def _per_element(counts):
+    """'3' when every element has the same count, else 'min..max (mean m)'."""
+    low, high = int(counts.min()), int(counts.max())
+    return str(low) if low == high else f"{low}..{high} (mean {counts.mean():.3g})"
+
+
+@dataclass
+class MemoryReport:
+    """Memory traffic of one launch, per element of every global and shared array."""
+
+    kernel: str
+    griddim: tuple
+    blockdim: tuple
+    arrays: dict  # name -> ArrayTraffic, global arguments first, then shared arrays
+
+    @property
+    def blocks(self) -> int:
+        return int(np.prod(self.griddim))
+
+    @property
+    def threads(self) -> int:
+        return self.blocks * int(np.prod(self.blockdim))
+
+    def loads(self, name) -> np.ndarray:
+        """Loads of each element of array `name` (int array, the array's shape)."""
+        return self[name].loads
+
+    def stores(self, name) -> np.ndarray:
+        """Stores to each element of array `name` (int array, the array's shape)."""
+        return self[name].stores
+
+    def atomics(self, name) -> np.ndarray:
+        """Atomic operations on each element of array `name` (int array, the array's shape)."""
+        return self[name].atomics
+
+    def total(self, kind="loads", space=GLOBAL) -> int:
+        """Sum of `kind` ("loads", "stores", "atomics") over all arrays of `space`."""
+        return sum(int(getattr(a, kind).sum()) for a in self.arrays.values() if a.space == space)
+
+    @property
+    def global_bytes(self) -> int:
+        """Bytes moved to and from global memory, every access counted (no caches)."""
+        return sum(a.bytes_moved for a in self.arrays.values() if a.space == GLOBAL)
+
+    def __getitem__(self, name) -> ArrayTraffic:
+        if name not in self.arrays:
+            raise KeyError(f"no array {name!r} in this launch; arrays: {', '.join(self.arrays)}")
+        return self.arrays[name]
+
+    def summary(self) -> str:
+        """A text table: per array, total and per-element loads, stores and atomics."""
+        header = ("array", "space", "shape", "loads", "stores", "atomics",
+                  "loads/element", "stores/element")
+        rows = [header] + [
+            (a.name, a.space, str(a.shape), str(int(a.loads.sum())), str(int(a.stores.sum())),
+             str(int(a.atomics.sum())), _per_element(a.loads), _per_element(a.stores))
+            for a in self.arrays.values()]
+        widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
+        lines = [f"{self.kernel}: grid {self.griddim} x block {self.blockdim} = "
+                 f"{self.blocks} blocks, {self.threads} threads; "
+                 f"global memory {self.global_bytes:,} bytes moved"]
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+                  for row in rows]
+        return "\n".join(lines)
+
+    def __str__(self):
+        return self.summary()
+
+
+def count_memory(kernel, griddim, blockdim, *args, sharedmem=0) -> MemoryReport:
+    """Run `kernel` once on the simulator and count every load, store and atomic, per element.
+
+    Global arrays are keyed by the kernel's parameter name, shared arrays by the variable they
+    are assigned to (``sA = cuda.shared.array(...)`` -> "sA"), counts summed over blocks.
+    args: NumPy arrays, simulator device arrays, scalars; results land in the caller's arrays.
+    Out-of-bounds indices raise OutOfBoundsError (see `run`). Example::
+
+        report = count_memory(matmul, (2, 2), (8, 8), A, B, C)
+        report.loads("A")   # (M, K) int array: how often each element of A was read
+        print(report.summary())
+    """
+    launch = _launch(kernel, griddim, blockdim, args, _COUNT, sharedmem)
+    arrays = {}
+    for name, target in launch.targets.items():
+        size = int(np.prod(target.shape))
+        per_element = {kind: np.bincount(np.asarray(ids, dtype=np.int64), minlength=size)
+                       .reshape(target.shape) for kind, ids in target.counts.items()}
+        arrays[name] = ArrayTraffic(name, target.space, tuple(target.shape),
+                                    target.dtype.itemsize, per_element[LOAD],
+                                    per_element[STORE], per_element[ATOMIC])
+    return MemoryReport(launch.kernel_name, launch.griddim, launch.blockdim, arrays)
+
+
+# ----------------------------------------------------------------------------------------------
+# Finding races
+
+
+@dataclass
+class Race:
+    """Two threads touching one element without a barrier (or atomics) between them.
+
+    One Race stands for every element where the same two source lines race; `elements` says
+    how many, `index` is the first example. `block_*`/`thread_*` are blockIdx/threadIdx tuples,
+    `kind_*` "read", "write" or "atomic", `line_*` "file:line" of the accessing kernel code.
+    """
+
+    array: str
+    space: str
+    index: tuple
+    kind_a: str
+    block_a: tuple
+    thread_a: tuple
+    line_a: str
+    kind_b: str
+    block_b: tuple
+    thread_b: tuple
+    line_b: str
+    elements: int = 1
+
+    def __str__(self):
+        def side(kind, block, thread, line):
+            return f"{kind} by block {block} thread {thread} at {os.path.basename(line)}"
+
+        more = f" (and {self.elements - 1} more elements)" if self.elements > 1 else ""
+        return (f"race on {self.space} '{self.array}'{list(self.index)}{more}: "
+                f"{side(self.kind_a, self.block_a, self.thread_a, self.line_a)} vs "
+                f"{side(self.kind_b, self.block_b, self.thread_b, self.line_b)}")
+
+
+def _conflict(kind_a, kind_b):
+    """At least one access writes, and they are not both atomic."""
+    return (kind_a != LOAD or kind_b != LOAD) and not (kind_a == ATOMIC and kind_b == ATOMIC)
+
+
+def _concurrent_pair(accesses_a, accesses_b, space):
+    """Two accesses, one from each set of (who, interval), that no barrier orders; or None.
+
+    Threads of one block are ordered by a barrier between them (different intervals). Shared
+    memory is per block, so other blocks never meet; global memory is one, and blocks have no
+    barrier at all, so any two blocks meet.
+    """
+    by_slot = defaultdict(list)  # (block, interval) -> [who]
+    blocks_b = defaultdict(list)  # block -> [who]
+    for who, interval in accesses_b:
+        by_slot[who[0], interval].append(who)
+        blocks_b[who[0]].append(who)
+    for who, interval in accesses_a:
+        for other in by_slot[who[0], interval]:
+            if other != who:
+                return who, other
+        if space == GLOBAL:
+            for block, others in blocks_b.items():
+                if block != who[0]:
+                    return who, others[0]
+    return None
+
+
+def _races_of(target):
+    """The races in one array's trace, one Race per (array, pair of source lines)."""
+    # element -> (kind, site) -> {(who, interval)}: the order of the trace no longer matters.
+    elements = defaultdict(lambda: defaultdict(set))
+    for element, kind, who, interval, site in target.trace:
+        elements[element][kind, site].add((who, interval))
+    found = {}
+    for element in sorted(elements):
+        groups = sorted(elements[element].items())
+        hit = set()
+        for i, ((kind_a, site_a), accesses_a) in enumerate(groups):
+            for (kind_b, site_b), accesses_b in groups[i:]:
+                key = (site_a, site_b)
+                if key in hit or not _conflict(kind_a, kind_b):
+                    continue
+                pair = _concurrent_pair(sorted(accesses_a), sorted(accesses_b), target.space)
+                if pair is None:
+                    continue
+                hit.add(key)
+                if key in found:
+                    found[key].elements += 1
+                    continue
+                sides = [(kind_a, pair[0], site_a), (kind_b, pair[1], site_b)]
+                sides.sort(key=lambda s: s[0] == LOAD)  # the writer first
+                (ka, (ba, ta), sa), (kb, (bb, tb), sb) = sides
+                index = tuple(int(i) for i in np.unravel_index(element, target.shape))
+                found[key] = Race(target.name, target.space, index,
+                                  ka, ba, ta, f"{sa[0]}:{sa[1]}", kb, bb, tb, f"{sb[0]}:{sb[1]}")
+    return list(found.values())
+
+
+def _races(launch):
+    return [race for target in launch.targets.values() for race in _races_of(target)]
+
+
+def find_races(kernel, griddim, blockdim, *args, sharedmem=0) -> list:
+    """Data races of one launch of `kernel` on the simulator, as a list of Race.
+
+    Every access is recorded with its thread, barrier interval (the k-th ``syncthreads`` a
+    thread passes ends its interval k), kind and source line; the decision is made afterwards,
+    so it does not depend on the order the simulator ran the threads in. Two accesses by
+    different threads to the same element race when at least one writes, they are not both
+    atomic, and no barrier orders them:
+
+    - shared memory: same block, same interval;
+    - global memory: same block and same interval, or different blocks (blocks never wait for
+      each other), so a write in one block and a read in another also race.
+
+    One Race is returned per (array, pair of source lines), with the first element as example
+    and the number of elements affected.
+
+    What it cannot see: accesses this launch did not make (other sizes, other data, branches
+    a racy read steered elsewhere); two arguments that are the same memory (each name is its
+    own array); local arrays; barriers reached from different lines (the k-th barrier of each
+    thread is taken as the same one, as the simulator does). Warp-synchronous code without
+    barriers is reported as racy, correctly for GPUs since Volta; ``threadfence`` and memory
+    orderings between blocks are not modelled (any two blocks are unordered).
+    """
+    return _races(_launch(kernel, griddim, blockdim, args, _TRACE, sharedmem))
+
+
+# ----------------------------------------------------------------------------------------------
+# Who wrote what
+
+
+def thread_map(kernel, griddim, blockdim, *args, array="out", by="thread", sharedmem=0):
+    """Which thread (``by="thread"``) or block (``by="block"``) last wrote each element.
+
+    Returns an int array with the shape of argument `array` (a parameter name; a shared array's
+    name works too), -1 where no thread wrote. Ids are linear and count x fastest: block id =
+    bx + gx * (by + gy * bz), thread id = block id * threads per block + the thread's linear
+    index in its block; in a 1-D launch that is ``cuda.grid(1)``. Atomics count as writes.
+    "Last" is in the simulator's execution order, which for a race-free kernel is the order
+    the program imposes. Draw it with ``attention_lib.plotting.plot_thread_map``.
+    """
+    if by not in ("thread", "block"):
+        raise ValueError(f"by must be 'thread' or 'block', got {by!r}")
+    launch = _launch(kernel, griddim, blockdim, args, _TRACE, sharedmem)
+    if array not in launch.targets:
+        raise ValueError(f"array must name an array of {launch.kernel_name}; "
+                         f"got {array!r}, arrays: {', '.join(launch.targets)}")
+    target = launch.targets[array]
+    ids = np.full(int(np.prod(target.shape)), -1, dtype=np.int64)
+    for element, kind, who, _, _ in target.trace:
+        if kind != LOAD:
+            ids[element] = launch.global_id(*who, by=by)
+    return ids.reshape(target.shape)
