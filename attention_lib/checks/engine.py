@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import cuda
 
+from attention_lib import runtime, sanitizer
+
 SEED = 2024
 
 
@@ -69,6 +71,19 @@ class Exercise:
 
 def _is_kernel(answer):
     return hasattr(answer, "py_func") or type(answer).__name__ in ("FakeCUDAKernel", "CUDADispatcher")
+
+def launch(kernel, griddim, blockdim, *args):
+    """Launch a student's kernel as the library would, with out-of-bounds indices caught.
+
+    On the simulator every index is checked by the sanitizer, which names the thread, the array
+    and the index in one line; on a GPU the kernel runs for real (outputs made with
+    guarded_output catch writes past the end there).
+    """
+    if runtime.ON_SIMULATOR:
+        sanitizer.run(kernel, griddim, blockdim, *args)
+    else:
+        kernel[griddim, blockdim](*args)
+
 
 def guarded_output(n, guard):
     """A device vector of n + guard float32 set to NaN, and the view of its first n entries.
@@ -134,7 +149,7 @@ def _judge(exercise, answer):
         except NotImplementedError:
             return "not_implemented", f"not implemented yet. Hint: {exercise.hint}"
         except IndexError as error:
-            return "out_of_bounds", (f"at {where} a thread went past the end of an array ({_one_line(error)}). "
+            return "out_of_bounds", (f"at {where}: {str(error).splitlines()[0].rstrip(': ')}. "
                                      "Guard the index: threads of the last block may have no element.")
         except Exception as error:  # the student's code may raise anything; report it in one line
             return "raised_error", f"at {where} the answer raised {_one_line(error)}"

@@ -4,7 +4,7 @@ import numpy as np
 from numba import cuda
 
 from attention_lib import basics
-from attention_lib.checks.engine import Exercise, assert_guard_intact, guarded_output, register
+from attention_lib.checks.engine import Exercise, assert_guard_intact, guarded_output, launch, register
 from attention_lib.launch import ceil_div
 
 
@@ -14,7 +14,7 @@ def _run_scale_add(kernel, n, rng):
     y = rng.standard_normal(n).astype(np.float32)
     threads = basics.THREADS_PER_BLOCK
     full, out = guarded_output(n, guard=threads)
-    kernel[ceil_div(n, threads), threads](alpha, cuda.to_device(x), cuda.to_device(y), out)
+    launch(kernel, ceil_div(n, threads), threads, alpha, cuda.to_device(x), cuda.to_device(y), out)
     assert_guard_intact(full, n)
     return out.copy_to_host(), basics.scale_add_reference(alpha, x, y)
 
