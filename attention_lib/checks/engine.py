@@ -27,6 +27,7 @@ from numba import cuda
 
 from attention_lib import runtime, sanitizer
 
+
 SEED = 2024
 
 
@@ -43,8 +44,10 @@ class CheckResult:
         mark = "✔" if self.passed else "✘"
         return f"{mark} {self.exercise_id} [{self.diagnosis}]: {self.message}"
 
+
 class OutOfBoundsWrite(IndexError):
     """A kernel wrote into the guard zone past the end of an output array."""
+
 
 @dataclass
 class Exercise:
@@ -69,8 +72,10 @@ class Exercise:
     # (a missing scale, a mask on the wrong side) can be named instead of a bare wrong_values.
     diagnose: object = None
 
+
 def _is_kernel(answer):
     return hasattr(answer, "py_func") or type(answer).__name__ in ("FakeCUDAKernel", "CUDADispatcher")
+
 
 def launch(kernel, griddim, blockdim, *args):
     """Launch a student's kernel as the library would, with out-of-bounds indices caught.
@@ -94,6 +99,7 @@ def guarded_output(n, guard):
     full = cuda.to_device(np.full(n + guard, np.nan, np.float32))
     return full, full[:n]
 
+
 def assert_guard_intact(full, n):
     tail = full.copy_to_host()[n:]
     if not np.all(np.isnan(tail)):
@@ -103,12 +109,14 @@ def assert_guard_intact(full, n):
 # Filled by the exercise modules (attention_lib/checks/ex*.py) through register().
 EXERCISES = {}
 
+
 def register(exercise):
     """Add an exercise to the registry; ids are unique."""
     if exercise.exercise_id in EXERCISES:
         raise ValueError(f"exercise id {exercise.exercise_id!r} is registered twice")
     EXERCISES[exercise.exercise_id] = exercise
     return exercise
+
 
 def _still_a_stub(answer):
     """True when the answer's code still raises NotImplementedError (a student copy's stub).
@@ -127,11 +135,13 @@ def _one_line(error):
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"
 
+
 def _first_difference(got, expected, rtol, atol):
     bad = ~np.isclose(got, expected, rtol=rtol, atol=atol, equal_nan=False)
     where = tuple(int(i) for i in np.argwhere(bad)[0])
     index = where[0] if len(where) == 1 else where
     return index, got[where], expected[where], int(bad.sum())
+
 
 def _judge(exercise, answer):
     """Run every case; return (diagnosis, message)."""
@@ -170,6 +180,7 @@ def _judge(exercise, answer):
                                     f"first at [{index}]: got {value:.6g}, expected {want:.6g}. Hint: {exercise.hint}")
     sizes = ", ".join(str(case) for case in exercise.cases)
     return "ok", f"correct at every size tried ({sizes}) on random data"
+
 
 def check(exercise_id, answer, verbose=True):
     """Check `answer` for exercise `exercise_id`; print the verdict (unless not verbose) and return it."""
