@@ -218,19 +218,37 @@ def _wrap(ary, target):
 # The instrumented launch
 
 
+@contextmanager
 def _simulated(kernel):
-    """The kernel as the simulator runs it.
+    """Yield the kernel as the simulator runs it.
 
-    On the simulator that is the kernel itself. On a real GPU, the simulator is built from the
-    kernel's Python source (``py_func``): the simulator swaps the module's ``cuda`` for its own
-    for the length of the launch, so the same code runs on the CPU, instrumented, beside the
-    GPU. Device functions the kernel calls stay compiled for the GPU and cannot be called
-    from there: such a kernel needs a process on the simulator (ATTENTION_LIB_BACKEND=simulator).
+    On the simulator that is the kernel itself. On a real GPU, a simulator kernel is built from
+    the kernel's Python source (``py_func``): the simulator swaps the module's ``cuda`` for its
+    own during the launch, so the same code runs on the CPU, instrumented, beside the GPU. The
+    device functions it calls (``@cuda.jit(device=True)``, found in the globals of the kernel
+    and, in turn, of each device function) are swapped for simulator versions for as long as
+    the launch lasts.
     """
     if runtime.ON_SIMULATOR:
-        return kernel
+        yield kernel
+        return
     from numba.cuda.simulator.kernel import FakeCUDAKernel
-    return FakeCUDAKernel(kernel.py_func, device=False)
+
+    swapped = []  # (globals dict, name, compiled device function)
+
+    def swap_device_functions(fn):
+        for name, value in list(fn.__globals__.items()):
+            if getattr(value, "targetoptions", {}).get("device") and hasattr(value, "py_func"):
+                swapped.append((fn.__globals__, name, value))
+                fn.__globals__[name] = FakeCUDAKernel(value.py_func, device=True)
+                swap_device_functions(value.py_func)
+
+    swap_device_functions(kernel.py_func)
+    try:
+        yield FakeCUDAKernel(kernel.py_func, device=False)
+    finally:
+        for namespace, name, value in reversed(swapped):
+            namespace[name] = value
 
 
 def _dim3(dims, what):
@@ -379,7 +397,8 @@ def _launch(kernel, griddim, blockdim, args, mode, sharedmem=0):
     wrapped = [launch.wrap_arg(position, arg) for position, arg in enumerate(args)]
     with _instrumented(launch):
         try:
-            _simulated(kernel)[launch.griddim, launch.blockdim, 0, sharedmem](*wrapped)
+            with _simulated(kernel) as simulated:
+                simulated[launch.griddim, launch.blockdim, 0, sharedmem](*wrapped)
         except OutOfBoundsError as error:
             # The simulator re-raises a copy of the thread's error with "tid=[..] ctaid=[..]:"
             # prefixed; raise the original, which already says all that on one line.

@@ -450,11 +450,15 @@ import attention_lib
 from attention_lib import sanitizer
 assert attention_lib.BACKEND == "gpu" and type(cuda.jit(lambda: None)).__name__ == "CUDADispatcher"
 
+@cuda.jit(device=True)
+def twice(value):
+    return 2 * value
+
 @cuda.jit
 def double(a, out):
     i = cuda.grid(1)
     if i < out.shape[0]:
-        out[i] = 2 * a[i]
+        out[i] = twice(a[i])          # a device function: simulated too
 
 @cuda.jit
 def double_unguarded(a, out):
@@ -465,6 +469,7 @@ a = np.random.default_rng(1).standard_normal(20).astype(np.float32)
 out = np.zeros(20, np.float32)
 report = sanitizer.count_memory(double, 3, 8, a, out)
 assert np.array_equal(report.loads("a"), np.ones(20, int)) and np.array_equal(out, 2 * a)
+assert type(twice).__name__ == "CUDADispatcher"     # put back after the launch
 try:
     sanitizer.run(double_unguarded, 3, 8, a, cuda.to_device(out) if cuda.is_available() else out)
 except IndexError as error:
