@@ -6,7 +6,7 @@ import numpy as np
 from numba import cuda
 
 from attention_lib import projection, reference
-from attention_lib.checks.engine import Exercise, assert_guard_intact, guarded_output, register
+from attention_lib.checks.engine import Exercise, assert_guard_intact, guarded_output, launch, register
 
 
 class Case(NamedTuple):
@@ -18,7 +18,7 @@ class Case(NamedTuple):
     bias: bool
 
     def __str__(self):
-        return f"T {self.T}, d_model {self.d_model}, d_out {self.d_out}{' with bias' if self.bias else ''}"
+        return f"(T {self.T}, d_model {self.d_model}, d_out {self.d_out}{', bias' if self.bias else ''})"
 
 
 def _run_projection(kernel, case, rng):
@@ -30,7 +30,10 @@ def _run_projection(kernel, case, rng):
     # the last block can reach, so a write past the end lands there, also on a real GPU.
     full, flat = guarded_output(n, guard=projection.TILE * (case.d_out + 1))
     out = flat.reshape(case.T, case.d_out)                      # (T, d_out) view of the first n
-    projection.launch_projection(kernel, cuda.to_device(x), cuda.to_device(w), cuda.to_device(b), out)
+    # The library's grid and blocks (projection.launch_projection), through the engine's launch
+    # so that on the simulator an out-of-bounds index is reported in one line.
+    grid, block = projection.launch_shape(case.T, case.d_out)
+    launch(kernel, grid, block, cuda.to_device(x), cuda.to_device(w), cuda.to_device(b), out)
     assert_guard_intact(full, n)
     return out.copy_to_host(), reference.project(x, w, b if case.bias else None)
 
@@ -40,7 +43,6 @@ register(Exercise(
     title="out = x @ w (+ b), one thread per output element",
     kind="kernel",
     run=_run_projection,
-    describe_case=lambda case: f"{case}:",      # "at T 7, d_model 24, d_out 20: 3 of 140 entries differ"
     # First a square w (as W_Q for all heads at once), so that w[col, k] in place of w[k, col]
     # stays in bounds and shows up as wrong values; then sizes that are not multiples of the
     # 16 x 16 block, one row only, several blocks down and across, with and without bias.

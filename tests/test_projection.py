@@ -1,0 +1,234 @@
+"""Notebook 01: the projection kernels against NumPy, their memory reads counted, fused QKV,
+batched input, bad inputs, and the exercise's planted mistakes."""
+
+import numpy as np
+import pytest
+from attention_lib import projection, reference
+from attention_lib.checks import check
+from attention_lib.launch import ceil_div
+from numba import cuda
+
+TILE = projection.TILE
+# (T, d_model, d_out): one row; a few rows, neither width a multiple of the 16-wide tile;
+# T 33 = two full tiles and one row more, d_out 17 = one tile and one column more.
+AWKWARD = [(1, 5, 3), (7, 24, 20), (33, 24, 17)]
+
+
+def tolerance(d_model):
+    """float32 kernel vs float64 reference: each output sums d_model products, and rounding
+    errors of a sum of K terms grow like sqrt(K) times float32's 1e-7; 1e-5 * sqrt(K) leaves room."""
+    return 1e-5 * np.sqrt(d_model)
+
+
+def random_problem(rng, T, d_model, d_out, lead=()):
+    x = rng.standard_normal((*lead, T, d_model)).astype(np.float32)
+    w = rng.standard_normal((d_model, d_out)).astype(np.float32)
+    b = rng.standard_normal(d_out).astype(np.float32)
+    return x, w, b
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("T, d_model, d_out", AWKWARD)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_project_matches_reference(rng, version, T, d_model, d_out, with_bias):
+    x, w, b = random_problem(rng, T, d_model, d_out)
+    b = b if with_bias else None
+    got = projection.project(x, w, b, version=version)
+    assert got.dtype == np.float32 and got.shape == (T, d_out)
+    tol = tolerance(d_model)
+    assert np.allclose(got, reference.project(x, w, b), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_batched_input_keeps_its_leading_axes(rng, version):
+    # (B, H, T, d_model): two leading axes, flattened into 2 * 3 * 5 = 30 rows by the launcher.
+    x, w, b = random_problem(rng, 5, 6, 7, lead=(2, 3))
+    got = projection.project(x, w, b, version=version)
+    assert got.shape == (2, 3, 5, 7)
+    assert np.allclose(got, reference.project(x, w, b), rtol=tolerance(6), atol=tolerance(6))
+    # each sequence of the batch on its own gives the same rows
+    assert np.allclose(got[1, 2], projection.project(x[1, 2], w, b, version=version), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fused_qkv_equals_three_separate_projections(rng, with_bias):
+    B, T, d_model = 2, 7, 12
+    x = rng.standard_normal((B, T, d_model)).astype(np.float32)
+    w_q, w_k, w_v = rng.standard_normal((3, d_model, d_model)).astype(np.float32)
+    b_q, b_k, b_v = rng.standard_normal((3, d_model)).astype(np.float32)
+    w_qkv = np.concatenate([w_q, w_k, w_v], axis=1)            # (d_model, 3 * d_model), as c_attn
+    b_qkv = np.concatenate([b_q, b_k, b_v]) if with_bias else None
+    q, k, v = projection.project_qkv(x, w_qkv, b_qkv)
+    for got, w, b in [(q, w_q, b_q), (k, w_k, b_k), (v, w_v, b_v)]:
+        b = b if with_bias else None
+        assert got.shape == (B, T, d_model)
+        # the same kernel computes the same sums in the same order: equal to the last bit
+        assert np.array_equal(got, projection.project(x, w, b))
+        assert np.allclose(got, reference.project(x, w, b), rtol=tolerance(d_model), atol=tolerance(d_model))
+
+
+@pytest.mark.parametrize("T, d_model, d_out", [(33, 24, 17), (16, 16, 16), (5, 40, 33)])
+def test_global_reads_per_element_are_exact(rng, T, d_model, d_out):
+    from attention_lib import sanitizer
+    x, w, b = random_problem(rng, T, d_model, d_out)
+    grid, block = projection.launch_shape(T, d_out)
+    expected = {1: (d_out, T), 2: (ceil_div(d_out, TILE), ceil_div(T, TILE))}
+    for version, (x_reads, w_reads) in expected.items():
+        assert projection.global_reads(T, d_out, version) == (x_reads, w_reads)
+        out = np.full((T, d_out), np.nan, np.float32)
+        report = sanitizer.count_memory(projection.KERNELS[version], grid, block, x, w, b, out)
+        assert np.all(report.loads("x") == x_reads), version
+        assert np.all(report.loads("w") == w_reads), version
+        assert np.all(report.loads("b") == T), version            # once per output row
+        assert np.all(report.stores("out") == 1) and report.loads("out").sum() == 0, version
+        assert np.allclose(out, reference.project(x, w, b), rtol=tolerance(d_model), atol=tolerance(d_model))
+
+
+def test_cost_formulas_at_full_size():
+    # ANDREA-120M's fused QKV: T 1024, d_model 768, d_out 3 * 768
+    assert projection.flops(1024, 768, 2304) == 3_623_878_656
+    assert projection.global_reads(1024, 2304, 1) == (2304, 1024)
+    assert projection.global_reads(1024, 2304, 2) == (144, 64)
+    with pytest.raises(ValueError, match=r"^version must be one of \[1, 2\], got 0$"):
+        projection.global_reads(1024, 2304, 0)
+
+
+def test_without_bias_nothing_is_read_for_it(rng):
+    from attention_lib import sanitizer
+    x, w, _ = random_problem(rng, 3, 4, 5)
+    grid, block = projection.launch_shape(3, 5)
+    report = sanitizer.count_memory(projection.projection_kernel_v2, grid, block, x, w,
+                                    np.zeros(0, np.float32), np.zeros((3, 5), np.float32))
+    assert report.loads("b").size == 0
+    assert report.total("loads") == 3 * 4 + 4 * 5     # x and w once each: one tile covers both
+
+
+def test_the_grid_has_one_thread_per_output_and_partly_used_edge_blocks():
+    grid, block = projection.launch_shape(33, 17)
+    assert block == (TILE, TILE)
+    assert grid == (2, 3)            # x: ceil(17 / 16) blocks across d_out, y: ceil(33 / 16) down T
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda x, w, b: projection.project(x[0, 0], w), ValueError,
+     r"^x must have shape \(\.\.\., T, d_model\) \(at least 2 axes\), got shape \(4,\)$"),
+    (lambda x, w, b: projection.project(x, w[0]), ValueError,
+     r"^w must have shape \(d_model, d_out\) \(2 axes\), got shape \(5,\)$"),
+    (lambda x, w, b: projection.project(x, w.T), ValueError,
+     r"^w must have shape \(4, d_out\) \(d_model = the last axis of x\), got \(5, 4\)$"),
+    (lambda x, w, b: projection.project(x, w, b[:3]), ValueError,
+     r"^b must have shape \(5,\) \(the last axis of w\), got \(3,\)$"),
+    (lambda x, w, b: projection.project(x, w, version=3), ValueError,
+     r"^version must be one of \[1, 2\], got 3$"),
+    (lambda x, w, b: projection.project(x * 1j, w), TypeError,
+     r"^x must be a float array of shape \(\.\.\., T, d_model\), got dtype complex64$"),
+    (lambda x, w, b: projection.project(np.where(x > 0, np.nan, x), w), ValueError,
+     r"^x contains nan at index \(\d+, \d+, \d+\); it must be finite$"),
+    (lambda x, w, b: projection.project_qkv(x, w), ValueError,
+     r"^w_qkv must have shape \(4, 3 \* d\) \(\[W_Q \| W_K \| W_V\], d_model = the last axis of x\), "
+     r"got \(4, 5\)$"),
+    (lambda x, w, b: projection.project_qkv(x, np.zeros((4, 6)), b), ValueError,
+     r"^b_qkv must have shape \(6,\) \(the last axis of w_qkv\), got \(5,\)$"),
+])
+def test_bad_inputs_are_one_line_errors_naming_the_argument(rng, call, error, message):
+    x, w, b = random_problem(rng, 3, 4, 5, lead=(2,))
+    with pytest.raises(error, match=message):
+        call(x, w, b)
+
+
+def test_the_simulator_refuses_a_full_size_projection(monkeypatch):
+    from attention_lib import launch
+    monkeypatch.setattr(launch, "ON_SIMULATOR", True)
+    monkeypatch.delenv(launch.ALLOW_SLOW_VARIABLE, raising=False)
+    # ANDREA-120M's fused QKV: 1024 x 2304 outputs, far beyond the simulator's budget. The
+    # check runs before anything is copied, so zeros of the right shape are enough.
+    with pytest.raises(ValueError, match=r"^project: 2,359,296 CUDA threads would take about"):
+        projection.project(np.zeros((1024, 768), np.float32), np.zeros((768, 2304), np.float32))
+
+
+# --- The exercise: planted mistakes get their diagnosis ------------------------------------
+
+@cuda.jit
+def no_bounds_guard(x, w, b, out):
+    col, row = cuda.grid(2)
+    acc = 0.0
+    for k in range(x.shape[1]):
+        acc += x[row, k] * w[k, col]
+    if b.shape[0] > 0:
+        acc += b[col]
+    out[row, col] = acc
+
+
+@cuda.jit
+def transposed_w(x, w, b, out):
+    col, row = cuda.grid(2)
+    if row < out.shape[0] and col < out.shape[1]:
+        acc = 0.0
+        for k in range(x.shape[1]):
+            acc += x[row, k] * w[col, k]          # w read as if it were (d_out, d_model)
+        if b.shape[0] > 0:
+            acc += b[col]
+        out[row, col] = acc
+
+
+@cuda.jit
+def only_the_first_block(x, w, b, out):
+    col, row = cuda.threadIdx.x, cuda.threadIdx.y   # forgets blockIdx: right while out fits one block
+    if row < out.shape[0] and col < out.shape[1]:
+        acc = 0.0
+        for k in range(x.shape[1]):
+            acc += x[row, k] * w[k, col]
+        if b.shape[0] > 0:
+            acc += b[col]
+        out[row, col] = acc
+
+
+@cuda.jit
+def forgets_the_bias(x, w, b, out):
+    col, row = cuda.grid(2)
+    if row < out.shape[0] and col < out.shape[1]:
+        acc = 0.0
+        for k in range(x.shape[1]):
+            acc += x[row, k] * w[k, col]
+        out[row, col] = acc
+
+
+@cuda.jit
+def rows_and_columns_swapped(x, w, b, out):
+    row, col = cuda.grid(2)                          # y taken as the column: fine only when square
+    if row < out.shape[0] and col < out.shape[1]:
+        acc = 0.0
+        for k in range(x.shape[1]):
+            acc += x[row, k] * w[k, col]
+        if b.shape[0] > 0:
+            acc += b[col]
+        out[row, col] = acc
+
+
+@cuda.jit
+def not_written_yet(x, w, b, out):
+    raise NotImplementedError()
+
+
+@pytest.mark.parametrize("kernel", [projection.projection_kernel_v1, projection.projection_kernel_v2])
+def test_the_library_kernels_pass_the_exercise(kernel, capsys):
+    result = check("01_projection_naive", kernel)
+    assert result.passed and result.diagnosis == "ok"
+    assert capsys.readouterr().out.startswith("✔ 01_projection_naive [ok]")
+
+
+@pytest.mark.parametrize("answer, diagnosis, says", [
+    (no_bounds_guard, "out_of_bounds", "out-of-bounds read x["),
+    (transposed_w, "wrong_values", "at (T 1, d_model 5, d_out 5) 5 of 5 entries differ"),
+    (only_the_first_block, "wrong_values", "were never written"),
+    (forgets_the_bias, "wrong_values", "(T 7, d_model 24, d_out 20, bias)"),
+    (rows_and_columns_swapped, "wrong_values", "at (T 7, d_model 24, d_out 20, bias) 28 of 140 entries were never written"),
+    (not_written_yet, "not_implemented", "not implemented yet"),
+    (lambda x, w, b, out: None, "not_a_kernel", "@cuda.jit"),
+])
+def test_planted_mistakes_get_their_diagnosis(answer, diagnosis, says):
+    result = check("01_projection_naive", answer, verbose=False)
+    assert not result.passed
+    assert result.diagnosis == diagnosis
+    assert says in result.message
+    assert "\n" not in str(result)
