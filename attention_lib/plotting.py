@@ -39,6 +39,8 @@ def plot_thread_map(ids, title="Which thread wrote each element", ax=None):
             ax.text(col, row, str(value), ha="center", va="center",
                     color="white" if dark else "black", fontsize=7 if value >= 100 else 8)
     ax.set_title(title)
+    ax.xaxis.get_major_locator().set_params(integer=True)   # element indices: no 2.5
+    ax.yaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("column" if ids.ndim == 2 else "element")
     if ids.ndim == 1:
         ax.set_yticks([])

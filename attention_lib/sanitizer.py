@@ -450,7 +450,9 @@ class ArrayTraffic:
 
 
 def _per_element(counts):
-    """'3' when every element has the same count, else 'min..max (mean m)'."""
+    """'3' when every element has the same count, else 'min..max (mean m)'; '-' for an empty array."""
+    if counts.size == 0:
+        return "-"
     low, high = int(counts.min()), int(counts.max())
     return str(low) if low == high else f"{low}..{high} (mean {counts.mean():.3g})"
 

@@ -517,3 +517,18 @@ def test_count_memory_overhead(kernel, limit):
           f"ratio {counted / plain:.2f}")
     np.testing.assert_allclose(C, A.astype(np.float64) @ B, rtol=1e-4, atol=1e-4)
     assert counted < limit * plain
+
+
+@cuda.jit
+def copy_with_optional_bias(a, b, out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = a[i] + (b[i] if b.shape[0] > 0 else 0.0)
+
+
+def test_summary_handles_an_empty_argument():
+    a = np.random.default_rng(3).standard_normal(5).astype(np.float32)
+    out = np.zeros(5, np.float32)
+    report = sanitizer.count_memory(copy_with_optional_bias, 1, 8, a, np.zeros(0, np.float32), out)
+    assert report.loads("b").shape == (0,)
+    assert "b" in report.summary() and np.array_equal(out, a)

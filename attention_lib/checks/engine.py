@@ -162,21 +162,21 @@ def _judge(exercise, answer):
             return "out_of_bounds", (f"at {where}: {str(error).splitlines()[0].rstrip(': ')}. "
                                      "Guard the index: threads of the last block may have no element.")
         except Exception as error:  # the student's code may raise anything; report it in one line
-            return "raised_error", f"at {where} the answer raised {_one_line(error)}"
+            return "raised_error", f"at {where}: the answer raised {_one_line(error)}"
         got = np.asarray(got)
         if got.shape != expected.shape:
-            return "wrong_shape", f"at {where} the result has shape {got.shape}, expected {expected.shape}"
+            return "wrong_shape", f"at {where}: the result has shape {got.shape}, expected {expected.shape}"
         unwritten = np.isnan(got) & ~np.isnan(expected)
         if unwritten.any():
-            return "wrong_values", (f"at {where} {int(unwritten.sum())} of {got.size} entries were never written "
+            return "wrong_values", (f"at {where}: {int(unwritten.sum())} of {got.size} entries were never written "
                                     f"(first at index {tuple(int(i) for i in np.argwhere(unwritten)[0])}). "
                                     "Does every element get a thread?")
         if not np.allclose(got, expected, rtol=exercise.rtol, atol=exercise.atol):
             named = exercise.diagnose and exercise.diagnose(got, expected, *inputs)
             if named:
-                return named[0], f"at {where} {named[1]}"
+                return named[0], f"at {where}: {named[1]}"
             index, value, want, count = _first_difference(got, expected, exercise.rtol, exercise.atol)
-            return "wrong_values", (f"at {where} {count} of {got.size} entries differ; "
+            return "wrong_values", (f"at {where}: {count} of {got.size} entries differ; "
                                     f"first at [{index}]: got {value:.6g}, expected {want:.6g}. Hint: {exercise.hint}")
     sizes = ", ".join(str(case) for case in exercise.cases)
     return "ok", f"correct at every size tried ({sizes}) on random data"

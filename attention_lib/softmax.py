@@ -1,0 +1,194 @@
+"""Row softmax (notebook 04): turn each row of masked, scaled scores into attention weights.
+
+A[i, j] = exp(s[i, j]) / sum_k exp(s[i, k]), computed as exp(s[i, j] - m_i) / sum_k exp(s[i, k] - m_i)
+with m_i the row's maximum: the factor exp(-m_i) cancels, so the value is the same, but no term
+exceeds exp(0) = 1 (no overflow) and the largest term is exactly 1 (the sum is never 0). Every row
+is independent; the leading axes of s (..., T_q) are flattened into rows.
+
+Fully masked rows (every score -inf, as ``reference.py`` and ``mask.py`` define them) get
+all-zero weights: the query attends to nothing, never NaN.
+
+- NumPy reference: ``attention_lib.reference.softmax`` (not repeated here).
+- ``online_softmax``: the same weights computed block by block along a row with a running max
+  and a running sum, in NumPy; the idea notebook 07's fused attention kernel is built on.
+- ``softmax_kernel_v1``: one thread per row, three passes over the row (max, sum, normalise).
+- ``block_max``, ``block_sum`` + ``softmax_kernel_v2``: one block of THREADS_PER_ROW threads
+  per row; the threads stride over the row and combine their partial max and sum with a
+  tree reduction in shared memory.
+- Launcher ``softmax(s, version=2, kernel=None)``.
+"""
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from attention_lib.launch import ceil_div, check_simulator_budget
+from attention_lib.runtime import ON_SIMULATOR
+from attention_lib.validation import as_float32, require
+
+# v1: one thread per row, rows grouped 32 to a block (one warp).
+ROWS_PER_BLOCK = 32
+# v2: the threads that share one row; a power of two, as the tree reduction halves it each
+# round. On a GPU 128 (4 warps): ANDREA-120M's T = 1024 gives each thread 8 scores, and 16
+# resident blocks of 128 fill an SM's 2,048 thread slots (blocks of 32 would stop at 32
+# blocks, half of them). On the simulator 32: every barrier costs tens of milliseconds per
+# block, and 32 threads already cover ANDREA-sim's T = 32 with one score each.
+THREADS_PER_ROW = 32 if ON_SIMULATOR else 128
+
+
+# --- NumPy: the online softmax -----------------------------------------------------------
+
+def online_softmax(s, block=8):
+    """Row softmax computed `block` columns at a time with a running max m and running sum l.
+
+    s: (..., T_k) float (-inf allowed) -> (..., T_k) float64, equal to reference.softmax(s).
+    After each block, l = sum of exp(s - m) over the columns seen so far; when a block raises
+    the max from m_old to m_new, the old sum is rescaled by exp(m_old - m_new).
+    """
+    s = np.asarray(s, dtype=np.float64)
+    m = np.full(s.shape[:-1], -np.inf)                   # running max of each row
+    l = np.zeros(s.shape[:-1])                           # running sum of exp(s - m)
+    for start in range(0, s.shape[-1], block):
+        chunk = s[..., start:start + block]              # (..., <= block)
+        m_new = np.maximum(m, chunk.max(axis=-1))
+        shift = np.where(np.isneginf(m_new), 0.0, m_new) # nothing but -inf yet: l stays 0
+        l = l * np.exp(m - shift) + np.exp(chunk - shift[..., None]).sum(axis=-1)
+        m = m_new
+    masked = np.isneginf(m)[..., None]                   # fully masked rows: all-zero weights
+    shift = np.where(masked, 0.0, m[..., None])
+    return np.where(masked, 0.0, np.exp(s - shift) / np.where(masked, 1.0, l[..., None]))
+
+
+# --- Kernels -----------------------------------------------------------------------------
+
+@cuda.jit
+def softmax_kernel_v1(s, out):
+    """Naive row softmax: one thread per row, three passes over its T_k scores.
+
+    s: (rows, T_k) float32, -inf for masked scores; out: (rows, T_k) float32, written.
+    Thread `row` = cuda.grid(1) reads s[row, :] three times: for the max, for the sum of
+    exp(s - max), and to write the normalised weights. A row of -inf gets zeros.
+    """
+    row = cuda.grid(1)
+    if row < s.shape[0]:                   # the last block may hang past the last row
+        t_k = s.shape[1]
+        row_max = np.float32(-math.inf)    # float32 throughout, as on the GPU
+        for j in range(t_k):               # pass 1: the largest score
+            row_max = max(row_max, s[row, j])
+        if row_max == -math.inf:           # every score masked: attend to nothing
+            for j in range(t_k):
+                out[row, j] = 0.0
+            return
+        total = np.float32(0.0)
+        for j in range(t_k):               # pass 2: every term is <= exp(0) = 1, one of them 1
+            total += math.exp(s[row, j] - row_max)
+        inv_total = np.float32(1.0) / total
+        for j in range(t_k):               # pass 3: one division per row, a product per weight
+            out[row, j] = math.exp(s[row, j] - row_max) * inv_total
+
+
+@cuda.jit(device=True)
+def block_max(partial, value):
+    """Max of `value` over the THREADS_PER_ROW threads of the block; every thread gets it.
+
+    partial: (THREADS_PER_ROW,) float32 shared array, overwritten. Every thread of the block
+    must call it (it waits at barriers). Tree reduction: each round the first half of the
+    active threads combine their entry with one from the second half, log2(THREADS_PER_ROW) rounds.
+    """
+    tid = cuda.threadIdx.x
+    partial[tid] = value
+    cuda.syncthreads()                     # wait: every thread's value is in `partial`
+    stride = THREADS_PER_ROW // 2
+    while stride > 0:
+        if tid < stride:
+            partial[tid] = max(partial[tid], partial[tid + stride])
+        cuda.syncthreads()                 # wait: this round is written before the next reads it
+        stride //= 2
+    result = partial[0]
+    cuda.syncthreads()                     # wait: all have read partial[0] before it is reused
+    return result
+
+
+@cuda.jit(device=True)
+def block_sum(partial, value):
+    """Sum of `value` over the THREADS_PER_ROW threads of the block; every thread gets it.
+
+    The same tree reduction as block_max, with + instead of max.
+    """
+    tid = cuda.threadIdx.x
+    partial[tid] = value
+    cuda.syncthreads()                     # wait: every thread's value is in `partial`
+    stride = THREADS_PER_ROW // 2
+    while stride > 0:
+        if tid < stride:
+            partial[tid] += partial[tid + stride]
+        cuda.syncthreads()                 # wait: this round is written before the next reads it
+        stride //= 2
+    result = partial[0]
+    cuda.syncthreads()                     # wait: all have read partial[0] before it is reused
+    return result
+
+
+@cuda.jit
+def softmax_kernel_v2(s, out):
+    """Row softmax with one block of THREADS_PER_ROW threads per row.
+
+    s: (rows, T_k) float32, -inf for masked scores; out: (rows, T_k) float32, written.
+    Grid: one block per row (row = blockIdx.x). Thread tid handles columns tid, tid + THREADS_PER_ROW,
+    tid + 2 * THREADS_PER_ROW, ...: any T_k works, and neighbouring threads read neighbouring
+    scores. Threads with no column (T_k < THREADS_PER_ROW) still join the reductions with the
+    neutral values -inf and 0.
+    """
+    partial = cuda.shared.array(THREADS_PER_ROW, np.float32)  # one slot per thread, reused
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    t_k = s.shape[1]
+    my_max = np.float32(-math.inf)
+    for j in range(tid, t_k, THREADS_PER_ROW):                # pass 1: this thread's max
+        my_max = max(my_max, s[row, j])
+    row_max = block_max(partial, my_max)                      # the same value in every thread
+    if row_max == -math.inf:
+        # Every score masked. The test is the same in every thread of the block, so all of
+        # them leave here together and none is left waiting at a barrier in block_sum.
+        for j in range(tid, t_k, THREADS_PER_ROW):
+            out[row, j] = 0.0
+        return
+    my_total = np.float32(0.0)
+    for j in range(tid, t_k, THREADS_PER_ROW):                # pass 2: this thread's sum
+        my_total += math.exp(s[row, j] - row_max)
+    inv_total = np.float32(1.0) / block_sum(partial, my_total)
+    for j in range(tid, t_k, THREADS_PER_ROW):                # pass 3: normalise
+        out[row, j] = math.exp(s[row, j] - row_max) * inv_total
+
+
+# --- Launcher ----------------------------------------------------------------------------
+
+KERNELS = {1: softmax_kernel_v1, 2: softmax_kernel_v2}
+
+
+def softmax_grid(rows, version):
+    """(grid, block) for `rows` rows: v1 one thread per row, v2 one block per row."""
+    if version == 1:
+        return ceil_div(rows, ROWS_PER_BLOCK), ROWS_PER_BLOCK
+    return rows, THREADS_PER_ROW
+
+
+def softmax(s, version=2, kernel=None):
+    """Attention weights: the softmax of each row of s, on the device.
+
+    s: (..., T_q, T_k) float, -inf for masked scores (NaN and +inf are refused)
+    -> (..., T_q, T_k) float32; each row >= 0 and summing to 1, or all 0 when fully masked.
+    version: 1 (one thread per row) or 2 (one block per row); kernel: any kernel with that
+    version's signature and thread mapping, launched on its grid (a student's, for instance).
+    """
+    require(version in KERNELS, f"version must be 1 or 2, got {version!r}")
+    s = as_float32("s", s, "(..., T_q, T_k)", min_ndim=2, allow_neg_inf=True)
+    t_k = s.shape[-1]
+    rows = math.prod(s.shape[:-1])
+    grid, block = softmax_grid(rows, version)
+    check_simulator_budget("softmax", grid * block)
+    d_s = cuda.to_device(s.reshape(rows, t_k))                # (rows = ... x T_q, T_k)
+    d_out = cuda.device_array((rows, t_k), np.float32)
+    (KERNELS[version] if kernel is None else kernel)[grid, block](d_s, d_out)
+    return d_out.copy_to_host().reshape(s.shape)              # (..., T_q, T_k)
