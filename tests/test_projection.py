@@ -219,10 +219,10 @@ def test_the_library_kernels_pass_the_exercise(kernel, capsys):
 
 @pytest.mark.parametrize("answer, diagnosis, says", [
     (no_bounds_guard, "out_of_bounds", "out-of-bounds read x["),
-    (transposed_w, "wrong_values", "at (T 1, d_model 5, d_out 5) 5 of 5 entries differ"),
+    (transposed_w, "wrong_values", "at (T 1, d_model 5, d_out 5): 5 of 5 entries differ"),
     (only_the_first_block, "wrong_values", "were never written"),
     (forgets_the_bias, "wrong_values", "(T 7, d_model 24, d_out 20, bias)"),
-    (rows_and_columns_swapped, "wrong_values", "at (T 7, d_model 24, d_out 20, bias) 28 of 140 entries were never written"),
+    (rows_and_columns_swapped, "wrong_values", "at (T 7, d_model 24, d_out 20, bias): 28 of 140 entries were never written"),
     (not_written_yet, "not_implemented", "not implemented yet"),
     (lambda x, w, b, out: None, "not_a_kernel", "@cuda.jit"),
 ])
