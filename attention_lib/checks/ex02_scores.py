@@ -11,7 +11,7 @@ import numpy as np
 from numba import cuda
 
 from attention_lib import reference, scores
-from attention_lib.checks.engine import Exercise, assert_guard_intact, guarded_output, register
+from attention_lib.checks.engine import Exercise, assert_guard_intact, guarded_output, launch, register
 
 
 def _run_scores(kernel, case, rng):
@@ -22,7 +22,7 @@ def _run_scores(kernel, case, rng):
     full, flat = guarded_output(n, guard=scores.TILE * scores.TILE)   # NaN: never written
     s = flat.reshape(bh, t_q, t_k)                                     # (BH, T_q, T_k) view
     grid, block = scores.score_grid(bh, t_q, t_k)
-    kernel[grid, block](cuda.to_device(q), cuda.to_device(k), scores.scale_factor(d_k), s)
+    launch(kernel, grid, block, cuda.to_device(q), cuda.to_device(k), scores.scale_factor(d_k), s)
     assert_guard_intact(full, n)
     return s.copy_to_host(), reference.scores(q, k), q, k
 

@@ -13,7 +13,7 @@ import numpy as np
 from numba import cuda
 
 from attention_lib import reference, scores
-from attention_lib.checks.engine import Exercise, assert_guard_intact, register
+from attention_lib.checks.engine import Exercise, assert_guard_intact, launch, register
 
 
 def _run_mask(kernel, case, rng):
@@ -25,7 +25,7 @@ def _run_mask(kernel, case, rng):
     full = cuda.to_device(np.concatenate([s.ravel(), np.full(guard, np.nan, np.float32)]))
     d_s = full[:n].reshape(bh, t_q, t_k)                 # (BH, T_q, T_k) view, masked in place
     grid, block = scores.score_grid(bh, t_q, t_k)
-    kernel[grid, block](d_s)
+    launch(kernel, grid, block, d_s)
     assert_guard_intact(full, n)
     return d_s.copy_to_host(), reference.apply_causal_mask(s), s
 

@@ -1,0 +1,133 @@
+"""The causal mask (notebook 03): query i may not look at any key j after it.
+
+A masked score is -inf, so that softmax turns it into exactly 0 (exp(-inf) = 0). With T_k keys
+and T_q queries, the queries are the *last* T_q positions (as when decoding with a cache):
+query i sits at position i + (T_k - T_q) and key j is masked when j > i + (T_k - T_q). A query
+whose every key is masked (possible when T_q > T_k) gets an all -inf row, which the library's
+softmax turns into all-zero weights (it attends to nothing), never NaN.
+
+- NumPy reference: ``attention_lib.reference.causal_mask`` and ``apply_causal_mask``.
+- ``mask_kernel_v1``: masks a scores matrix in place, one thread per score.
+- ``mask_kernel_v2``: the tiled scores kernel of ``scores.py`` with the mask fused in. A tile
+  of S wholly above the diagonal is written as -inf without loading q or k or computing a
+  dot product: for T much larger than TILE, almost half of the work.
+- ``causal_tile_counts``: how many tiles the fused kernel computes and skips.
+- ``sliding_window_mask``: a NumPy variant (position i sees only the last `window` positions).
+- Launchers ``apply_causal_mask(s)`` and ``causal_scores(q, k, scale=True)``.
+"""
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from attention_lib.launch import ceil_div, check_simulator_budget
+from attention_lib.scores import TILE, flatten_qk, scale_factor, score_grid, tile_dot
+from attention_lib.validation import as_float32
+
+# --- NumPy: a variant of the mask --------------------------------------------------------
+
+def sliding_window_mask(T, window):
+    """Boolean (T, T), True where query i may see key j: the last `window` positions up to i.
+
+    i sees j in [i - window + 1, i]; window >= T gives the plain causal mask.
+    """
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    return (j <= i) & (j > i - window)
+
+
+# --- Kernels -----------------------------------------------------------------------------
+
+@cuda.jit
+def mask_kernel_v1(s):
+    """Causal mask in place: s[h, i, j] = -inf where j > i + (T_k - T_q); one thread per score.
+
+    s: (BH, T_q, T_k) float32. Grid as for the scores kernels: x over keys j, y over queries i,
+    z over heads h. Scores that stay are neither read nor written.
+    """
+    j, i = cuda.grid(2)
+    h = cuda.blockIdx.z
+    t_q, t_k = s.shape[1], s.shape[2]
+    if i < t_q and j < t_k and j > i + (t_k - t_q):   # bounds first, then the future
+        s[h, i, j] = -math.inf
+
+
+@cuda.jit
+def mask_kernel_v2(q, k, inv_sqrt_dk, s):
+    """Causal scores in one pass: scores_kernel_v2 with the mask fused in.
+
+    Same arguments, grid and block (TILE, TILE) as scores.scores_kernel_v2. A block whose whole
+    tile lies above the diagonal writes -inf and stops, before touching q or k; a block on the
+    diagonal computes its tile and writes -inf where j > i + (T_k - T_q).
+    """
+    j, i = cuda.grid(2)
+    h = cuda.blockIdx.z
+    t_q, t_k = s.shape[1], s.shape[2]
+    offset = t_k - t_q                     # query i sits at position i + offset
+    last_row = min((cuda.blockIdx.y + 1) * TILE, t_q) - 1   # the tile's last real query
+    first_col = cuda.blockIdx.x * TILE                      # the tile's first key
+    if first_col > last_row + offset:
+        # Even the tile's first key is after its last query: every score here is masked. The
+        # test is the same for every thread of the block, so all of them leave together and
+        # none is left waiting at a barrier in tile_dot.
+        if i < t_q and j < t_k:
+            s[h, i, j] = -math.inf
+        return
+    acc = tile_dot(q, k, h, i, j)          # called by every thread of the block: it has barriers
+    if i < t_q and j < t_k:
+        if j > i + offset:
+            s[h, i, j] = -math.inf         # a diagonal tile: its upper part is the future
+        else:
+            s[h, i, j] = acc * inv_sqrt_dk
+
+
+# --- Counting the work -------------------------------------------------------------------
+
+def causal_tile_counts(t_q, t_k=None, tile=TILE):
+    """Tiles of one head's (t_q, t_k) scores: (computed, skipped) by mask_kernel_v2.
+
+    A tile is skipped when its first key comes after its last query (the kernel's own test).
+    """
+    t_k = t_q if t_k is None else t_k
+    computed = skipped = 0
+    for row_block in range(ceil_div(t_q, tile)):
+        last_row = min((row_block + 1) * tile, t_q) - 1
+        for col_block in range(ceil_div(t_k, tile)):
+            if col_block * tile > last_row + (t_k - t_q):
+                skipped += 1
+            else:
+                computed += 1
+    return computed, skipped
+
+
+# --- Launchers ---------------------------------------------------------------------------
+
+def apply_causal_mask(s, kernel=None):
+    """Scores with every future key set to -inf, on the device; `s` itself is left unchanged.
+
+    s: (..., T_q, T_k) float (-inf allowed: already masked scores) -> (..., T_q, T_k) float32.
+    kernel: any kernel with mask_kernel_v1's signature (default mask_kernel_v1).
+    """
+    s = as_float32("s", s, "(..., T_q, T_k)", min_ndim=2, allow_neg_inf=True)
+    t_q, t_k = s.shape[-2:]
+    bh = math.prod(s.shape[:-2])
+    grid, block = score_grid(bh, t_q, t_k)
+    check_simulator_budget("apply_causal_mask", math.prod(grid) * math.prod(block))
+    d_s = cuda.to_device(s.reshape(bh, t_q, t_k))      # (BH, T_q, T_k): a copy, masked in place
+    (mask_kernel_v1 if kernel is None else kernel)[grid, block](d_s)
+    return d_s.copy_to_host().reshape(s.shape)
+
+
+def causal_scores(q, k, scale=True, kernel=None):
+    """Masked attention scores in one launch: q @ k^T (/ sqrt(d_k)), -inf where j > i + T_k - T_q.
+
+    q: (..., T_q, d_k) float; k: (..., T_k, d_k) float, same leading axes -> (..., T_q, T_k)
+    float32. kernel: any kernel with mask_kernel_v2's signature (default mask_kernel_v2).
+    """
+    q3, k3, lead = flatten_qk(q, k, "causal_scores")
+    (bh, t_q, d_k), t_k = q3.shape, k3.shape[1]
+    d_s = cuda.device_array((bh, t_q, t_k), np.float32)
+    grid, block = score_grid(bh, t_q, t_k)
+    (mask_kernel_v2 if kernel is None else kernel)[grid, block](
+        cuda.to_device(q3), cuda.to_device(k3), scale_factor(d_k, scale), d_s)
+    return d_s.copy_to_host().reshape(*lead, t_q, t_k)                # (..., T_q, T_k)

@@ -1,0 +1,148 @@
+"""Scaled attention scores (notebook 02): S = Q K^T / sqrt(d_k), every query against every key.
+
+Entry S[i, j] says how well query i matches key j. For one head that is a (T_q, T_k) matrix:
+1024 x 1024 = 1,048,576 scores per head per pass at ANDREA-120M.
+
+- NumPy reference: ``attention_lib.reference.scores`` (not repeated here).
+- ``scores_kernel_v1``: one thread per score, reading q and k straight from global memory.
+- ``tile_dot`` + ``scores_kernel_v2``: a block of TILE x TILE threads computes a TILE x TILE
+  tile of S; the rows of Q and K it needs are staged in shared memory, TILE columns at a time,
+  so each element read from global memory serves TILE threads.
+- Launcher ``scores(q, k, scale=True, version=2, kernel=None)``.
+
+The scale is one multiplication per score by 1/sqrt(d_k), computed once on the host and passed
+to the kernel as a float32 (1.0 for unscaled scores): a multiplication is cheaper than a
+division, and no thread recomputes a square root.
+
+Heads ride on the grid's z axis: q (..., T_q, d_k) is flattened to (BH, T_q, d_k), where BH is
+the product of the leading axes (batch x heads), and block z handles head h = blockIdx.z.
+``mask.py`` reuses ``tile_dot``, ``score_grid`` and ``flatten_qk`` for its fused kernel.
+"""
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from attention_lib.launch import ceil_div, check_simulator_budget
+from attention_lib.validation import as_float32, require
+
+# Side of a square tile of S: a block of TILE x TILE threads computes TILE x TILE scores.
+# 16 x 16 = 256 threads per block (8 warps) on a GPU; on the simulator T 32 is 2 x 2 tiles.
+TILE = 16
+
+
+# --- Kernels -----------------------------------------------------------------------------
+
+@cuda.jit
+def scores_kernel_v1(q, k, inv_sqrt_dk, s):
+    """Naive scores: s[h, i, j] = (q[h, i] . k[h, j]) * inv_sqrt_dk, one thread per score.
+
+    q: (BH, T_q, d_k) float32; k: (BH, T_k, d_k) float32; inv_sqrt_dk: float32, 1/sqrt(d_k)
+    (1.0 for unscaled scores); s: (BH, T_q, T_k) float32, written.
+    Grid: x runs over keys j (columns of s), y over queries i (rows), z over heads h.
+    """
+    j, i = cuda.grid(2)                    # (x, y): x is the column j, y the row i
+    h = cuda.blockIdx.z                    # one head per grid layer
+    if i < s.shape[1] and j < s.shape[2]:  # the edge blocks hang past T_q and T_k
+        acc = np.float32(0.0)              # float32, as on the GPU: no double-precision maths
+        for c in range(q.shape[2]):
+            # Row j of K is column j of K^T: the transpose is in the indexing, never stored.
+            acc += q[h, i, c] * k[h, j, c]
+        s[h, i, j] = acc * inv_sqrt_dk     # the scale: one multiplication, no division
+
+
+@cuda.jit(device=True)
+def tile_dot(q, k, h, i, j):
+    """q[h, i] . k[h, j] for thread (i, j) of a TILE x TILE block, computed with the whole block.
+
+    Every thread of the block must call it (it waits at barriers), also threads whose (i, j)
+    lies past the edge of s: they help load and get a meaningless 0.
+    Each step along d_k copies a TILE x TILE piece of the block's TILE rows of q and of its
+    TILE rows of k into shared memory (one element per thread, zero past the edges), then
+    every thread does TILE multiply-adds from shared memory.
+    """
+    q_tile = cuda.shared.array((TILE, TILE), np.float32)   # [query row in tile, column c]
+    kt_tile = cuda.shared.array((TILE, TILE), np.float32)  # [column c, key in tile]: K^T
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    key = cuda.blockIdx.x * TILE + ty      # the key row this thread copies (not its own j)
+    d_k = q.shape[2]
+    acc = np.float32(0.0)
+    for c0 in range(0, d_k, TILE):
+        c = c0 + tx                        # neighbouring threads read neighbouring columns
+        if i < q.shape[1] and c < d_k:
+            q_tile[ty, tx] = q[h, i, c]
+        else:
+            q_tile[ty, tx] = 0.0           # past an edge: a zero adds nothing to the sums
+        if key < k.shape[1] and c < d_k:
+            kt_tile[tx, ty] = k[h, key, c] # stored transposed: the loop below reads kt_tile[cc, tx]
+        else:
+            kt_tile[tx, ty] = 0.0
+        cuda.syncthreads()                 # wait: both tiles are complete before anyone reads them
+        for cc in range(TILE):
+            acc += q_tile[ty, cc] * kt_tile[cc, tx]
+        cuda.syncthreads()                 # wait: everyone has read them before the next copy
+    return acc
+
+
+@cuda.jit
+def scores_kernel_v2(q, k, inv_sqrt_dk, s):
+    """Tiled scores: the block computes a TILE x TILE tile of s for head blockIdx.z.
+
+    Same arguments and grid as scores_kernel_v1; block (TILE, TILE). Each element of q and
+    k is read from global memory once per tile of s that needs it, instead of once per score.
+    """
+    j, i = cuda.grid(2)
+    h = cuda.blockIdx.z
+    acc = tile_dot(q, k, h, i, j)          # called by every thread: it contains barriers
+    if i < s.shape[1] and j < s.shape[2]:
+        s[h, i, j] = acc * inv_sqrt_dk
+
+
+# --- Launchers ---------------------------------------------------------------------------
+
+def scale_factor(d_k, scale=True):
+    """The float32 every score is multiplied by: 1/sqrt(d_k), or 1.0 when not `scale`."""
+    return np.float32(1.0 / math.sqrt(d_k)) if scale else np.float32(1.0)
+
+
+def score_grid(bh, t_q, t_k):
+    """(grid, block) for a (bh, t_q, t_k) scores matrix: TILE x TILE blocks, one layer per head."""
+    return (ceil_div(t_k, TILE), ceil_div(t_q, TILE), bh), (TILE, TILE)
+
+
+def flatten_qk(q, k, what):
+    """Validate q and k and flatten their leading axes; returns (q3, k3, leading shape).
+
+    q: (..., T_q, d_k); k: (..., T_k, d_k), same leading axes and d_k -> q3 (BH, T_q, d_k),
+    k3 (BH, T_k, d_k) float32. `what` names the caller in the simulator-budget message.
+    """
+    q = as_float32("q", q, "(..., T_q, d_k)", min_ndim=2)
+    k = as_float32("k", k, "(..., T_k, d_k)", min_ndim=2)
+    require(k.shape[-1] == q.shape[-1],
+            f"k must have d_k = {q.shape[-1]} in its last axis, like q {q.shape}; got shape {k.shape}")
+    require(k.shape[:-2] == q.shape[:-2],
+            f"k must have the leading axes of q {q.shape[:-2]}; got shape {k.shape}")
+    lead = q.shape[:-2]
+    (t_q, d_k), t_k = q.shape[-2:], k.shape[-2]
+    grid, block = score_grid(math.prod(lead), t_q, t_k)
+    check_simulator_budget(what, math.prod(grid) * math.prod(block))
+    return q.reshape(-1, t_q, d_k), k.reshape(-1, t_k, d_k), lead   # (BH, T, d_k)
+
+
+def scores(q, k, scale=True, version=2, kernel=None):
+    """Attention scores q @ k^T, times 1/sqrt(d_k) when `scale`, on the device.
+
+    q: (..., T_q, d_k) float; k: (..., T_k, d_k) float, same leading axes -> (..., T_q, T_k)
+    float32. version: 1 (naive) or 2 (tiled); kernel: any kernel with scores_kernel_v1's
+    signature, launched on the same grid (overrides version).
+    """
+    require(version in (1, 2), f"version must be 1 or 2, got {version!r}")
+    q3, k3, lead = flatten_qk(q, k, "scores")
+    if kernel is None:
+        kernel = scores_kernel_v1 if version == 1 else scores_kernel_v2
+    (bh, t_q, d_k), t_k = q3.shape, k3.shape[1]
+    d_s = cuda.device_array((bh, t_q, t_k), np.float32)
+    grid, block = score_grid(bh, t_q, t_k)
+    kernel[grid, block](cuda.to_device(q3), cuda.to_device(k3), scale_factor(d_k, scale), d_s)
+    return d_s.copy_to_host().reshape(*lead, t_q, t_k)                # (..., T_q, T_k)

@@ -1,0 +1,178 @@
+"""Notebook 02: the scores kernels against NumPy, their memory reads, the launcher's checks, the exercise."""
+
+import math
+
+import numpy as np
+import pytest
+from attention_lib import reference, sanitizer, scores
+from attention_lib.checks import check
+from numba import cuda
+
+# (q shape, k shape): one score; heads with T_q != T_k and d_k 5; a 4-D batch x heads; 33 x 33
+# with d_k 24 (a partly used last tile of S, and of d_k: 24 = 16 + 8).
+SHAPES = [((1, 1), (1, 1)), ((3, 7, 5), (3, 9, 5)), ((2, 3, 7, 5), (2, 3, 4, 5)),
+          ((2, 33, 24), (2, 33, 24))]
+
+
+def tolerance(d_k):
+    """float32 sums of d_k products of standard normals against float64: the rounding errors of
+    the d_k additions add up like a random walk, about 6e-8 * sqrt(d_k) times the typical size
+    of the sum (sqrt(d_k)) before scaling, so 1e-6 * sqrt(d_k) leaves a wide margin."""
+    return 1e-6 * math.sqrt(d_k)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("q_shape, k_shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_scores_match_the_reference(rng, version, q_shape, k_shape):
+    q, k = rng.standard_normal(q_shape), rng.standard_normal(k_shape)
+    got = scores.scores(q, k, version=version)
+    assert got.dtype == np.float32 and got.shape == q_shape[:-1] + (k_shape[-2],)
+    assert np.allclose(got, reference.scores(q, k), rtol=1e-5, atol=tolerance(q_shape[-1]))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_unscaled_scores_are_the_plain_dot_products(rng, version):
+    q, k = rng.standard_normal((2, 7, 20)), rng.standard_normal((2, 5, 20))
+    got = scores.scores(q, k, scale=False, version=version)
+    assert np.allclose(got, q @ np.swapaxes(k, -1, -2), rtol=1e-5, atol=tolerance(20) * math.sqrt(20))
+
+
+def test_the_scale_is_one_precomputed_float32():
+    assert scores.scale_factor(64) == np.float32(0.125) and scores.scale_factor(64).dtype == np.float32
+    assert scores.scale_factor(4096) == np.float32(1 / 64)
+    assert scores.scale_factor(64, scale=False) == 1.0
+
+
+def test_a_kernel_passed_in_is_the_one_launched(rng):
+    q, k = rng.standard_normal((3, 4)), rng.standard_normal((5, 4))
+    assert np.allclose(scores.scores(q, k, version=2, kernel=scores.scores_kernel_v1),
+                       reference.scores(q, k), rtol=1e-5, atol=tolerance(4))
+
+
+def test_unit_variance_components_give_dot_products_of_std_sqrt_d_k(rng):
+    """The notebook's claim, in NumPy: std of q.k is sqrt(d_k); after the scale, 1."""
+    for d_k in (64, 256, 4096):
+        q, k = rng.standard_normal((2, 4000, d_k))
+        raw = np.einsum("nd,nd->n", q, k)
+        assert abs(raw.std() / math.sqrt(d_k) - 1) < 0.05
+        assert abs((raw / math.sqrt(d_k)).std() - 1) < 0.05
+        # Unit-norm vectors instead: the dot product shrinks like 1/sqrt(d_k).
+        unit = np.einsum("nd,nd->n", q / np.linalg.norm(q, axis=1, keepdims=True),
+                         k / np.linalg.norm(k, axis=1, keepdims=True))
+        assert abs(unit.std() * math.sqrt(d_k) - 1) < 0.05
+
+
+def test_the_tiled_kernel_reads_q_and_k_once_per_tile_not_once_per_score(rng):
+    t_q, t_k, d_k = 7, 20, 5                 # one row of tiles, two columns of tiles
+    q = rng.standard_normal((1, t_q, d_k)).astype(np.float32)
+    k = rng.standard_normal((1, t_k, d_k)).astype(np.float32)
+    grid, block = scores.score_grid(1, t_q, t_k)
+    naive = sanitizer.count_memory(scores.scores_kernel_v1, grid, block, q, k, np.float32(1),
+                                   np.zeros((1, t_q, t_k), np.float32))
+    tiled = sanitizer.count_memory(scores.scores_kernel_v2, grid, block, q, k, np.float32(1),
+                                   np.zeros((1, t_q, t_k), np.float32))
+    assert (naive.loads("q") == t_k).all() and (naive.loads("k") == t_q).all()   # once per score
+    assert (tiled.loads("q") == 2).all() and (tiled.loads("k") == 1).all()       # once per tile
+    assert (tiled.stores("s") == 1).all()
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda q: scores.scores(q[0, 0], q), ValueError,
+     r"^q must have shape \(\.\.\., T_q, d_k\) \(at least 2 axes\), got shape \(4,\)$"),
+    (lambda q: scores.scores(q, q[..., :3]), ValueError,
+     r"^k must have d_k = 4 in its last axis, like q \(2, 3, 4\); got shape \(2, 3, 3\)$"),
+    (lambda q: scores.scores(q, q[:1]), ValueError,
+     r"^k must have the leading axes of q \(2,\); got shape \(1, 3, 4\)$"),
+    (lambda q: scores.scores(q, q.astype(complex)), TypeError,
+     r"^k must be a float array of shape \(\.\.\., T_k, d_k\), got dtype complex128$"),
+    (lambda q: scores.scores(np.where(q > 1e9, 0, np.nan), q), ValueError,
+     r"^q contains nan at index \(0, 0, 0\); it must be finite$"),
+    (lambda q: scores.scores(q, q, version=3), ValueError, r"^version must be 1 or 2, got 3$"),
+])
+def test_bad_inputs_are_one_line_errors_naming_the_argument(rng, call, error, message):
+    with pytest.raises(error, match=message):
+        call(rng.standard_normal((2, 3, 4)))
+
+
+def test_the_simulator_refuses_a_full_size_launch(monkeypatch):
+    from attention_lib import launch
+    monkeypatch.setattr(launch, "ON_SIMULATOR", True)
+    monkeypatch.delenv(launch.ALLOW_SLOW_VARIABLE, raising=False)
+    q = np.zeros((12, 1024, 64), np.float32)    # one layer of ANDREA-120M: 12.6 M threads
+    with pytest.raises(ValueError, match=r"^scores: 12,582,912 CUDA threads would take about"):
+        scores.scores(q, q)
+
+
+# --- The exercise: planted mistakes --------------------------------------------------------
+
+@cuda.jit
+def forgets_the_scale(q, k, inv_sqrt_dk, s):
+    j, i = cuda.grid(2)
+    h = cuda.blockIdx.z
+    if i < s.shape[1] and j < s.shape[2]:
+        acc = 0.0
+        for c in range(q.shape[2]):
+            acc += q[h, i, c] * k[h, j, c]
+        s[h, i, j] = acc
+
+
+@cuda.jit
+def divides_by_d_k(q, k, inv_sqrt_dk, s):
+    j, i = cuda.grid(2)
+    h = cuda.blockIdx.z
+    if i < s.shape[1] and j < s.shape[2]:
+        acc = 0.0
+        for c in range(q.shape[2]):
+            acc += q[h, i, c] * k[h, j, c]
+        s[h, i, j] = acc / q.shape[2]
+
+
+@cuda.jit
+def forgets_the_transpose(q, k, inv_sqrt_dk, s):
+    j, i = cuda.grid(2)
+    h = cuda.blockIdx.z
+    if i < s.shape[1] and j < s.shape[2]:
+        acc = 0.0
+        for c in range(q.shape[2]):
+            acc += q[h, i, c] * k[h, c, j]     # k read as if it were already K^T
+        s[h, i, j] = acc * inv_sqrt_dk
+
+
+@cuda.jit
+def no_bounds_guard(q, k, inv_sqrt_dk, s):
+    j, i = cuda.grid(2)
+    h = cuda.blockIdx.z
+    acc = 0.0
+    for c in range(q.shape[2]):
+        acc += q[h, i, c] * k[h, j, c]
+    s[h, i, j] = acc * inv_sqrt_dk
+
+
+@cuda.jit
+def only_head_zero(q, k, inv_sqrt_dk, s):
+    j, i = cuda.grid(2)
+    if i < s.shape[1] and j < s.shape[2]:
+        acc = 0.0
+        for c in range(q.shape[2]):
+            acc += q[0, i, c] * k[0, j, c]
+        s[0, i, j] = acc * inv_sqrt_dk
+
+
+def test_the_library_kernel_passes_the_exercise(capsys):
+    result = check("02_scaled_scores", scores.scores_kernel_v1)
+    assert result.passed and result.diagnosis == "ok"
+    assert capsys.readouterr().out.startswith("✔ 02_scaled_scores [ok]")
+
+
+@pytest.mark.parametrize("answer, diagnosis, says", [
+    (forgets_the_scale, "missing_scale", "without the scale"),
+    (divides_by_d_k, "scaled_by_d_k", "not by sqrt(d_k)"),
+    (forgets_the_transpose, "transposed", "Q K, not Q K^T"),
+    (no_bounds_guard, "out_of_bounds", "Guard the index"),
+    (only_head_zero, "wrong_values", "never written"),
+])
+def test_planted_mistakes_get_their_diagnosis(answer, diagnosis, says):
+    result = check("02_scaled_scores", answer, verbose=False)
+    assert not result.passed
+    assert (result.diagnosis, says in result.message) == (diagnosis, True), result.message
+    assert "\n" not in str(result)
