@@ -5,6 +5,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
+# What `make` installs: the course, JupyterLab, the test tools and the CUDA compiler of the compile
+# check. On a GPU with a CUDA 12 driver: make test EXTRAS=lab,test,gpu-cu12 (skips nothing: the
+# cu12 toolkit compiles too).
+EXTRAS ?= lab,test,compile
 # Two pytest workers (one per core); --dist loadfile keeps each notebook's cells on one worker.
 WORKERS ?= 2
 # Extra flags for JupyterLab, e.g. LAB_FLAGS=--no-browser; as root (containers) it needs --allow-root.
@@ -15,7 +19,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --editable ".[lab,test]"
+	$(BIN)/python -m pip install --quiet --editable ".[$(EXTRAS)]"
 	touch $@
 
 install: $(INSTALLED)

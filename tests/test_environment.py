@@ -8,12 +8,20 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
 # What environment.yml installs: the core dependencies plus the lab and test extras.
-EXTRAS_IN_ENVIRONMENT = ("lab", "test")
+EXTRAS_IN_ENVIRONMENT = ("lab", "test", "compile")
 
 
-def _normalise(spec):
-    requirement = Requirement(spec)
-    return requirement.name.lower().replace("_", "-"), requirement.specifier
+def _normalise(specs):
+    """name -> (specifier, extras); a package listed twice (numba-cuda, numba-cuda[cu13]) must
+    have one range, and its extras are pooled."""
+    wanted = {}
+    for spec in specs:
+        requirement = Requirement(spec)
+        name = requirement.name.lower().replace("_", "-")
+        specifier, extras = wanted.get(name, (requirement.specifier, set()))
+        assert specifier == requirement.specifier, f"{name} has two ranges: {specifier} and {requirement.specifier}"
+        wanted[name] = (specifier, extras | set(requirement.extras))
+    return wanted
 
 
 def pyproject_requirements():
@@ -21,7 +29,7 @@ def pyproject_requirements():
     specs = list(project["dependencies"])
     for extra in EXTRAS_IN_ENVIRONMENT:
         specs += project["optional-dependencies"][extra]
-    return dict(_normalise(s) for s in specs), project["requires-python"]
+    return _normalise(specs), project["requires-python"]
 
 
 def environment_requirements():
@@ -34,15 +42,16 @@ def environment_requirements():
             python = entry[len("python"):]
         elif entry != "pip":
             specs.append(entry)
-    return dict(_normalise(s) for s in specs), python
+    return _normalise(specs), python
 
 
 def test_same_packages_with_same_ranges():
     wanted, _ = pyproject_requirements()
     listed, _ = environment_requirements()
     assert sorted(listed) == sorted(wanted), "packages differ between environment.yml and pyproject.toml"
-    for name, specifier in wanted.items():
-        assert listed[name] == specifier, f"{name}: environment.yml has {listed[name]}, pyproject.toml {specifier}"
+    for name, (specifier, extras) in wanted.items():
+        assert listed[name][0] == specifier, f"{name}: environment.yml has {listed[name][0]}, pyproject.toml {specifier}"
+        assert listed[name][1] == extras, f"{name}: environment.yml has extras {listed[name][1]}, pyproject.toml {extras}"
 
 
 def test_same_python_range():
