@@ -15,7 +15,7 @@ WORKERS ?= 2
 LAB_FLAGS ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
-.PHONY: lab test install clean
+.PHONY: lab test student install clean
 
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ lab: $(INSTALLED)
 
 test: $(INSTALLED)
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile --nbval-lax --nbval-current-env tests notebooks
+
+# Student copies of every notebook under release/ (solutions cut by nbgrader, outputs cleared).
+student: $(INSTALLED)
+	$(BIN)/python scripts/student_copies.py release
 
 clean:
 	rm -rf $(VENV) release build *.egg-info
