@@ -1,0 +1,515 @@
+"""KV-cache decoding (notebook 08): one new token at a time, attending to the cached keys and values.
+
+A decoder generates text one token at a time. Without a cache, step t recomputes the keys and
+values of every earlier position, although they cannot change: the causal mask keeps each
+position blind to everything after it, so the K and V of position j are final as soon as j has
+been processed. The cache keeps them. A step then projects only the new token's x to q, k and
+v, appends k and v to the cache, and attends with the one query per head to every cached
+position, the new one included.
+
+- Sizes: ``cache_bytes`` (2 * n_layer * n_head * T * d_k values per sequence: a K and a V for
+  every position, head and layer).
+- NumPy: ``chunk_partials`` and ``merge_partials``: attention of one query computed chunk by
+  chunk of the cache, each chunk giving (m, l, acc) and the chunks merged with log-sum-exp
+  (notebook 07's online-softmax algebra); ``decode_layer_numpy``: a whole attention layer run
+  token by token with a NumPy cache, the reference of the decode path.
+- ``KVCache``: K and V of the heads of ONE attention layer of ONE sequence, preallocated on the
+  device as (n_head, capacity, d_k) arrays; ``append`` fills them from the front.
+- ``decode_kernel_v1``: one thread per head walks all cached keys with the online softmax.
+- ``decode_partial_kernel`` + ``decode_merge_kernel`` (version 2, flash-decoding / split-K):
+  a block per (chunk of KEYS_PER_CHUNK positions, head) writes a partial (m, l, acc); a second
+  small kernel merges the chunks of each head.
+- Launcher ``decode_step(q, cache, version=2, kernel=None, merge_kernel=None)``.
+- A multi-head attention layer with a cache, on the device: ``qkv_heads`` (the fused Q/K/V
+  projection, cut into heads), ``prefill`` (the prompt in one causal pass, filling the cache),
+  ``decode_layer_step`` (one token) and ``generate_layer_outputs`` (both, for a whole sequence).
+- Cost: ``decode_traffic`` (the global loads and stores of one decode step, per array, as
+  ``sanitizer.count_memory`` counts them) and ``token_cost`` (FLOPs and bytes per generated
+  token of one layer, with and without the cache).
+
+The plain NumPy reference of one decode step is ``reference.attention`` with one query: with
+T_q = 1 < T_k its causal mask lets the query (the last position) see every key.
+"""
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from attention_lib import attention, projection, reference, scores
+from attention_lib.launch import ceil_div, check_simulator_budget
+from attention_lib.runtime import ON_SIMULATOR
+from attention_lib.validation import as_float32, require
+
+# Cached positions per chunk of the split-K kernel, and threads per block (one position each).
+# On a GPU 64 (two warps): ANDREA-120M's T = 1024 is 16 chunks per head, 12 heads x 16 = 192
+# blocks, enough to put every SM of a large GPU to work for one sequence. On the simulator 8:
+# ANDREA-sim's T = 32 is 4 chunks, and every barrier costs tens of milliseconds per block.
+KEYS_PER_CHUNK = 8 if ON_SIMULATOR else 64
+# Largest head width the kernels accept: q is staged in arrays of MAX_D_K float32, whose size
+# must be known when compiling (the same limit as flash.MAX_D).
+MAX_D_K = 128
+# v1: heads (threads) per block.
+HEADS_PER_BLOCK = 32
+# The merge kernel: 16 output components x 4 heads per block, x along d_k.
+MERGE_BLOCK = (16, 4)
+# The projections of the layer helpers: the tiled kernel on a GPU; the naive one on the
+# simulator, where each barrier of the tiled kernel costs tens of milliseconds per block.
+PROJECTION_VERSION = 1 if ON_SIMULATOR else 2
+
+
+# --- Sizes ---------------------------------------------------------------------------------
+
+def cache_bytes(n_layer, n_head, T, d_k, bytes_per_value=4, batch=1):
+    """Bytes of a KV cache: a key and a value of d_k numbers for every position, head and layer.
+
+    2 * n_layer * n_head * T * d_k * bytes_per_value * batch; bytes_per_value 4 for float32,
+    2 for float16. ANDREA-120M, T 1024, float32: 2 * 12 * 12 * 1024 * 64 * 4 = 75,497,472 bytes
+    per sequence.
+    """
+    return 2 * n_layer * n_head * T * d_k * bytes_per_value * batch
+
+
+# --- NumPy: one query against the cache, chunk by chunk --------------------------------------
+
+def chunk_partials(q, keys, values, chunk=KEYS_PER_CHUNK):
+    """What each chunk of the cache contributes to one query's attention, in float64.
+
+    q: (..., d_k) one query per head; keys: (..., T, d_k); values: (..., T, d_v)
+    -> (m, l, acc): m (..., n_chunks) the largest scaled score in each chunk, l (..., n_chunks)
+    the sum of exp(s - m) over the chunk, acc (..., n_chunks, d_v) the sum of exp(s - m) * v;
+    n_chunks = ceil(T / chunk), the last chunk possibly shorter. Every chunk is independent.
+    """
+    q, keys, values = (np.asarray(a, dtype=np.float64) for a in (q, keys, values))
+    s = np.einsum("...d,...td->...t", q, keys) / math.sqrt(q.shape[-1])   # (..., T) scores
+    ms, ls, accs = [], [], []
+    for start in range(0, s.shape[-1], chunk):
+        s_c = s[..., start:start + chunk]                          # (..., <= chunk)
+        m_c = s_c.max(axis=-1)                                     # (...)
+        p = np.exp(s_c - m_c[..., None])                           # every term <= 1
+        ms.append(m_c)
+        ls.append(p.sum(axis=-1))
+        accs.append(np.einsum("...t,...td->...d", p, values[..., start:start + chunk, :]))
+    return np.stack(ms, -1), np.stack(ls, -1), np.stack(accs, -2)
+
+
+def merge_partials(m, l, acc):
+    """Combine the chunks' partials into the attention output (log-sum-exp merge).
+
+    m, l: (..., n_chunks); acc: (..., n_chunks, d_v) -> (..., d_v) float64. Chunk c's terms
+    were computed against its own max m_c; against the overall max M = max_c m_c each of them
+    is exp(m_c - M) times smaller, so out = sum_c exp(m_c - M) acc_c / sum_c exp(m_c - M) l_c.
+    """
+    m, l, acc = (np.asarray(a, dtype=np.float64) for a in (m, l, acc))
+    weight = np.exp(m - m.max(axis=-1, keepdims=True))            # (..., n_chunks), each <= 1
+    return (weight[..., None] * acc).sum(axis=-2) / (weight * l).sum(axis=-1)[..., None]
+
+
+def decode_layer_numpy(x, w_q, w_k, w_v, w_o, n_head):
+    """A multi-head attention layer run token by token with a NumPy KV cache, in float64.
+
+    x: (T, d_model) the layer's input at each position; w_*: (d_model, d_model)
+    -> (T, d_model), equal to reference.multi_head_attention(x, ..., causal=True) up to rounding.
+    Step t projects only x[t], appends its k and v to the cache, and attends with its query
+    to positions 0 .. t (itself included).
+    """
+    T, d_model = x.shape
+    k_cache = np.zeros((n_head, T, d_model // n_head))            # (n_head, capacity, d_k)
+    v_cache = np.zeros_like(k_cache)
+    out = np.zeros((T, d_model))
+    for t in range(T):
+        x_t = x[t:t + 1]                                           # (1, d_model)
+        q = reference.split_heads(reference.project(x_t, w_q), n_head)   # (n_head, 1, d_k)
+        k_cache[:, t:t + 1] = reference.split_heads(reference.project(x_t, w_k), n_head)
+        v_cache[:, t:t + 1] = reference.split_heads(reference.project(x_t, w_v), n_head)
+        heads = reference.attention(q, k_cache[:, :t + 1], v_cache[:, :t + 1], causal=False)
+        out[t] = reference.project(reference.merge_heads(heads), w_o)[0]  # (n_head, 1, d_k) -> (d_model,)
+    return out
+
+
+# --- The cache -------------------------------------------------------------------------------
+
+def _positive_int(name, value):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
+    require(value > 0, f"{name} must be a positive int, got {value}")
+    return int(value)
+
+
+class KVCache:
+    """The keys and values of every position so far, for the heads of ONE attention layer of ONE sequence.
+
+    Two float32 device arrays ``k_device`` and ``v_device`` of shape (n_head, capacity, d_k),
+    allocated once (no copy, no reallocation as the sequence grows); positions 0 .. length - 1
+    are filled, the rest is whatever memory held. A model keeps one cache per layer. For a batch
+    of sequences of the same length, fold the batch into the head axis (n_head = B * heads):
+    the kernels treat every (sequence, head) row alike.
+
+    ``append(k_new, v_new)`` adds t_new positions; ``keys`` and ``values`` are NumPy copies of
+    the filled part, (n_head, length, d_k).
+    """
+
+    def __init__(self, n_head, capacity, d_k):
+        n_head = _positive_int("n_head", n_head)
+        capacity = _positive_int("capacity", capacity)
+        d_k = _positive_int("d_k", d_k)
+        require(d_k <= MAX_D_K, f"d_k must be at most MAX_D_K = {MAX_D_K}, got {d_k}")
+        self.k_device = cuda.device_array((n_head, capacity, d_k), np.float32)
+        self.v_device = cuda.device_array((n_head, capacity, d_k), np.float32)
+        self.length = 0                                            # positions filled
+
+    @property
+    def n_head(self):
+        return self.k_device.shape[0]
+
+    @property
+    def capacity(self):
+        return self.k_device.shape[1]
+
+    @property
+    def d_k(self):
+        return self.k_device.shape[2]
+
+    @property
+    def nbytes(self):
+        """Device memory held by the cache (K and V, the whole capacity)."""
+        return 2 * self.k_device.size * 4
+
+    def append(self, k_new, v_new):
+        """Store the keys and values of t_new new positions after the filled ones.
+
+        k_new, v_new: (n_head, t_new, d_k) float. Raises ValueError, and changes nothing, when
+        the cache has no room for them.
+        """
+        hint = f"(n_head, t_new, d_k) = ({self.n_head}, t_new, {self.d_k})"
+        k_new = as_float32("k_new", k_new, hint, ndim=3)
+        v_new = as_float32("v_new", v_new, hint, ndim=3)
+        for name, a in (("k_new", k_new), ("v_new", v_new)):
+            require(a.shape[0] == self.n_head and a.shape[2] == self.d_k,
+                    f"{name} must have shape {hint}, got {a.shape}")
+        require(v_new.shape == k_new.shape,
+                f"v_new must have the shape of k_new {k_new.shape}, got {v_new.shape}")
+        start, t_new = self.length, k_new.shape[1]
+        require(start + t_new <= self.capacity,
+                f"KVCache is full: capacity {self.capacity}, length {start}, "
+                f"cannot append {t_new} more position(s)")
+        self.k_device[:, start:start + t_new] = k_new              # (n_head, t_new, d_k) slots
+        self.v_device[:, start:start + t_new] = v_new
+        self.length = start + t_new
+
+    @property
+    def keys(self):
+        """The cached keys, (n_head, length, d_k) float32: a NumPy copy."""
+        return np.ascontiguousarray(self.k_device.copy_to_host()[:, :self.length])
+
+    @property
+    def values(self):
+        """The cached values, (n_head, length, d_k) float32: a NumPy copy."""
+        return np.ascontiguousarray(self.v_device.copy_to_host()[:, :self.length])
+
+    def __repr__(self):
+        return (f"KVCache(n_head={self.n_head}, capacity={self.capacity}, d_k={self.d_k}, "
+                f"length={self.length})")
+
+
+# --- Kernels -------------------------------------------------------------------------------
+
+@cuda.jit
+def decode_kernel_v1(q, k_cache, v_cache, length, scale, out):
+    """One query per head against the first `length` cached positions; one thread per head.
+
+    q: (n_head, d_k) float32; k_cache, v_cache: (n_head, capacity, d_k) float32; length: int,
+    the filled positions (1 <= length <= capacity); scale: float32, 1/sqrt(d_k);
+    out: (n_head, d_k) float32, written. Thread h = cuda.grid(1) walks the keys one by one with
+    the online softmax (running max m, running sum l, unnormalised output acc), as
+    flash_attention_kernel_v1 does for one query.
+    """
+    h = cuda.grid(1)
+    if h >= q.shape[0]:                          # the block hangs past the last head
+        return
+    d_k = q.shape[1]
+    q_row = cuda.local.array(MAX_D_K, np.float32)   # private to the thread: registers
+    acc = cuda.local.array(MAX_D_K, np.float32)
+    for c in range(d_k):
+        q_row[c] = q[h, c] * scale               # the scale, folded into q once
+        acc[c] = 0.0
+    m = np.float32(-math.inf)                    # float32 throughout, as on a GPU
+    l = np.float32(0.0)
+    for j in range(length):                      # only the filled positions
+        s = np.float32(0.0)
+        for c in range(d_k):
+            s += q_row[c] * k_cache[h, j, c]
+        m_new = max(m, s)
+        rescale = math.exp(m - m_new)            # 1 if the max stayed, 0 for the first key
+        p = math.exp(s - m_new)
+        l = l * rescale + p
+        for c in range(d_k):
+            acc[c] = acc[c] * rescale + p * v_cache[h, j, c]
+        m = m_new
+    inv_l = np.float32(1.0) / l                  # l >= 1: the largest term is exp(0)
+    for c in range(d_k):
+        out[h, c] = acc[c] * inv_l
+
+
+@cuda.jit
+def decode_partial_kernel(q, k_cache, v_cache, length, scale, m_part, l_part, acc_part):
+    """Split-K decoding, step 1: block (c, h) attends q[h] to chunk c of head h's cache.
+
+    q: (n_head, d_k); k_cache, v_cache: (n_head, capacity, d_k); length: int, filled positions;
+    scale: float32 1/sqrt(d_k); writes m_part[h, c] (the chunk's largest score), l_part[h, c]
+    (sum of exp(s - m)) and acc_part[h, c, :] (sum of exp(s - m) * v), all float32, with
+    m_part, l_part: (n_head, n_chunks), acc_part: (n_head, n_chunks, d_k).
+    Grid (n_chunks, n_head), n_chunks = ceil(length / KEYS_PER_CHUNK); block KEYS_PER_CHUNK.
+    Chunk c holds positions c * KEYS_PER_CHUNK onwards; thread tid scores position
+    c * KEYS_PER_CHUNK + tid, then computes output components tid, tid + KEYS_PER_CHUNK, ...
+    """
+    q_s = cuda.shared.array(MAX_D_K, np.float32)          # q[h] * scale, read by every thread
+    s_chunk = cuda.shared.array(KEYS_PER_CHUNK, np.float32)   # the chunk's scores
+    p_chunk = cuda.shared.array(KEYS_PER_CHUNK, np.float32)   # exp(score - chunk max)
+    c, h = cuda.blockIdx.x, cuda.blockIdx.y
+    tid = cuda.threadIdx.x
+    d_k = q.shape[1]
+    start = c * KEYS_PER_CHUNK
+    n_keys = min(KEYS_PER_CHUNK, length - start)          # the last chunk may be partly filled
+    for e in range(tid, d_k, KEYS_PER_CHUNK):
+        q_s[e] = q[h, e] * scale                          # the scale, folded into q once
+    cuda.syncthreads()                                    # wait: q is staged
+    if tid < n_keys:
+        s = np.float32(0.0)
+        for e in range(d_k):
+            s += q_s[e] * k_cache[h, start + tid, e]
+        s_chunk[tid] = s
+    cuda.syncthreads()                                    # wait: every score of the chunk is in
+    # Every thread finds the same max by reading all the chunk's scores (one shared-memory
+    # broadcast per score): KEYS_PER_CHUNK reads, but no tree of barriers.
+    m = np.float32(-math.inf)
+    for t in range(n_keys):
+        m = max(m, s_chunk[t])
+    if tid < n_keys:
+        p_chunk[tid] = math.exp(s_chunk[tid] - m)         # <= 1, exactly 1 at the max
+    cuda.syncthreads()                                    # wait: every weight of the chunk is in
+    for e in range(tid, d_k, KEYS_PER_CHUNK):             # one output component per thread
+        acc = np.float32(0.0)
+        for t in range(n_keys):
+            acc += p_chunk[t] * v_cache[h, start + t, e]  # threads side by side: addresses side by side
+        acc_part[h, c, e] = acc
+    if tid == 0:
+        l = np.float32(0.0)
+        for t in range(n_keys):
+            l += p_chunk[t]
+        m_part[h, c] = m
+        l_part[h, c] = l
+
+
+@cuda.jit
+def decode_merge_kernel(m_part, l_part, acc_part, out):
+    """Split-K decoding, step 2: merge each head's chunks with log-sum-exp.
+
+    m_part, l_part: (n_head, n_chunks); acc_part: (n_head, n_chunks, d_k); out: (n_head, d_k),
+    written: out[h, e] = sum_c w_c acc_part[h, c, e] / sum_c w_c l_part[h, c] with
+    w_c = exp(m_part[h, c] - max_c m_part[h, c]). Grid: x over e, y over heads (MERGE_BLOCK).
+    """
+    e, h = cuda.grid(2)
+    if h >= out.shape[0] or e >= out.shape[1]:          # edge blocks hang past the output
+        return
+    n_chunks = m_part.shape[1]
+    m = np.float32(-math.inf)
+    for c in range(n_chunks):
+        m = max(m, m_part[h, c])
+    l = np.float32(0.0)
+    o = np.float32(0.0)
+    for c in range(n_chunks):
+        w = math.exp(m_part[h, c] - m)                  # chunk c was summed against m_c, not m
+        l += w * l_part[h, c]
+        o += w * acc_part[h, c, e]
+    out[h, e] = o / l                                   # l >= 1: the chunk holding m gives >= 1
+
+
+# --- Launchers -------------------------------------------------------------------------------
+
+KERNELS = {1: decode_kernel_v1, 2: decode_partial_kernel}
+
+
+def n_chunks(length):
+    """Chunks of KEYS_PER_CHUNK positions covering `length` cached positions."""
+    return ceil_div(length, KEYS_PER_CHUNK)
+
+
+def decode_grid(n_head, d_k, length, version):
+    """[(grid, block), ...] of the launches of one decode step, in order."""
+    if version == 1:
+        return [(ceil_div(n_head, HEADS_PER_BLOCK), HEADS_PER_BLOCK)]
+    merge_grid = (ceil_div(d_k, MERGE_BLOCK[0]), ceil_div(n_head, MERGE_BLOCK[1]))
+    return [((n_chunks(length), n_head), KEYS_PER_CHUNK), (merge_grid, MERGE_BLOCK)]
+
+
+def _check_query(q, cache):
+    """q as a float32 (n_head, d_k) array matching the cache."""
+    # Duck-typed, so that a KVCache class typed into a notebook works as well as this one.
+    require(all(hasattr(cache, a) for a in ("k_device", "v_device", "length", "n_head", "d_k")),
+            f"cache must be a KVCache, got {type(cache).__name__}")
+    hint = f"(n_head, d_k) = ({cache.n_head}, {cache.d_k}) or ({cache.n_head}, 1, {cache.d_k})"
+    q = as_float32("q", q, hint, min_ndim=2)
+    shape_ok = q.shape == (cache.n_head, cache.d_k) or q.shape == (cache.n_head, 1, cache.d_k)
+    require(shape_ok, f"q must have shape {hint} to match the cache, got {q.shape}")
+    require(cache.length > 0, "cache is empty: append the new token's k and v before decode_step")
+    return q.reshape(cache.n_head, cache.d_k)                 # (n_head, d_k)
+
+
+def decode_step(q, cache, version=2, kernel=None, merge_kernel=None):
+    """Attention of one new query per head over every cached position, on the device.
+
+    q: (n_head, d_k) or (n_head, 1, d_k) float, the new token's queries; cache: KVCache
+    holding positions 0 .. length - 1, the new token's own k and v included (append first)
+    -> (n_head, d_k) float32: softmax(q K^T / sqrt(d_k)) V per head over the filled positions.
+    version 1: one thread per head; 2: split-K, a block per (chunk, head) then a merge.
+    kernel: replaces the version's first kernel (same signature), launched the same way;
+    merge_kernel: replaces version 2's decode_merge_kernel.
+    """
+    require(version in KERNELS, f"version must be 1 or 2, got {version!r}")
+    q = _check_query(q, cache)
+    n_head, d_k, length = cache.n_head, cache.d_k, cache.length
+    launches = decode_grid(n_head, d_k, length, version)
+    check_simulator_budget("decode_step", sum(math.prod(np.atleast_1d(g)) * math.prod(np.atleast_1d(b))
+                                              for g, b in launches))
+    kernel = KERNELS[version] if kernel is None else kernel
+    scale = scores.scale_factor(d_k)
+    d_q = cuda.to_device(q)
+    out = cuda.device_array((n_head, d_k), np.float32)
+    (grid, block), *merge = launches
+    if version == 1:
+        kernel[grid, block](d_q, cache.k_device, cache.v_device, length, scale, out)
+    else:
+        chunks = n_chunks(length)
+        m_part = cuda.device_array((n_head, chunks), np.float32)
+        l_part = cuda.device_array((n_head, chunks), np.float32)
+        acc_part = cuda.device_array((n_head, chunks, d_k), np.float32)
+        kernel[grid, block](d_q, cache.k_device, cache.v_device, length, scale, m_part, l_part, acc_part)
+        (grid, block), = merge
+        (merge_kernel or decode_merge_kernel)[grid, block](m_part, l_part, acc_part, out)
+    return out.copy_to_host()                                     # (n_head, d_k)
+
+
+# --- A multi-head attention layer with a cache ------------------------------------------------
+# Biases are left out: they add a constant to each token's q, k, v and output, and change
+# nothing about the cache.
+
+def qkv_heads(x, w_q, w_k, w_v, n_head):
+    """Project x to q, k and v on the device and cut each into heads, as multi_head_attention does.
+
+    x: (T, d_model) float; w_q, w_k, w_v: (d_model, d_model) -> (q, k, v), each (n_head, T, d_k)
+    float32. One fused projection [Q | K | V] = x @ [W_Q | W_K | W_V] (notebook 01); the split
+    is a reshape and a transpose, done by NumPy here (multihead.split_heads is its kernel).
+    """
+    T, d_model = x.shape
+    w_qkv = np.concatenate([w_q, w_k, w_v], axis=1)                # (d_model, 3 * d_model)
+    qkv = projection.project(x, w_qkv, version=PROJECTION_VERSION)   # (T, 3 * d_model)
+    heads = qkv.reshape(T, 3 * n_head, d_model // n_head)          # (T, 3 * n_head, d_k)
+    heads = np.ascontiguousarray(heads.transpose(1, 0, 2))         # (3 * n_head, T, d_k)
+    return heads[:n_head], heads[n_head:2 * n_head], heads[2 * n_head:]
+
+
+def prefill(x, w_q, w_k, w_v, w_o, cache):
+    """The whole prompt in one causal pass; its keys and values go into the cache.
+
+    x: (T, d_model) float, the layer's input at the prompt's positions; w_*: (d_model, d_model);
+    cache: an empty KVCache with d_k = d_model / n_head -> (T, d_model) float32.
+    """
+    q, k, v = qkv_heads(x, w_q, w_k, w_v, cache.n_head)           # each (n_head, T, d_k)
+    cache.append(k, v)
+    heads = attention.attention(q, k, v, causal=True)             # (n_head, T, d_k)
+    merged = heads.transpose(1, 0, 2).reshape(x.shape)            # (T, n_head, d_k) -> (T, d_model)
+    return projection.project(merged, w_o, version=PROJECTION_VERSION)
+
+
+def decode_layer_step(x_new, w_q, w_k, w_v, w_o, cache, version=2):
+    """One new token through the layer: project it, append its k and v, attend to the cache.
+
+    x_new: (d_model,) float, the layer's input at the new position; w_*: (d_model, d_model);
+    cache: the layer's KVCache, holding the earlier positions -> (d_model,) float32, the
+    layer's output at the new position. The cache grows by one position.
+    """
+    x_new = np.reshape(x_new, (1, -1))                            # (1, d_model): a sequence of one
+    q, k, v = qkv_heads(x_new, w_q, w_k, w_v, cache.n_head)       # each (n_head, 1, d_k)
+    cache.append(k, v)                                            # first: the token sees itself too
+    heads = decode_step(q, cache, version)                        # (n_head, d_k)
+    merged = heads.reshape(1, -1)                                 # (1, d_model): one row, heads side by side
+    return projection.project(merged, w_o, version=PROJECTION_VERSION)[0]   # (d_model,)
+
+
+def generate_layer_outputs(x, w_q, w_k, w_v, w_o, n_head, n_prompt=1, version=2):
+    """Run a layer as a generator does: prefill the first n_prompt positions, then one at a time.
+
+    x: (T, d_model) float; w_*: (d_model, d_model) float; n_head divides d_model;
+    1 <= n_prompt <= T -> (T, d_model) float32, the outputs of one causal pass over all of x
+    (multihead.multi_head_attention), computed with a KVCache of capacity T.
+    """
+    x = as_float32("x", x, "(T, d_model)", ndim=2)
+    T, d_model = x.shape
+    weights = [as_float32(name, w, f"({d_model}, {d_model})", ndim=2)
+               for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v), ("w_o", w_o))]
+    for name, w in zip(("w_q", "w_k", "w_v", "w_o"), weights):
+        require(w.shape == (d_model, d_model),
+                f"{name} must have shape ({d_model}, {d_model}) (d_model = the last axis of x), got {w.shape}")
+    require(isinstance(n_head, (int, np.integer)) and n_head > 0 and d_model % n_head == 0,
+            f"n_head must be a positive int dividing d_model {d_model}, got {n_head!r}")
+    require(isinstance(n_prompt, (int, np.integer)) and 1 <= n_prompt <= T,
+            f"n_prompt must be an int between 1 and T = {T}, got {n_prompt!r}")
+    cache = KVCache(n_head, T, d_model // n_head)
+    outputs = [prefill(x[:n_prompt], *weights, cache)]           # (n_prompt, d_model)
+    for t in range(n_prompt, T):
+        outputs.append(decode_layer_step(x[t], *weights, cache, version)[None])   # (1, d_model)
+    return np.concatenate(outputs)                                 # (T, d_model)
+
+
+# --- Cost ------------------------------------------------------------------------------------
+
+def decode_traffic(length, n_head, d_k, version=2):
+    """Global-memory loads and stores of one decode_step, per array, as count_memory counts them.
+
+    -> {kernel name: {array: (loads, stores)}}, totals over the launch. Both versions read
+    every filled key and value exactly once and no unfilled slot. Version 2 also reads q once
+    per chunk, and writes the partials (n_head * n_chunks * (d_k + 2) numbers) that the merge
+    reads back.
+    """
+    filled = n_head * length * d_k
+    if version == 1:
+        return {"decode_kernel_v1": {"q": (n_head * d_k, 0), "k_cache": (filled, 0),
+                                     "v_cache": (filled, 0), "out": (0, n_head * d_k)}}
+    chunks = n_chunks(length)
+    return {
+        "decode_partial_kernel": {"q": (n_head * d_k * chunks, 0), "k_cache": (filled, 0),
+                                  "v_cache": (filled, 0), "m_part": (0, n_head * chunks),
+                                  "l_part": (0, n_head * chunks),
+                                  "acc_part": (0, n_head * chunks * d_k)},
+        # Each of the n_head * d_k merge threads reads its head's m twice (max, then weights),
+        # its l once, and its own component of every chunk's acc.
+        "decode_merge_kernel": {"m_part": (2 * n_head * d_k * chunks, 0),
+                                "l_part": (n_head * d_k * chunks, 0),
+                                "acc_part": (n_head * chunks * d_k, 0), "out": (0, n_head * d_k)},
+    }
+
+
+def token_cost(t, d_model, cached=True, bytes_per_value=4):
+    """FLOPs and main-memory bytes for one attention layer to produce its output at position t.
+
+    t: positions so far, the new one included (t >= 1); d_model: model width (d = d_model)
+    -> (flops, bytes). A multiply-add is 2 FLOPs. Bytes: every stage reads its inputs once and
+    writes its outputs once (ideal kernels, attention fused as in notebook 07).
+    With the cache: project the new token to q, k, v (6 d^2 FLOPs) and its merged heads
+    through W_O (2 d^2); score one query against t keys and mix t values (4 t d). Traffic: the
+    four weight matrices (4 d^2 values), the t cached keys and values (2 t d), and 8 d for x,
+    the new q, k, v, the heads and the output.
+    Without it the model reruns the causal pass over all t positions to get the last one:
+    every projection on t rows (8 t d^2), t (t + 1) / 2 causal (query, key) pairs per head,
+    each scored and mixed (2 t (t + 1) d). Traffic: weights (4 d^2), then x, Q, K, V (written
+    and read), the heads (written and read) and the output, t rows each (10 t d).
+    """
+    d = d_model
+    if cached:
+        flops = 8 * d * d + 4 * t * d
+        values = 4 * d * d + 2 * t * d + 8 * d
+    else:
+        flops = 8 * t * d * d + 2 * t * (t + 1) * d
+        values = 4 * d * d + 10 * t * d
+    return flops, values * bytes_per_value
