@@ -1,0 +1,268 @@
+"""Multi-head attention (notebook 06): split the width into heads, attend in all at once, merge, W_O.
+
+With n_head heads, each head works in d_k = d_model / n_head dimensions (768 / 12 = 64 in
+ANDREA-120M): head h owns columns h*d_k .. (h+1)*d_k - 1 of Q, K and V. Splitting is a
+reshape and a transpose, (..., T, d_model) -> (..., T, n_head, d_k) -> (..., n_head, T, d_k),
+so that every head is one (T, d_k) matrix of PyTorch's layout; merging undoes it. The NumPy
+references are ``reference.split_heads``, ``reference.merge_heads`` and
+``reference.multi_head_attention`` (not repeated here).
+
+- ``split_heads_kernel``: one thread per element, out[b, h, t, c] = x[b, t, h*d_k + c].
+- ``merge_heads_kernel``: the inverse, out[b, t, h*d_k + c] = heads[b, h, t, c].
+  Both run on the same grid: x along c (within a head), y along t, z along (batch, head), so
+  every head of every sequence is in one launch and neighbouring threads touch neighbouring
+  addresses on both sides of the copy.
+- ``head_partial_outputs``: the output projection as a sum over heads (NumPy, float64):
+  concat(heads) @ W_O = sum_h head_h @ W_O[h*d_k:(h+1)*d_k, :]. When the heads live on
+  different GPUs (tensor parallelism) each GPU computes its part of that sum, and adding the
+  parts across GPUs is the all-reduce.
+- Launchers ``split_heads(x, n_head, kernel=None)``, ``merge_heads(heads, kernel=None)`` and
+  the whole layer, ``multi_head_attention(x, w_q, w_k, w_v, w_o, n_head, ...)``, which
+  validates, copies x and the weights in and the output back; ``launch_layer`` runs the
+  layer's launches on device arrays in between (fused QKV projection, three splits,
+  ``attention.launch_attention`` for all heads, one merge, the W_O projection).
+"""
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from attention_lib import attention, projection, scores, softmax, weighted_sum
+from attention_lib.launch import ceil_div, check_simulator_budget
+from attention_lib.runtime import ON_SIMULATOR
+from attention_lib.validation import as_float32, require
+
+# Blocks of 16 x 16 threads: x along c (a head's d_k columns), y along t. 16 consecutive
+# threads copy 16 consecutive floats (64 bytes) on both sides; ANDREA-sim's d_k = 16 fills the
+# x axis exactly, ANDREA-120M's d_k = 64 takes 4 blocks across.
+BLOCK = (16, 16)
+# CUDA's limit on gridDim.z, which carries batch x heads.
+MAX_GRID_Z = 65535
+# The projections inside multi_head_attention: the tiled kernel on a GPU (fewer global reads,
+# notebook 01); the naive one on the simulator, where every barrier of the tiled kernel costs
+# tens of milliseconds per block (3 to 4 times slower there, the same values within float32 rounding).
+PROJECTION_KERNEL = projection.projection_kernel_v1 if ON_SIMULATOR else projection.projection_kernel_v2
+
+
+# --- NumPy: the output projection as a sum over heads ------------------------------------
+
+def head_partial_outputs(heads, w_o, n_groups=None):
+    """concat(heads) @ w_o split into the partial products of groups of heads, in float64.
+
+    heads: (..., n_head, T, d_k); w_o: (n_head * d_k, d_model); n_groups: how many groups of
+    consecutive heads (GPUs, in tensor parallelism), dividing n_head; default n_head (one term
+    per head) -> (n_groups, ..., T, d_model). Group g holds heads g*n_head/n_groups onwards and
+    the matching rows of w_o; summing the result over axis 0 gives merge_heads(heads) @ w_o.
+    """
+    heads, w_o = np.asarray(heads, np.float64), np.asarray(w_o, np.float64)
+    *lead, n_head, T, d_k = heads.shape
+    n_groups = n_head if n_groups is None else n_groups
+    require(n_head % n_groups == 0, f"n_groups {n_groups} must divide n_head {n_head}")
+    require(w_o.shape[0] == n_head * d_k,
+            f"w_o must have n_head * d_k = {n_head * d_k} rows, got shape {w_o.shape}")
+    per_group = n_head // n_groups
+    partials = np.zeros((n_groups, *lead, T, w_o.shape[1]))
+    for h in range(n_head):
+        rows = w_o[h * d_k:(h + 1) * d_k, :]                     # (d_k, d_model): head h's rows
+        partials[h // per_group] += heads[..., h, :, :] @ rows    # (..., T, d_k) @ (d_k, d_model)
+    return partials
+
+
+# --- Kernels -----------------------------------------------------------------------------
+
+@cuda.jit
+def split_heads_kernel(x, out):
+    """out[b, h, t, c] = x[b, t, h*d_k + c]: cut the model width into heads, one thread per element.
+
+    x: (B, T, d_model) float32; out: (B, n_head, T, d_k) float32, written; d_model = n_head * d_k.
+    Grid: x runs over c (0 .. d_k - 1), y over t, z over b * n_head + h.
+    """
+    c, t = cuda.grid(2)
+    bh = cuda.blockIdx.z                   # one (sequence, head) pair per grid layer
+    n_head, d_k = out.shape[1], out.shape[3]
+    b, h = bh // n_head, bh % n_head
+    if t < out.shape[2] and c < d_k:       # edge blocks hang past T and d_k
+        out[b, h, t, c] = x[b, t, h * d_k + c]   # head h starts at column h * d_k
+
+
+@cuda.jit
+def merge_heads_kernel(heads, out):
+    """out[b, t, h*d_k + c] = heads[b, h, t, c]: put the heads side by side again.
+
+    heads: (B, n_head, T, d_k) float32; out: (B, T, n_head * d_k) float32, written.
+    The same grid as split_heads_kernel (over the elements of `heads`).
+    """
+    c, t = cuda.grid(2)
+    bh = cuda.blockIdx.z
+    n_head, d_k = heads.shape[1], heads.shape[3]
+    b, h = bh // n_head, bh % n_head
+    if t < heads.shape[2] and c < d_k:
+        out[b, t, h * d_k + c] = heads[b, h, t, c]
+
+
+# --- Launchers ---------------------------------------------------------------------------
+
+def head_grid(bh, T, d_k):
+    """(grid, block) covering (bh, T, d_k): BLOCK-sized tiles of (c, t), one grid layer per head."""
+    return (ceil_div(d_k, BLOCK[0]), ceil_div(T, BLOCK[1]), bh), BLOCK
+
+
+def launch_heads(kernel, inputs, out, heads_shape):
+    """Launch a split or merge kernel on device arrays; no checks (the launchers make them).
+
+    heads_shape: (B, n_head, T, d_k), the shape of the per-head side of the copy.
+    """
+    B, n_head, T, d_k = heads_shape
+    grid, block = head_grid(B * n_head, T, d_k)
+    kernel[grid, block](inputs, out)
+
+
+def _check_n_head(n_head, d_model, name="n_head"):
+    if isinstance(n_head, (bool, np.bool_)) or not isinstance(n_head, (int, np.integer)):
+        raise TypeError(f"{name} must be a positive int, got {type(n_head).__name__} {n_head!r}")
+    require(n_head >= 1, f"{name} must be a positive int, got {n_head}")
+    require(d_model % n_head == 0,
+            f"d_model {d_model} (the last axis of x) is not divisible by {name} {n_head}; "
+            f"each head needs d_k = d_model / {name} columns")
+
+
+def _check_grid(B, n_head, T, d_k, what):
+    require(B * n_head <= MAX_GRID_Z,
+            f"{what}: batch x heads = {B * n_head} exceeds CUDA's {MAX_GRID_Z} grid layers; split the batch")
+    grid, block = head_grid(B * n_head, T, d_k)
+    check_simulator_budget(what, math.prod(grid) * math.prod(block))
+
+
+def split_heads(x, n_head, kernel=None):
+    """Cut the model width into heads on the device.
+
+    x: (..., T, d_model) float; n_head: int dividing d_model
+    -> (..., n_head, T, d_k) float32 with d_k = d_model / n_head; head h holds columns
+    h*d_k .. (h+1)*d_k - 1 of x. kernel: one with split_heads_kernel's signature, launched the
+    same way (a student's, for instance).
+    """
+    x = as_float32("x", x, "(..., T, d_model)", min_ndim=2)
+    *lead, T, d_model = x.shape
+    _check_n_head(n_head, d_model)
+    d_k = d_model // n_head
+    B = math.prod(lead)
+    _check_grid(B, n_head, T, d_k, "split_heads")
+    kernel = split_heads_kernel if kernel is None else kernel
+    d_out = cuda.device_array((B, n_head, T, d_k), np.float32)
+    launch_heads(kernel, cuda.to_device(x.reshape(B, T, d_model)), d_out, d_out.shape)   # x: (B, T, d_model)
+    return d_out.copy_to_host().reshape(*lead, n_head, T, d_k)              # (..., n_head, T, d_k)
+
+
+def merge_heads(heads, kernel=None):
+    """Put the heads side by side again on the device: the inverse of split_heads.
+
+    heads: (..., n_head, T, d_k) float -> (..., T, n_head * d_k) float32. kernel: one with
+    merge_heads_kernel's signature, launched the same way.
+    """
+    heads = as_float32("heads", heads, "(..., n_head, T, d_k)", min_ndim=3)
+    *lead, n_head, T, d_k = heads.shape
+    B = math.prod(lead)
+    _check_grid(B, n_head, T, d_k, "merge_heads")
+    kernel = merge_heads_kernel if kernel is None else kernel
+    d_out = cuda.device_array((B, T, n_head * d_k), np.float32)
+    heads = heads.reshape(B, n_head, T, d_k)                                  # (B, n_head, T, d_k)
+    launch_heads(kernel, cuda.to_device(heads), d_out, heads.shape)
+    return d_out.copy_to_host().reshape(*lead, T, n_head * d_k)             # (..., T, d_model)
+
+
+def launch_layer(x, w_qkv, b_qkv, w_o, b_o, n_head, causal):
+    """The whole layer on device arrays; no checks (multi_head_attention makes them).
+
+    x: (B, T, d_model); w_qkv: (d_model, 3 * d_model) = [W_Q | W_K | W_V]; b_qkv: (3 * d_model,)
+    or (0,) for no bias; w_o: (d_model, d_model); b_o: (d_model,) or (0,); all float32
+    -> a new device array (B, T, d_model) float32. Nothing comes back to the host in between.
+    """
+    B, T, d_model = x.shape
+    d_k = d_model // n_head
+    rows = x.reshape(B * T, d_model)                               # (B * T, d_model): positions as rows
+    qkv = cuda.device_array((B * T, 3 * d_model), np.float32)
+    projection.launch_projection(PROJECTION_KERNEL, rows, w_qkv, b_qkv, qkv)   # one fused matmul
+    qkv = qkv.reshape(B, T, 3 * d_model)                           # (B, T, 3 * d_model) = [Q | K | V]
+    heads = []
+    for i in range(3):                                             # Q, K, V: column blocks of qkv
+        part = qkv[:, :, i * d_model:(i + 1) * d_model]            # (B, T, d_model), a strided view
+        split = cuda.device_array((B, n_head, T, d_k), np.float32)
+        launch_heads(split_heads_kernel, part, split, split.shape)
+        heads.append(split.reshape(B * n_head, T, d_k))            # (B * n_head, T, d_k)
+    out = attention.launch_attention(*heads, causal)              # (B * n_head, T, d_k), one batch of heads
+    merged = cuda.device_array((B, T, d_model), np.float32)
+    launch_heads(merge_heads_kernel, out.reshape(B, n_head, T, d_k), merged, (B, n_head, T, d_k))
+    result = cuda.device_array((B * T, d_model), np.float32)
+    projection.launch_projection(PROJECTION_KERNEL, merged.reshape(B * T, d_model), w_o, b_o, result)
+    return result.reshape(B, T, d_model)
+
+
+def layer_threads(B, T, d_model, n_head):
+    """CUDA threads launch_layer starts, all launches together (for the simulator's budget)."""
+    d_k = d_model // n_head
+    projections = sum(math.prod(grid) * math.prod(block) for grid, block in
+                      (projection.launch_shape(B * T, 3 * d_model), projection.launch_shape(B * T, d_model)))
+    copies = 4 * math.prod(head_grid(B * n_head, T, d_k)[0]) * math.prod(BLOCK)   # 3 splits, 1 merge
+    bh = B * n_head
+    heads = (math.prod(scores.score_grid(bh, T, T)[0]) * scores.TILE ** 2
+             + math.prod(softmax.softmax_grid(bh * T, attention.SOFTMAX_VERSION))
+             + math.prod(weighted_sum.weighted_sum_grid(bh, T, d_k)[0]) * weighted_sum.TILE ** 2)
+    return projections + copies + heads
+
+
+def _weight(w, name, d_model):
+    w = as_float32(name, w, "(d_model, d_model)", ndim=2)
+    require(w.shape == (d_model, d_model),
+            f"{name} must have shape ({d_model}, {d_model}) (d_model = the last axis of x), got {w.shape}")
+    return w
+
+
+def _layer_bias(b, name, d_model):
+    """b as a float32 (d_model,) array, or None."""
+    if b is None:
+        return None
+    b = as_float32(name, b, "(d_model,)", ndim=1)
+    require(b.shape == (d_model,),
+            f"{name} must have shape ({d_model},) (d_model = the last axis of x), got {b.shape}")
+    return b
+
+
+def _fused_bias(biases, d_model):
+    """The biases side by side, zeros for a missing one (adding 0.0 changes no value); an empty
+    (0,) array, the projection kernels' "no bias", when all are missing."""
+    if all(b is None for b in biases):
+        return np.zeros(0, np.float32)
+    return np.concatenate([np.zeros(d_model, np.float32) if b is None else b for b in biases])
+
+
+def multi_head_attention(x, w_q, w_k, w_v, w_o, n_head, causal=True,
+                         b_q=None, b_k=None, b_v=None, b_o=None):
+    """A whole multi-head self-attention layer on the device.
+
+    x: (T, d_model) or (B, T, d_model) float; w_q, w_k, w_v, w_o: (d_model, d_model) float, used
+    as x @ W; b_q, b_k, b_v, b_o: (d_model,) float or None; n_head: int dividing d_model;
+    causal: each position sees only itself and the past -> the shape of x, float32.
+    Steps (launch_layer): one fused projection [Q | K | V] = x @ [W_Q | W_K | W_V] (+ biases);
+    Q, K and V split into heads; attention for every head of every sequence at once (the head
+    on the grid's z axis); the heads merged; the output projection with W_O (+ b_O).
+    """
+    x = as_float32("x", x, "(T, d_model) or (B, T, d_model)", min_ndim=2)
+    require(x.ndim <= 3, f"x must have shape (T, d_model) or (B, T, d_model), got shape {x.shape}")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be True or False, got {type(causal).__name__} {causal!r}")
+    T, d_model = x.shape[-2:]
+    _check_n_head(n_head, d_model)
+    w_q, w_k, w_v, w_o = (_weight(w, name, d_model) for name, w in
+                          (("w_q", w_q), ("w_k", w_k), ("w_v", w_v), ("w_o", w_o)))
+    b_q, b_k, b_v, b_o = (_layer_bias(b, name, d_model) for name, b in
+                          (("b_q", b_q), ("b_k", b_k), ("b_v", b_v), ("b_o", b_o)))
+    x3 = x.reshape(-1, T, d_model)                                 # (B, T, d_model); B = 1 for (T, d_model)
+    _check_grid(x3.shape[0], n_head, T, d_model // n_head, "multi_head_attention")
+    check_simulator_budget("multi_head_attention", layer_threads(x3.shape[0], T, d_model, n_head))
+    w_qkv = np.concatenate([w_q, w_k, w_v], axis=1)                # (d_model, 3 * d_model)
+    b_qkv = _fused_bias([b_q, b_k, b_v], d_model)                  # (3 * d_model,) or (0,)
+    b_o = _fused_bias([b_o], d_model)                              # (d_model,) or (0,)
+    out = launch_layer(cuda.to_device(x3), cuda.to_device(w_qkv), cuda.to_device(b_qkv),
+                       cuda.to_device(w_o), cuda.to_device(b_o), n_head, causal)
+    return out.copy_to_host().reshape(x.shape)                     # (T, d_model) or (B, T, d_model)
