@@ -21,7 +21,10 @@ import ctypes
 import ctypes.util
 import os
 import sys
+import threading
 from dataclasses import dataclass
+
+import numpy as np
 
 BACKEND_VARIABLE = "ATTENTION_LIB_BACKEND"
 GPU = "gpu"
@@ -142,8 +145,42 @@ def _activate(backend):
         sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL_S)
 
 
+def _lock_simulator_shared_arrays():
+    """Make the simulator create each shared array once per block, whatever the thread timing.
+
+    The simulator's ``cuda.shared.array`` looks its array up by the declaring line and creates
+    it on a miss, with no lock: when the interpreter switches threads between the lookup and
+    the store, two threads of one block get two different "shared" arrays and the kernel
+    silently computes garbage (seen about once in 300 launches of the fused attention kernel
+    with a 1 us switch interval). This is the same lookup, under a lock.
+    """
+    from numba.cuda.simulator import kernelapi
+    from numba.cuda import types
+    from numba.cuda.np import numpy_support
+
+    original = kernelapi.FakeCUDAShared.array
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:    # dynamic shared memory: one buffer, no lookup
+            return original(self, shape, dtype, alignment)
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        caller = sys._getframe(1)                  # the kernel line that declares the array
+        site = (caller.f_code.co_filename, caller.f_lineno)
+        with lock:
+            shared = self._allocations.get(site)
+            if shared is None:
+                shared = self._allocations[site] = np.empty(shape, dtype)
+        return shared
+
+    kernelapi.FakeCUDAShared.array = array
+
+
 BACKEND, REASON = _choose()
 _activate(BACKEND)
+if BACKEND == SIMULATOR:
+    _lock_simulator_shared_arrays()
 ON_SIMULATOR = BACKEND == SIMULATOR
 SIZES = ANDREA_SIMULATOR if ON_SIMULATOR else ANDREA_120M
 
