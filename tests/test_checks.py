@@ -70,3 +70,41 @@ def test_an_unknown_exercise_is_named():
 def test_every_exercise_tries_awkward_sizes():
     for exercise in EXERCISES.values():
         assert 1 in exercise.cases or any(np.ndim(c) and 1 in c for c in exercise.cases)
+
+
+TILE = 16                    # the block of the exercise's launch (projection.TILE)
+
+
+@cuda.jit
+def tiled_projection_missing_barrier(x, w, b, out):
+    """A tiled projection whose second barrier is missing: a fast thread overwrites a tile
+    that slower threads are still reading."""
+    x_tile = cuda.shared.array((TILE, TILE), dtype=np.float32)
+    w_tile = cuda.shared.array((TILE, TILE), dtype=np.float32)
+    col, row = cuda.grid(2)
+    ty, tx = cuda.threadIdx.y, cuda.threadIdx.x
+    acc = np.float32(0.0)
+    for start in range(0, x.shape[1], TILE):
+        x_tile[ty, tx] = x[row, start + tx] if row < x.shape[0] and start + tx < x.shape[1] else 0.0
+        w_tile[ty, tx] = w[start + ty, col] if start + ty < w.shape[0] and col < w.shape[1] else 0.0
+        cuda.syncthreads()
+        for k in range(TILE):
+            acc += x_tile[ty, k] * w_tile[k, tx]
+    if row < out.shape[0] and col < out.shape[1]:
+        out[row, col] = acc + (b[col] if b.shape[0] > 0 else 0.0)
+
+
+def test_a_missing_barrier_is_diagnosed_as_a_race():
+    from attention_lib import projection
+    assert TILE == projection.TILE
+    result = check("01_projection_naive", tiled_projection_missing_barrier, verbose=False)
+    assert result.diagnosis == "race", result
+    assert "race on shared" in result.message and "syncthreads" in result.message
+
+
+def test_the_tiled_library_kernel_is_race_checked_and_passes():
+    from attention_lib import projection
+    from attention_lib.checks import engine
+    assert engine._shares_memory(projection.projection_kernel_v2)       # through its device function
+    assert not engine._shares_memory(projection.projection_kernel_v1)
+    assert check("01_projection_naive", projection.projection_kernel_v2, verbose=False).passed

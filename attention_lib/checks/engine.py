@@ -10,6 +10,8 @@ Diagnosis codes:
 - ``not_implemented``: the answer still raises NotImplementedError (or is None);
 - ``not_a_kernel``: a kernel was expected (decorate it with ``@cuda.jit``);
 - ``out_of_bounds``: a thread read or wrote past the end of an array (a missing bounds guard);
+- ``race``: two threads touched the same element with no barrier between them (found by the
+  sanitizer's race finder, whatever order the threads happened to run in);
 - ``raised_error``: the answer raised something else (its one-line error is shown);
 - ``wrong_shape``: the result has the wrong shape;
 - ``wrong_values``: the values differ from the reference (the first differing entry is shown);
@@ -77,17 +79,58 @@ def _is_kernel(answer):
     return hasattr(answer, "py_func") or type(answer).__name__ in ("FakeCUDAKernel", "CUDADispatcher")
 
 
+class RaceFound(Exception):
+    """The race finder saw two threads touch the same element without a barrier between them."""
+
+
+# Set by _judge while a case is being race-checked: launch() then runs the race finder.
+_race_checking = False
+
+
 def launch(kernel, griddim, blockdim, *args):
     """Launch a student's kernel as the library would, with out-of-bounds indices caught.
 
     On the simulator every index is checked by the sanitizer, which names the thread, the array
     and the index in one line; on a GPU the kernel runs for real (outputs made with
-    guarded_output catch writes past the end there).
+    guarded_output catch writes past the end there). While the checker race-checks a case, the
+    launch runs under the sanitizer's race finder instead (on either backend) and raises
+    RaceFound with the first race, in one line.
     """
-    if runtime.ON_SIMULATOR:
+    if _race_checking:
+        races = sanitizer.find_races(kernel, griddim, blockdim, *args)
+        if races:
+            raise RaceFound(str(races[0]))
+    elif runtime.ON_SIMULATOR:
         sanitizer.run(kernel, griddim, blockdim, *args)
     else:
         kernel[griddim, blockdim](*args)
+
+
+def _shares_memory(answer, seen=None):
+    """True when a kernel, or a device function it calls, uses shared memory or barriers:
+    where races usually hide."""
+    function = getattr(answer, "py_func", answer)
+    seen = set() if seen is None else seen
+    seen.add(function)
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return True
+    if "shared" in source or "syncthreads" in source:
+        return True
+    called = [v.py_func for name, v in function.__globals__.items()
+              if hasattr(v, "py_func") and name in source and v.py_func not in seen]
+    return any(_shares_memory(f, seen) for f in called)
+
+
+def _run_case(exercise, answer, case, rng, race_check):
+    """exercise.run on one case, under the race finder when race_check."""
+    global _race_checking
+    _race_checking = race_check
+    try:
+        return exercise.run(answer, case, rng)
+    finally:
+        _race_checking = False
 
 
 def guarded_output(n, guard):
@@ -152,12 +195,19 @@ def _judge(exercise, answer):
     if exercise.kind == "kernel" and not _is_kernel(answer):
         return "not_a_kernel", f"expected a @cuda.jit kernel, got {type(answer).__name__}; decorate it with @cuda.jit"
     rng = np.random.default_rng(SEED)
-    for case in exercise.cases:
+    # A kernel is race-checked on its first case; one that uses shared memory on every case,
+    # since a missing barrier may only show once several threads share a tile.
+    shares_memory = exercise.kind == "kernel" and _shares_memory(answer)
+    for number, case in enumerate(exercise.cases):
         where = exercise.describe_case(case)
+        race_check = exercise.kind == "kernel" and (number == 0 or shares_memory)
         try:
-            got, expected, *inputs = exercise.run(answer, case, rng)
+            got, expected, *inputs = _run_case(exercise, answer, case, rng, race_check)
         except NotImplementedError:
             return "not_implemented", f"not implemented yet. Hint: {exercise.hint}"
+        except RaceFound as race:
+            return "race", (f"at {where}: {race}. A missing cuda.syncthreads()? Every thread must finish "
+                            "writing shared memory before any reads it, and finish reading before it is overwritten.")
         except IndexError as error:
             return "out_of_bounds", (f"at {where}: {str(error).splitlines()[0].rstrip(': ')}. "
                                      "Guard the index: threads of the last block may have no element.")

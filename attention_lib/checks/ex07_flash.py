@@ -1,0 +1,269 @@
+"""Notebook 07's exercises: the online-softmax update of one query row in NumPy, and (optional)
+the fused kernel's inner loop.
+
+``07_online_softmax``
+
+The answer is a function ``update(m, l, acc, s_block, v_block) -> (m, l, acc)`` with the
+contract of ``attention_lib.flash.online_update`` for one row: m the running maximum (a float,
+-inf before the first block), l the running sum of exp(s - m), acc (d_v,) the running sum of
+exp(s - m) * v; s_block (n,) the next block's scores (-inf for masked keys; the first block
+always has a finite one), v_block (n, d_v) their values. The check feeds a row's blocks one
+after the other, starting from (-inf, 0, zeros), and compares the final triple with
+(max s, sum exp(s - max), sum exp(s - max) v), computed directly.
+
+Besides the engine's diagnoses:
+
+- ``online_softmax_no_rescale``: right while the first block holds the maximum, wrong once a
+  later block raises it: l (and/or acc) was not multiplied by exp(m_old - m_new).
+
+Other wrong values are reported as ``wrong_values`` naming the part (m, l or acc[i]) that
+differs, or saying that l or acc overflowed (a rescale factor exp(m_new - m_old), inverted).
+
+``07_flash_inner`` (optional, harder): a kernel with flash_attention_kernel_v1's signature
+``(q, k, v, scale, causal, out)``, launched on version 1's grid (one thread per query). Its
+output is prefilled with UNWRITTEN (NaN for the engine when left there; a NaN the kernel computed
+reaches the engine as inf). Besides the engine's diagnoses: ``online_softmax_no_rescale``,
+``missing_scale``, ``scaled_by_d_k``, ``mask_not_applied``, ``mask_includes_diagonal``,
+``mask_ignores_offset`` (the queries are the last T_q positions).
+"""
+
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+from numba import cuda
+
+from attention_lib import flash, reference
+from attention_lib.checks.engine import Exercise, assert_guard_intact, launch, register
+
+
+class Case(NamedTuple):
+    """One row tried: T_k scores in blocks of `block`, values of width d_v; `kind` of scores."""
+
+    T_k: int
+    d_v: int
+    block: int
+    kind: str   # "normal", "rising" (the max grows block after block), "masked", "large"
+
+    def __str__(self):
+        return f"(T_k {self.T_k}, d_v {self.d_v}, blocks of {self.block}, {self.kind} scores)"
+
+
+def _scores(case, rng):
+    """One row of scores, (T_k,) float64."""
+    s = rng.standard_normal(case.T_k)
+    if case.kind in ("rising", "masked", "large"):
+        s += np.linspace(0.0, 6.0, case.T_k)      # later blocks hold larger scores
+    if case.kind == "masked":                     # the keys after position 23 are the future
+        s[24:] = -np.inf                          # blocks of 8: two blocks wholly masked
+    if case.kind == "large":
+        s += 1000.0                               # exp(s) alone overflows, exp(s - m) does not
+    return s
+
+
+def _exact(s, v):
+    """(m, l, acc) of the whole row at once, as one vector [m, l, acc...]."""
+    m = s.max()
+    p = np.exp(s - m)
+    return np.concatenate([[m, p.sum()], p @ v])
+
+
+def _fold(update, s, v, block):
+    """Feed the row's blocks to `update`, from the empty state; returns [m, l, acc...]."""
+    d_v = v.shape[1]
+    m, l, acc = -np.inf, 0.0, np.zeros(d_v)
+    for start in range(0, s.size, block):
+        result = update(m, l, acc.copy(), s[start:start + block].copy(), v[start:start + block].copy())
+        if not isinstance(result, tuple) or len(result) != 3:
+            got = f"a tuple of {len(result)}" if isinstance(result, tuple) else type(result).__name__
+            raise TypeError(f"the update must return the tuple (m, l, acc), got {got}")
+        m, l, acc = result
+        acc = np.asarray(acc, dtype=np.float64)
+        if acc.shape != (d_v,):
+            raise ValueError(f"acc must keep shape ({d_v},) (one entry per column of v), got {acc.shape}")
+    return np.concatenate([[float(np.squeeze(m)), float(np.squeeze(l))], acc])
+
+
+def _update_without_rescale(rescale_l, rescale_acc):
+    """The update with the rescaling of l and/or acc left out: the typical mistakes."""
+    def update(m, l, acc, s_block, v_block):
+        m_new = max(m, s_block.max())
+        factor = np.exp(m - m_new)
+        p = np.exp(s_block - m_new)
+        return (m_new, (l * factor if rescale_l else l) + p.sum(),
+                (acc * factor if rescale_acc else acc) + p @ v_block)
+    return update
+
+
+def _run_update(answer, case, rng):
+    s = _scores(case, rng)
+    v = rng.standard_normal((case.T_k, case.d_v))
+    got = _fold(answer, s, v, case.block)
+    # A NaN the answer computed must not pass for "never written" (the engine's reading of NaN).
+    return np.where(np.isnan(got), np.inf, got), _exact(s, v), s, v, case.block
+
+
+def _diagnose(got, expected, s, v, block):
+    """Name the mistake: rescaling left out, or which of m, l, acc is wrong."""
+    close = dict(rtol=1e-7, atol=1e-10)
+    for rescale_l, rescale_acc, what in [(False, False, "l and acc were"), (False, True, "l was"),
+                                         (True, False, "acc was")]:
+        if np.allclose(got, _fold(_update_without_rescale(rescale_l, rescale_acc), s, v, block), **close):
+            return "online_softmax_no_rescale", (
+                f"{what} not rescaled when a block raised the max: the terms already added were "
+                "exp(s - m_old); against the new max they must be multiplied by exp(m_old - m_new) "
+                "before the new block's exp(s - m_new) terms are added")
+    if not np.isfinite(got[1:]).all():
+        return "wrong_values", (
+            "l or acc came out inf or NaN: the rescale factor is exp(m_old - m_new), at most 1 "
+            "(0 at the first block, where m_old = -inf); exp(m_new - m_old) overflows")
+    for name, part in [("m", slice(0, 1)), ("l", slice(1, 2)), ("acc", slice(2, None))]:
+        if not np.allclose(got[part], expected[part], **close):
+            first = int(np.argmax(~np.isclose(got[part], expected[part], **close)))
+            where = f"acc[{first}]" if name == "acc" else name
+            return "wrong_values", (
+                f"after the last block {where} is {got[part][first]:.6g}, expected "
+                f"{expected[part][first]:.6g} (m = max of the scores, l = sum of exp(s - m), "
+                "acc = sum of exp(s - m) * v, not divided by l)")
+    return None
+
+
+register(Exercise(
+    exercise_id="07_online_softmax",
+    title="(m, l, acc) <- one more block of scores and values, the online-softmax update",
+    kind="function",
+    run=_run_update,
+    # A single key; a rising row (the max grows in every block: no rescaling, no pass); the
+    # future masked (two blocks wholly -inf, and a partial last block); scores around 1000.
+    cases=[Case(1, 1, 1, "normal"), Case(7, 5, 3, "rising"), Case(33, 24, 8, "masked"),
+           Case(16, 4, 5, "large")],
+    hint=("m_new = max(m, s_block.max()); multiply l and acc by exp(m - m_new) (0 for the first block, "
+          "1 when the max stayed); then add p.sum() and p @ v_block with p = exp(s_block - m_new)"),
+    # float64 throughout: the answer and the direct formula differ only by rounding in the order
+    # of the additions and the rescalings, around 1e-15 relative; any real mistake is far larger.
+    rtol=1e-7,
+    atol=1e-10,
+    diagnose=_diagnose,
+))
+
+
+# --- The optional exercise: the fused kernel's inner loop -----------------------------------
+
+UNWRITTEN = 12345.0      # prefill of the output: attention outputs are means of values of size ~1
+
+
+class KernelCase(NamedTuple):
+    """One launch tried: BH heads of T_q queries against T_k keys, widths d_k and d_v."""
+
+    BH: int
+    T_q: int
+    T_k: int
+    d_k: int
+    d_v: int
+    causal: bool
+
+    def __str__(self):
+        return (f"(BH {self.BH}, T_q {self.T_q}, T_k {self.T_k}, d_k {self.d_k}, d_v {self.d_v}, "
+                f"{'causal' if self.causal else 'not causal'})")
+
+
+def _run_kernel(kernel, case, rng):
+    q = rng.standard_normal((case.BH, case.T_q, case.d_k)).astype(np.float32)
+    k = rng.standard_normal((case.BH, case.T_k, case.d_k)).astype(np.float32)
+    v = rng.standard_normal((case.BH, case.T_k, case.d_v)).astype(np.float32)
+    n = case.BH * case.T_q * case.d_v
+    guard = flash.ROWS_PER_BLOCK * case.d_v                 # the rows of a whole extra block
+    full = cuda.to_device(np.concatenate([np.full(n, UNWRITTEN, np.float32),
+                                          np.full(guard, np.nan, np.float32)]))
+    out = full[:n].reshape(case.BH, case.T_q, case.d_v)     # (BH, T_q, d_v) view of the first n
+    grid, block = flash.flash_grid(case.BH, case.T_q, version=1)
+    with warnings.catch_warnings():
+        # A wrong answer's float32 scalars may overflow in every simulated thread; the
+        # diagnosis says it once.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        launch(kernel, grid, block, cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
+               np.float32(1.0 / np.sqrt(case.d_k)), case.causal, out)
+    assert_guard_intact(full, n)
+    raw = out.copy_to_host()
+    got = np.where(raw == UNWRITTEN, np.nan, np.where(np.isnan(raw), np.inf, raw))
+    return got, reference.attention(q, k, v, case.causal), q, k, v, case.causal
+
+
+def _attention_with(q, k, v, visible, scale):
+    """Attention in float64 with a given (T_q, T_k) visibility and score scale; rows that see
+    nothing come out NaN (0 / 0), as a kernel dividing by l = 0 would make them."""
+    s = np.where(visible, (q.astype(np.float64) @ np.swapaxes(k, -1, -2)) * scale, -np.inf)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(s - s.max(axis=-1, keepdims=True))
+        return (e @ v) / e.sum(axis=-1, keepdims=True)
+
+
+def _without_rescale(q, k, v, visible, scale):
+    """Key by key, each term against the running max of its time, never rescaled afterwards."""
+    s = np.where(visible, (q.astype(np.float64) @ np.swapaxes(k, -1, -2)) * scale, -np.inf)
+    running = np.maximum.accumulate(s, axis=-1)              # the max when key j was added
+    with np.errstate(invalid="ignore"):
+        e = np.where(np.isneginf(s), 0.0, np.exp(s - running))
+        return (e @ v) / e.sum(axis=-1, keepdims=True)
+
+
+def _diagnose_kernel(got, expected, q, k, v, causal):
+    t_q, t_k, d_k = q.shape[1], k.shape[1], q.shape[2]
+    i, j = np.arange(t_q)[:, None], np.arange(t_k)[None, :]
+    offset = t_k - t_q
+    visible = j <= i + offset if causal else np.ones((t_q, t_k), bool)
+    scale = 1.0 / np.sqrt(d_k)
+    candidates = [
+        ("online_softmax_no_rescale", _without_rescale(q, k, v, visible, scale),
+         "l and acc were not rescaled when a key raised the max: multiply both by exp(m - m_new) "
+         "before adding p = exp(s - m_new) and p * v[h, j, c]"),
+        ("missing_scale", _attention_with(q, k, v, visible, 1.0),
+         "the scores are q.k without the scale: multiply them (or q, once) by `scale`, 1/sqrt(d_k)"),
+        ("scaled_by_d_k", _attention_with(q, k, v, visible, 1.0 / d_k),
+         "the scores are divided by d_k: `scale` is already 1/sqrt(d_k), apply it once"),
+    ]
+    if causal:
+        candidates += [
+            ("mask_not_applied", _attention_with(q, k, v, np.ones((t_q, t_k), bool), scale),
+             "every query saw every key: with causal, query i sees keys 0 .. i + (T_k - T_q) only"),
+            ("mask_includes_diagonal", _attention_with(q, k, v, j < i + offset, scale),
+             "each query missed its own key: key i + (T_k - T_q) is visible, loop while j <= i + T_k - T_q"),
+        ]
+        if offset:
+            candidates.append(("mask_ignores_offset", _attention_with(q, k, v, j <= i, scale),
+                               f"T_k = {t_k} keys but T_q = {t_q} queries: the queries are the last "
+                               "T_q positions, so query i sees keys 0 .. i + (T_k - T_q), not 0 .. i"))
+    for code, wrong, message in candidates:
+        # Rows that see no key in the wrong variant are NaN there; a kernel may make them
+        # anything (0, NaN), so only the other entries decide.
+        seen = np.isfinite(wrong)
+        if seen.any() and np.allclose(got[seen], wrong[seen], rtol=1e-4, atol=1e-4):
+            return code, message
+        if not seen.any() and code == "mask_includes_diagonal" and not np.isfinite(got).any():
+            return code, message          # one key, its own: missing it leaves nothing, l = 0
+    if np.isinf(got).any():                                  # a NaN the kernel computed
+        where = tuple(int(x) for x in np.argwhere(np.isinf(got))[0])
+        return "wrong_values", (f"the kernel computed NaN at {where}: a division by l = 0, or "
+                                "exp(-inf - (-inf))? Score only the visible keys")
+    return None
+
+
+register(Exercise(
+    exercise_id="07_flash_inner",
+    title="the fused kernel's loop: score each visible key, update (m, l, acc) online",
+    kind="kernel",
+    run=_run_kernel,
+    # One query and key; a few heads of 7; 33 queries (a partly used second block) with
+    # d_v != d_k; fewer queries than keys (the causal offset); not causal.
+    cases=[KernelCase(1, 1, 1, 1, 1, True), KernelCase(2, 7, 7, 5, 5, True),
+           KernelCase(1, 33, 33, 24, 16, True), KernelCase(2, 5, 12, 5, 5, True),
+           KernelCase(1, 9, 9, 5, 5, False)],
+    describe_case=str,
+    hint=("for j in range(visible_keys(i, t_q, t_k, causal)): s = sum of q_row[c] * k[h, j, c]; "
+          "m_new = max(m, s); rescale = math.exp(m - m_new); p = math.exp(s - m_new); "
+          "l = l * rescale + p; acc[c] = acc[c] * rescale + p * v[h, j, c]; m = m_new"),
+    # float32 scores, exp and sums of up to 33 terms against float64: errors around 1e-6.
+    rtol=1e-5,
+    atol=1e-5,
+    diagnose=_diagnose_kernel,
+))

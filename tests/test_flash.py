@@ -1,0 +1,467 @@
+"""Notebook 07: the online softmax with an output accumulator, the fused attention kernels against
+the reference and the pipeline, tile skipping, memory traffic (formulas = counts), barriers,
+bad input and the exercise."""
+
+import math
+
+import attention_lib
+import numpy as np
+import pytest
+from attention_lib import attention, flash, reference, sanitizer, softmax
+from attention_lib.checks import check
+from numba import cuda
+
+
+def qkv(rng, lead, t_q, t_k, d_k, d_v=None):
+    d_v = d_k if d_v is None else d_v
+    return (rng.standard_normal((*lead, t_q, d_k)).astype(np.float32),
+            rng.standard_normal((*lead, t_k, d_k)).astype(np.float32),
+            rng.standard_normal((*lead, t_k, d_v)).astype(np.float32))
+
+
+def assert_close_float32(got, want):
+    """Each output is a weighted mean of up to T_k value rows (entries of size ~1), with float32
+    scores, exp and sums against a float64 reference: errors around 1e-7 * sqrt(T_k), under
+    1e-6 at these sizes. 1e-5 leaves a tenfold margin; a real mistake (no scale, a mask off by
+    one, a missing rescale) moves outputs by 1e-2 or more."""
+    assert got.dtype == np.float32 and got.shape == want.shape
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-5), np.abs(got - want).max()
+
+
+# --- NumPy: the online softmax with the output accumulator ---------------------------------
+
+@pytest.mark.parametrize("block", [1, 3, 16, 100])
+@pytest.mark.parametrize("causal", [True, False])
+def test_online_attention_equals_the_reference(rng, block, causal):
+    q, k, v = qkv(rng, (2, 3), 33, 33, 5, 7)
+    got = flash.online_attention(q, k, v, causal, block=block)
+    # Both float64: only the order of the additions and the rescalings differ, each a relative
+    # rounding of about 1e-16, over at most 33 blocks.
+    assert np.allclose(got, reference.attention(q, k, v, causal), rtol=1e-12, atol=1e-14)
+
+
+def test_online_attention_is_online_softmax_weights_times_v(rng):
+    q, k, v = qkv(rng, (), 40, 40, 24)
+    weights = softmax.online_softmax(reference.apply_causal_mask(reference.scores(q, k)), block=16)
+    assert np.allclose(flash.online_attention(q, k, v, block=16), weights @ v, rtol=1e-12, atol=1e-14)
+
+
+def test_online_attention_rows_that_see_no_key_are_zero(rng):
+    q, k, v = qkv(rng, (), 7, 4, 5)              # 7 queries, 4 keys: queries 0-2 see nothing
+    got = flash.online_attention(q, k, v, block=2)
+    assert (got[:3] == 0).all() and not np.isnan(got).any()
+    assert np.allclose(got, reference.attention(q, k, v), rtol=1e-12, atol=1e-14)
+
+
+def test_online_update_rescales_when_the_max_grows():
+    v = np.eye(2)
+    m, l, acc = flash.online_update(-np.inf, 0.0, np.zeros(2), np.array([0.0]), v[:1])
+    assert (m, l) == (0.0, 1.0) and np.array_equal(acc, [1.0, 0.0])
+    m, l, acc = flash.online_update(m, l, acc, np.array([2.0]), v[1:])
+    # The old term exp(0 - 0) = 1 becomes exp(0 - 2) against the new max 2.
+    assert m == 2.0 and np.isclose(l, math.exp(-2) + 1) and np.allclose(acc, [math.exp(-2), 1.0])
+    same = flash.online_update(m, l, acc, np.array([-np.inf, 1.0]), np.eye(2))   # max stays 2
+    assert same[0] == 2.0 and np.isclose(same[1], l + math.exp(-1))
+
+
+# --- The kernels against the reference and the pipeline ------------------------------------
+
+# (leading axes, T_q, T_k, d_k, d_v): one position; T 7 (less than a tile); 33 and 40 (tiles
+# plus a remainder); batch x heads; T_q < T_k (the last queries, as with a cache); T_q > T_k
+# (the first queries see no key in causal mode); d_v != d_k.
+SHAPES = [((), 1, 1, 5, 5), ((), 7, 7, 5, 5), ((), 33, 33, 24, 24), ((), 40, 40, 16, 16),
+          ((2, 3), 7, 7, 16, 16), ((2,), 7, 20, 5, 5), ((), 20, 7, 5, 5), ((), 17, 17, 5, 9)]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, (*s[0], *s[1:]))))
+def test_flash_attention_matches_the_reference(rng, version, causal, shape):
+    lead, t_q, t_k, d_k, d_v = shape
+    q, k, v = qkv(rng, lead, t_q, t_k, d_k, d_v)
+    got = flash.flash_attention(q, k, v, causal, version=version)
+    assert_close_float32(got, reference.attention(q, k, v, causal))
+    if causal and t_q > t_k:
+        assert (got[..., :t_q - t_k, :] == 0).all()     # no visible key: zeros, never NaN
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_attention_equals_the_stage_by_stage_pipeline(rng, causal):
+    q, k, v = qkv(rng, (2,), 20, 20, 16)      # the pipeline's tiled kernels are slow on the simulator
+    # Two float32 computations of the same thing, each within the bound above of float64.
+    assert np.allclose(flash.flash_attention(q, k, v, causal), attention.attention(q, k, v, causal),
+                       rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_max_that_grows_in_every_tile_is_rescaled_correctly(rng, version):
+    t, d = 40, 5
+    q = np.ones((t, d), np.float32)
+    # q . k_j / sqrt(d) = 0.5 j: the scores grow with j, so every new tile (in v1 every new
+    # key) raises the running max and the terms already summed must be rescaled.
+    k = np.repeat(np.arange(t)[:, None] * (0.5 / math.sqrt(d)), d, axis=1).astype(np.float32)
+    v = rng.standard_normal((t, d)).astype(np.float32)
+    got = flash.flash_attention(q, k, v, version=version)
+    assert_close_float32(got, reference.attention(q, k, v))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_large_scores_do_not_overflow(rng, version):
+    q, k, v = qkv(rng, (), 33, 33, 16)
+    q *= 40.0                                   # scores of several hundred: exp would overflow
+    got = flash.flash_attention(q, k, v, version=version)
+    assert np.isfinite(got).all()
+    assert_close_float32(got, reference.attention(q, k, v))
+
+
+def test_the_kernel_argument_is_launched_on_the_versions_grid(rng):
+    q, k, v = qkv(rng, (2,), 9, 9, 5)
+    assert np.array_equal(flash.flash_attention(q, k, v, version=1, kernel=flash.flash_attention_kernel_v1),
+                          flash.flash_attention(q, k, v, version=1))
+    assert flash.flash_grid(6, 33, 1) == ((math.ceil(33 / flash.ROWS_PER_BLOCK), 6), flash.ROWS_PER_BLOCK)
+    assert flash.flash_grid(6, 33, 2) == ((math.ceil(33 / flash.BLOCK_Q), 6), flash.BLOCK_Q)
+
+
+# --- Tiles skipped and memory traffic ---------------------------------------------------------
+
+def test_tile_counts(rng):
+    assert flash.flash_tile_counts(32, block_q=16, block_k=16) == (3, 1)
+    assert flash.flash_tile_counts(32, causal=False, block_q=16, block_k=16) == (4, 0)
+    assert flash.flash_tile_counts(1024, block_q=32, block_k=16) == (32 * 33, 32 * 31)
+    # Against a brute force over every (query block, key tile): skipped iff no query of the
+    # block sees any key of the tile.
+    for t_q, t_k in [(33, 33), (7, 40), (40, 7), (1, 1)]:
+        visible = reference.causal_mask(t_q, t_k)
+        skipped = sum(not visible[q0:q0 + flash.BLOCK_Q, k0:k0 + flash.BLOCK_K].any()
+                      for q0 in range(0, t_q, flash.BLOCK_Q) for k0 in range(0, t_k, flash.BLOCK_K))
+        assert flash.flash_tile_counts(t_q, t_k)[1] == skipped
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("t_q, t_k, causal", [(33, 33, True), (7, 20, True), (20, 7, True), (17, 17, False)])
+def test_fused_traffic_formula_equals_the_count(rng, version, t_q, t_k, causal):
+    q, k, v = qkv(rng, (2,), t_q, t_k, 5, 7)
+    report, out = flash.count_fused(q, k, v, causal, version)
+    assert_close_float32(out, reference.attention(q, k, v, causal))
+    want = flash.flash_traffic(t_q, t_k, 5, 7, causal, version)
+    got = {name: int(report.loads(name).sum()) for name in "qkv"}
+    got["out"] = int(report.stores("out").sum())
+    assert got == {name: 2 * n for name, n in want.items()}        # two heads
+    assert (report.loads("q") == 1).all() and (report.stores("out") == 1).all()
+
+
+def test_v2_reads_each_key_once_per_block_of_queries_that_sees_it(rng):
+    t, b = 33, flash.BLOCK_Q                    # query blocks 0-15, 16-31, 32
+    report, _ = flash.count_fused(*qkv(rng, (1,), t, t, 5), causal=True)
+    blocks_needing_key = np.array([sum(j <= min(q0 + b, t) - 1 for q0 in range(0, t, b)) for j in range(t)])
+    assert np.array_equal(report.loads("k")[0], np.repeat(blocks_needing_key[:, None], 5, axis=1))
+    assert report.loads("k")[0, t - 1].sum() == 5                  # the last key: one block, once
+
+
+def test_no_array_of_the_fused_kernel_grows_with_t_squared(rng):
+    shapes = {}
+    for t in (20, 40):
+        report, _ = flash.count_fused(*qkv(rng, (1,), t, t, 5), causal=True)
+        shapes[t] = {name: a.shape for name, a in report.arrays.items()}
+    assert set(shapes[40]) == {"q", "k", "v", "out", "q_tile", "k_tile", "v_tile"}
+    assert shapes[40]["q"] == shapes[40]["out"] == (1, 40, 5)        # T x d_k: linear in T
+    for tile in ("q_tile", "k_tile", "v_tile"):                        # shared: fixed sizes
+        assert shapes[20][tile] == shapes[40][tile]
+        assert shapes[40][tile][0] in (flash.BLOCK_Q, flash.BLOCK_K)
+
+
+@pytest.mark.parametrize("t_q, t_k, causal", [(16, 16, True), (33, 33, True), (7, 12, False)])
+def test_pipeline_traffic_formula_equals_the_count(rng, t_q, t_k, causal):
+    q, k, v = qkv(rng, (1,), t_q, t_k, 16, 5)
+    reports, out = flash.count_pipeline(q, k, v, causal)
+    assert_close_float32(out, reference.attention(q, k, v, causal))
+    assert np.allclose(out, attention.attention(q, k, v, causal), rtol=1e-6, atol=1e-6)  # the same kernels
+    want = flash.pipeline_traffic(t_q, t_k, 16, 5, causal)
+    assert {stage: (r.total("loads"), r.total("stores")) for stage, r in reports.items()} == want
+    assert (reports["scores"].stores("s") == 1).all() and (reports["softmax"].loads("s") == 3).all()
+
+
+def test_the_fused_kernel_moves_less_than_the_pipeline_and_the_gap_grows_with_t():
+    ratios = []
+    for t in (32, 128, 1024):
+        fused = sum(flash.flash_traffic(t, t, 64, block_q=32).values())
+        pipeline = sum(map(sum, flash.pipeline_traffic(t, t, 64).values()))
+        ratios.append(pipeline / fused)
+    assert ratios[0] > 1 and ratios == sorted(ratios)
+
+
+# --- Barriers -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("t_q, t_k", [(33, 33), (20, 7)])
+def test_the_kernels_have_no_race(rng, version, t_q, t_k):
+    q, k, v = (a.reshape(2, *a.shape[-2:]) for a in qkv(rng, (2,), t_q, t_k, 5))
+    out = np.zeros((2, t_q, 5), np.float32)
+    grid, block = flash.flash_grid(2, t_q, version)
+    races = sanitizer.find_races(flash.KERNELS[version], grid, block, q, k, v,
+                                 np.float32(1 / math.sqrt(5)), True, out)
+    assert races == [], [str(r) for r in races]
+    assert_close_float32(out, reference.attention(q, k, v))
+
+
+@cuda.jit
+def flash_v2_missing_barrier(q, k, v, scale, causal, out, missing):
+    """flash.flash_attention_kernel_v2 with barrier number `missing` left out (0: after the Q
+    tile, 1: after the K and V tiles, 2: before the next K and V tiles)."""
+    q_tile = cuda.shared.array((flash.BLOCK_Q, flash.MAX_D), np.float32)
+    k_tile = cuda.shared.array((flash.BLOCK_K, flash.MAX_D), np.float32)
+    v_tile = cuda.shared.array((flash.BLOCK_K, flash.MAX_D), np.float32)
+    q_row = cuda.local.array(flash.MAX_D, np.float32)
+    acc = cuda.local.array(flash.MAX_D, np.float32)
+    p_row = cuda.local.array(flash.BLOCK_K, np.float32)
+    tid, h, q0 = cuda.threadIdx.x, cuda.blockIdx.y, cuda.blockIdx.x * flash.BLOCK_Q
+    t_q, d_k, t_k, d_v = q.shape[1], q.shape[2], k.shape[1], v.shape[2]
+    n_rows = min(flash.BLOCK_Q, t_q - q0)
+    i = q0 + tid
+    for e in range(tid, n_rows * d_k, flash.BLOCK_Q):
+        r = e // d_k
+        q_tile[r, e - r * d_k] = q[h, q0 + r, e - r * d_k] * scale
+    if missing != 0:
+        cuda.syncthreads()
+    if tid < n_rows:
+        for c in range(d_k):
+            q_row[c] = q_tile[tid, c]
+    for c in range(d_v):
+        acc[c] = 0.0
+    m, l = np.float32(-math.inf), np.float32(0.0)
+    my_keys = flash.visible_keys(i, t_q, t_k, causal) if tid < n_rows else 0
+    block_keys = flash.visible_keys(q0 + n_rows - 1, t_q, t_k, causal)
+    for k0 in range(0, block_keys, flash.BLOCK_K):
+        n = min(flash.BLOCK_K, block_keys - k0)
+        for e in range(tid, n * d_k, flash.BLOCK_Q):
+            r = e // d_k
+            k_tile[r, e - r * d_k] = k[h, k0 + r, e - r * d_k]
+        for e in range(tid, n * d_v, flash.BLOCK_Q):
+            r = e // d_v
+            v_tile[r, e - r * d_v] = v[h, k0 + r, e - r * d_v]
+        if missing != 1:
+            cuda.syncthreads()
+        mine = min(n, my_keys - k0)
+        if mine > 0:
+            tile_max = np.float32(-math.inf)
+            for jj in range(mine):
+                s = np.float32(0.0)
+                for c in range(d_k):
+                    s += q_row[c] * k_tile[jj, c]
+                p_row[jj] = s
+                tile_max = max(tile_max, s)
+            m_new = max(m, tile_max)
+            rescale = math.exp(m - m_new)
+            l *= rescale
+            for c in range(d_v):
+                acc[c] *= rescale
+            for jj in range(mine):
+                p = math.exp(p_row[jj] - m_new)
+                l += p
+                for c in range(d_v):
+                    acc[c] += p * v_tile[jj, c]
+            m = m_new
+        if missing != 2:
+            cuda.syncthreads()
+    if tid < n_rows:
+        for c in range(d_v):
+            out[h, i, c] = acc[c] / l
+
+
+@pytest.mark.parametrize("missing, arrays", [(0, {"q_tile"}), (1, {"k_tile", "v_tile"}), (2, {"k_tile", "v_tile"})],
+                         ids=["after-q-tile", "after-kv-tiles", "before-next-kv-tiles"])
+def test_every_barrier_is_needed(rng, missing, arrays):
+    t = 33                                      # three key tiles for the second block of queries
+    q, k, v = (a.reshape(1, t, 5) for a in qkv(rng, (), t, t, 5))
+    out = np.zeros((1, t, 5), np.float32)
+    races = sanitizer.find_races(flash_v2_missing_barrier, flash.flash_grid(1, t, 2)[0], flash.BLOCK_Q,
+                                 q, k, v, np.float32(1 / math.sqrt(5)), True, out, missing)
+    assert races and {r.array for r in races} == arrays, [str(r) for r in races]
+    assert all(r.space == "shared" for r in races)
+
+
+def test_the_copy_with_every_barrier_is_race_free_and_right(rng):
+    t = 33
+    q, k, v = (a.reshape(1, t, 5) for a in qkv(rng, (), t, t, 5))
+    out = np.zeros((1, t, 5), np.float32)
+    races = sanitizer.find_races(flash_v2_missing_barrier, flash.flash_grid(1, t, 2)[0], flash.BLOCK_Q,
+                                 q, k, v, np.float32(1 / math.sqrt(5)), True, out, -1)
+    assert races == []
+    assert_close_float32(out, reference.attention(q, k, v))
+
+
+# --- Bad input -----------------------------------------------------------------------------
+
+GOOD = np.zeros((2, 4, 5), np.float32)
+
+
+@pytest.mark.parametrize("args, kwargs, error, message", [
+    ((np.zeros(4), GOOD, GOOD), {}, ValueError,
+     r"^q must have shape \(\.\.\., T_q, d_k\) \(at least 2 axes\), got shape \(4,\)$"),
+    ((GOOD, np.zeros((2, 4, 6)), GOOD), {}, ValueError,
+     r"^k must have d_k = 5 in its last axis, like q \(2, 4, 5\); got shape \(2, 4, 6\)$"),
+    ((GOOD, np.zeros((3, 4, 5)), GOOD), {}, ValueError,
+     r"^k must have the leading axes of q \(2,\); got shape \(3, 4, 5\)$"),
+    ((GOOD, GOOD, np.zeros((2, 3, 5))), {}, ValueError,
+     r"^v must have the leading axes and T_k of k, \(2, 4\) \+ \(d_v,\); got shape \(2, 3, 5\)$"),
+    ((np.zeros((4, 129)), np.zeros((4, 129)), np.zeros((4, 5))), {}, ValueError,
+     r"^q must have d_k <= 128 \(MAX_D\) for the fused kernel; got shape \(4, 129\)$"),
+    ((GOOD, GOOD, np.zeros((2, 4, 200))), {}, ValueError,
+     r"^v must have d_v <= 128 \(MAX_D\) for the fused kernel; got shape \(2, 4, 200\)$"),
+    ((np.full((4, 5), np.nan), GOOD[0], GOOD[0]), {}, ValueError,
+     r"^q contains nan at index \(0, 0\); it must be finite$"),
+    ((GOOD, GOOD.astype(bool), GOOD), {}, TypeError,
+     r"^k must be a float array of shape \(\.\.\., T_k, d_k\), got dtype bool$"),
+    ((GOOD, GOOD, np.zeros((2, 0, 5))), {}, ValueError, r"^v must not be empty, got shape \(2, 0, 5\)$"),
+    ((GOOD, GOOD, GOOD), {"version": 3}, ValueError, r"^version must be 1 or 2, got 3$"),
+    ((GOOD, GOOD, GOOD), {"causal": "yes"}, ValueError, r"^causal must be True or False, got 'yes'$"),
+])
+def test_bad_inputs_are_one_line_errors_naming_the_argument(args, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        flash.flash_attention(*args, **kwargs)
+
+
+def test_the_simulator_budget_refuses_huge_launches():
+    if not attention_lib.ON_SIMULATOR:
+        pytest.skip("only the simulator refuses large launches")
+    big = np.zeros((12, 1024, 64), np.float32)                 # one layer's 12 heads at ANDREA-120M
+    with pytest.raises(ValueError, match=r"^flash_attention: .* CUDA threads would take about"):
+        flash.flash_attention(big, big, big)
+
+
+# --- The exercise: planted mistakes --------------------------------------------------------
+
+def without_rescale(m, l, acc, s_block, v_block):
+    m_new = max(m, s_block.max())
+    p = np.exp(s_block - m_new)
+    return m_new, l + p.sum(), acc + p @ v_block
+
+
+def rescales_l_only(m, l, acc, s_block, v_block):
+    m_new = max(m, s_block.max())
+    p = np.exp(s_block - m_new)
+    return m_new, l * np.exp(m - m_new) + p.sum(), acc + p @ v_block
+
+
+def inverted_rescale(m, l, acc, s_block, v_block):
+    m_new = max(m, s_block.max())
+    p = np.exp(s_block - m_new)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return m_new, l * np.exp(m_new - m) + p.sum(), acc * np.exp(m_new - m) + p @ v_block
+
+
+def normalises_acc(m, l, acc, s_block, v_block):
+    m, l, acc = flash.online_update(m, l, acc, s_block, v_block)
+    return m, l, acc / l
+
+
+def forgets_the_max(m, l, acc, s_block, v_block):
+    with np.errstate(over="ignore", invalid="ignore"):
+        p = np.exp(s_block)
+    return max(m, s_block.max()), l + p.sum(), acc + p @ v_block
+
+
+def stub(m, l, acc, s_block, v_block):
+    raise NotImplementedError()
+
+
+def test_the_library_update_passes_the_exercise(capsys):
+    result = check("07_online_softmax", flash.online_update)
+    assert result.passed and result.diagnosis == "ok"
+    assert capsys.readouterr().out.startswith("✔ 07_online_softmax [ok]")
+
+
+@pytest.mark.parametrize("answer, diagnosis, says", [
+    (without_rescale, "online_softmax_no_rescale", "l and acc were not rescaled"),
+    (rescales_l_only, "online_softmax_no_rescale", "acc was not rescaled"),
+    (inverted_rescale, "wrong_values", "exp(m_new - m_old) overflows"),
+    (normalises_acc, "wrong_values", "not divided by l"),
+    (forgets_the_max, "wrong_values", "l is"),
+    (lambda m, l, acc, s_block, v_block: (m, l), "raised_error", "got a tuple of 2"),
+    (lambda m, l, acc, s_block, v_block: (s_block.max(), l, np.append(acc, 0.0)), "raised_error",
+     "acc must keep shape (1,)"),
+    (stub, "not_implemented", "Hint"),
+])
+def test_planted_mistakes_get_their_diagnosis(answer, diagnosis, says):
+    result = check("07_online_softmax", answer, verbose=False)
+    assert not result.passed
+    assert (result.diagnosis, says in result.message) == (diagnosis, True), result.message
+    assert "\n" not in str(result)
+
+
+# --- The optional kernel exercise: planted mistakes ------------------------------------------
+
+NO_RESCALE, NO_SCALE, SCALED_BY_D_K, MISSES_OWN_KEY, NO_MASK, IGNORES_OFFSET, NO_GUARD = range(1, 8)
+
+
+def kernel_with_mistake(mistake):
+    """flash_attention_kernel_v1 with one typical mistake planted (an int, compiled in)."""
+    @cuda.jit
+    def planted(q, k, v, scale, causal, out):
+        i, h = cuda.grid(2)
+        t_q, d_k, t_k, d_v = q.shape[1], q.shape[2], k.shape[1], v.shape[2]
+        if mistake != NO_GUARD and i >= t_q:
+            return
+        q_row = cuda.local.array(flash.MAX_D, np.float32)
+        acc = cuda.local.array(flash.MAX_D, np.float32)
+        factor = np.float32(1.0) if mistake == NO_SCALE else scale
+        if mistake == SCALED_BY_D_K:
+            factor = np.float32(1.0 / d_k)
+        for c in range(d_k):
+            q_row[c] = q[h, i, c] * factor
+        for c in range(d_v):
+            acc[c] = 0.0
+        m, l = np.float32(-math.inf), np.float32(0.0)
+        n = flash.visible_keys(i, t_q, t_k, causal)
+        if mistake == MISSES_OWN_KEY:
+            n -= 1
+        elif mistake == NO_MASK:
+            n = t_k
+        elif mistake == IGNORES_OFFSET and causal:
+            n = min(i + 1, t_k)
+        for j in range(n):
+            s = np.float32(0.0)
+            for c in range(d_k):
+                s += q_row[c] * k[h, j, c]
+            m_new = max(m, s)
+            rescale = np.float32(1.0) if mistake == NO_RESCALE else math.exp(m - m_new)
+            p = math.exp(s - m_new)
+            l = l * rescale + p
+            for c in range(d_v):
+                acc[c] = acc[c] * rescale + p * v[h, j, c]
+            m = m_new
+        for c in range(d_v):
+            out[h, i, c] = acc[c] / l
+    return planted
+
+
+@cuda.jit
+def inner_stub(q, k, v, scale, causal, out):
+    raise NotImplementedError()
+
+
+def test_the_library_kernel_passes_the_kernel_exercise(capsys):
+    result = check("07_flash_inner", flash.flash_attention_kernel_v1)
+    assert result.passed and result.diagnosis == "ok"
+    assert capsys.readouterr().out.startswith("✔ 07_flash_inner [ok]")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")          # 0 / 0 in a planted division
+@pytest.mark.parametrize("mistake, diagnosis, says", [
+    (NO_RESCALE, "online_softmax_no_rescale", "not rescaled"),
+    (NO_SCALE, "missing_scale", "without the scale"),
+    (SCALED_BY_D_K, "scaled_by_d_k", "divided by d_k"),
+    (MISSES_OWN_KEY, "mask_includes_diagonal", "missed its own key"),
+    (NO_MASK, "mask_not_applied", "every query saw every key"),
+    (IGNORES_OFFSET, "mask_ignores_offset", "the last T_q positions"),
+    (NO_GUARD, "out_of_bounds", "Guard the index"),
+])
+def test_planted_kernel_mistakes_get_their_diagnosis(mistake, diagnosis, says):
+    result = check("07_flash_inner", kernel_with_mistake(mistake), verbose=False)
+    assert not result.passed
+    assert (result.diagnosis, says in result.message) == (diagnosis, True), result.message
+    assert "\n" not in str(result)
+
+
+def test_the_kernel_exercise_stub_is_not_implemented():
+    assert check("07_flash_inner", inner_stub, verbose=False).diagnosis == "not_implemented"
