@@ -15,7 +15,7 @@ WORKERS ?= 2
 LAB_FLAGS ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
-.PHONY: lab test student install clean
+.PHONY: lab test student install clean bench
 
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,3 +36,7 @@ student: $(INSTALLED)
 
 clean:
 	rm -rf $(VENV) release build *.egg-info
+
+# Time every kernel version (on a GPU), or count threads and memory traffic (on the simulator).
+bench: $(INSTALLED)
+	$(BIN)/python -m attention_lib.bench

@@ -99,3 +99,41 @@ def plot_heatmap(matrix, title="", ax=None, xlabel="key position j", ylabel="que
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     return ax
+
+
+def plot_roofline(points, peak_flop_per_s, bytes_per_s, roof_label="", ax=None, title="Roofline"):
+    """Draw a roofline, attainable FLOP/s = min(peak, bandwidth x intensity) on log-log axes, and kernels on it.
+
+    points: list of dicts with "label", "intensity" (FLOP per byte of main memory) and
+    "flop_per_s" (measured; None draws the point on the roof: the most that intensity allows),
+    optionally "colour", "marker" and "hollow" (default: hollow when on the roof).
+    peak_flop_per_s, bytes_per_s: the GPU's limits.
+    Returns the matplotlib axes; the legend sits to the right of it.
+    """
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 6))
+    ridge = peak_flop_per_s / bytes_per_s
+    xs = [p["intensity"] for p in points] + [ridge]
+    x = np.logspace(np.log10(min(xs) / 4), np.log10(max(xs) * 4), 200)
+    ax.loglog(x, np.minimum(peak_flop_per_s, bytes_per_s * x), color="black", lw=2,
+              label=f"roof: {roof_label}".rstrip(": "))
+    ax.axvline(ridge, color="grey", ls=":", lw=1)
+    ax.text(ridge * 1.1, peak_flop_per_s / 30, f"ridge {ridge:.0f} FLOP/byte", color="grey", fontsize=8)
+    middle = np.sqrt(x[0] * ridge)                   # halfway up the memory roof, on log axes
+    ax.text(middle, bytes_per_s * middle * 3, f"memory {bytes_per_s / 1e12:.2g} TB/s", fontsize=8,
+            ha="right")
+    ax.text(ridge * 1.1, peak_flop_per_s * 1.15, f"FP32 peak {peak_flop_per_s / 1e12:.3g} TFLOP/s", fontsize=8)
+    colours = plt.get_cmap("tab10").colors
+    for i, p in enumerate(points):
+        on_roof = p.get("flop_per_s") is None
+        y = min(peak_flop_per_s, bytes_per_s * p["intensity"]) if on_roof else p["flop_per_s"]
+        colour = p.get("colour", colours[i % len(colours)])
+        ax.plot(p["intensity"], y, ls="none", marker=p.get("marker", "o"), markersize=8, color=colour,
+                markerfacecolor="none" if p.get("hollow", on_roof) else colour, markeredgewidth=1.5,
+                label=p["label"])
+    ax.set_ylim(top=peak_flop_per_s * 2)
+    ax.set_xlabel("arithmetic intensity (FLOP per byte of main memory)")
+    ax.set_ylabel("FLOP/s")
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    return ax

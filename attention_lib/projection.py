@@ -7,9 +7,17 @@ The NumPy reference is ``attention_lib.reference.project``.
 
 - ``projection_kernel_v1``: one thread per output element; each thread reads a row of x and a
   column of w straight from global memory (x is read d_out times, w T times, per element).
-- ``projection_kernel_v2``: the same thread-to-output mapping, but each block loads
-  (TILE, TILE) tiles of x and w into shared memory once and every thread of the block reuses
-  them (x is read ceil(d_out / TILE) times, w ceil(T / TILE) times, per element).
+- ``tile_matmul`` + ``projection_kernel_v2``: the same thread-to-output mapping, but each block
+  loads (TILE, TILE) tiles of x and w into shared memory once and every thread of the block
+  reuses them (x is read ceil(d_out / TILE) times, w ceil(T / TILE) times, per element). The
+  tile loop is a device function so that ``weighted_sum.py`` (A @ V, notebook 05) runs the same
+  loop on each head's slices: one tiled matmul in the library, not two copies.
+- ``store_output`` + ``projection_kernel_v3`` (notebook 09): register tiling. Each thread of a
+  (TILE, TILE) block computes a 2 x 2 micro-tile of outputs (MICRO = 2), so a block covers
+  (WIDE_TILE, WIDE_TILE) = 32 x 32 outputs. Per step along d_model a thread reads 2 + 2 numbers
+  from shared memory for 4 multiply-adds (v2: 2 for 1), and each x and w element is read from
+  global memory half as often as in v2 (ceil(d_out / 32), ceil(T / 32)). Its grid is
+  ``wide_launch_shape``; ``project(..., version=3)`` picks it.
 - Biases: ``b`` is always passed; an empty one, shape (0,), means "no bias". Numba kernels
   cannot take ``None``, and a separate bias kernel would read and write the whole output again;
   ``b.shape[0] > 0`` costs one comparison per thread and nothing is read when there is no bias.
@@ -55,22 +63,23 @@ def projection_kernel_v1(x, w, b, out):
         out[row, col] = acc
 
 
-@cuda.jit
-def projection_kernel_v2(x, w, b, out):
-    """The same product as v1, tiled: each block stages (TILE, TILE) tiles in shared memory.
+@cuda.jit(device=True)
+def tile_matmul(x, w, row, col):
+    """x[row, :] . w[:, col] for thread (row, col) of a (TILE, TILE) block, computed with the whole block.
 
-    x: (rows, d_model), w: (d_model, d_out), b: (d_out,) or (0,) for no bias,
-    out: (rows, d_out), all float32. Launch with (TILE, TILE) blocks.
+    x: (rows, K), w: (K, cols) float32, 2-D (or 2-D views, such as one head's a[h] and v[h] in
+    weighted_sum.py, which reuses this loop). Returns the float32 sum. Every thread of the block
+    must call it (it waits at barriers), also threads whose (row, col) lies past the edge of the
+    output: they help load the tiles and get 0.
     """
     x_tile = cuda.shared.array((TILE, TILE), float32)
     w_tile = cuda.shared.array((TILE, TILE), float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    col, row = cuda.grid(2)
     acc = float32(0.0)
-    for start in range(0, x.shape[1], TILE):    # walk along d_model one tile at a time
+    for start in range(0, x.shape[1], TILE):    # walk along K one tile at a time
         # Each thread loads one element of each tile. Past the edge of x or w it stores 0,
-        # which adds nothing to the sum, so any size works; threads outside `out` still load,
-        # because their neighbours need the tile and every thread must reach the barriers.
+        # which adds nothing to the sum, so any size works; threads outside the output still
+        # load, because their neighbours need the tile and every thread must reach the barriers.
         k = start + tx
         if row < x.shape[0] and k < x.shape[1]:
             x_tile[ty, tx] = x[row, k]
@@ -86,13 +95,97 @@ def projection_kernel_v2(x, w, b, out):
             acc += x_tile[ty, j] * w_tile[j, tx]
         cuda.syncthreads()                      # wait until everyone is done with the tiles
                                                 # before the next step overwrites them
+    return acc
+
+
+@cuda.jit
+def projection_kernel_v2(x, w, b, out):
+    """The same product as v1, tiled: each block stages (TILE, TILE) tiles in shared memory.
+
+    x: (rows, d_model), w: (d_model, d_out), b: (d_out,) or (0,) for no bias,
+    out: (rows, d_out), all float32. Launch with (TILE, TILE) blocks. The tile loop is the
+    device function tile_matmul, shared with the weighted sum of notebook 05.
+    """
+    col, row = cuda.grid(2)
+    acc = tile_matmul(x, w, row, col)           # called by every thread: it contains barriers
     if row < out.shape[0] and col < out.shape[1]:
         if b.shape[0] > 0:
             acc += b[col]
         out[row, col] = acc
 
 
-KERNELS = {1: projection_kernel_v1, 2: projection_kernel_v2}
+# projection_kernel_v3: each thread computes MICRO x MICRO = 2 x 2 outputs, so a block of
+# (TILE, TILE) = 256 threads covers a (WIDE_TILE, WIDE_TILE) = 32 x 32 tile of out.
+MICRO = 2
+WIDE_TILE = MICRO * TILE
+
+
+@cuda.jit(device=True)
+def store_output(out, b, row, col, acc):
+    """out[row, col] = acc (+ b[col]) when (row, col) lies inside out: one output of a micro-tile."""
+    if row < out.shape[0] and col < out.shape[1]:
+        if b.shape[0] > 0:
+            acc += b[col]
+        out[row, col] = acc
+
+
+@cuda.jit
+def projection_kernel_v3(x, w, b, out):
+    """The same product as v1 and v2, register-tiled: each thread computes 2 x 2 outputs.
+
+    x: (rows, d_model), w: (d_model, d_out), b: (d_out,) or (0,) for no bias,
+    out: (rows, d_out), all float32. Launch with (TILE, TILE) blocks on wide_launch_shape:
+    block (bx, by) computes the (WIDE_TILE, WIDE_TILE) tile of out at rows by * WIDE_TILE,
+    columns bx * WIDE_TILE. Thread (tx, ty) owns rows ty and ty + TILE and columns tx and
+    tx + TILE of that tile: its four sums live in registers (acc00 .. acc11). Per step along
+    d_model each thread reads 2 numbers of x_tile and 2 of w_tile and does 4 multiply-adds:
+    one shared-memory load per multiply-add, where v2 needs two.
+    """
+    x_tile = cuda.shared.array((WIDE_TILE, TILE), float32)   # [row in the block's tile, k in step]
+    w_tile = cuda.shared.array((TILE, WIDE_TILE), float32)   # [k in step, column in the block's tile]
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    row0 = cuda.blockIdx.y * WIDE_TILE + ty     # this thread's first row; the second is row0 + TILE
+    col0 = cuda.blockIdx.x * WIDE_TILE + tx     # its first column; the second is col0 + TILE
+    acc00 = float32(0.0)                        # (row0, col0)
+    acc01 = float32(0.0)                        # (row0, col0 + TILE)
+    acc10 = float32(0.0)                        # (row0 + TILE, col0)
+    acc11 = float32(0.0)                        # (row0 + TILE, col0 + TILE)
+    for start in range(0, x.shape[1], TILE):    # walk along d_model one tile at a time
+        # Each thread loads 2 elements of each tile, zero past the edges. Neighbouring tx read
+        # neighbouring k of x and neighbouring columns of w: consecutive addresses (coalesced).
+        k = start + tx
+        for i in range(MICRO):
+            row = row0 + i * TILE
+            if row < x.shape[0] and k < x.shape[1]:
+                x_tile[ty + i * TILE, tx] = x[row, k]
+            else:
+                x_tile[ty + i * TILE, tx] = 0.0
+        k = start + ty
+        for j in range(MICRO):
+            col = col0 + j * TILE
+            if k < w.shape[0] and col < w.shape[1]:
+                w_tile[ty, tx + j * TILE] = w[k, col]
+            else:
+                w_tile[ty, tx + j * TILE] = 0.0
+        cuda.syncthreads()                      # wait until both tiles are loaded
+        for kk in range(TILE):
+            x0 = x_tile[ty, kk]                 # 2 loads from x_tile and 2 from w_tile ...
+            x1 = x_tile[ty + TILE, kk]
+            w0 = w_tile[kk, tx]
+            w1 = w_tile[kk, tx + TILE]
+            acc00 += x0 * w0                    # ... feed 4 multiply-adds
+            acc01 += x0 * w1
+            acc10 += x1 * w0
+            acc11 += x1 * w1
+        cuda.syncthreads()                      # wait until everyone is done with the tiles
+                                                # before the next step overwrites them
+    store_output(out, b, row0, col0, acc00)
+    store_output(out, b, row0, col0 + TILE, acc01)
+    store_output(out, b, row0 + TILE, col0, acc10)
+    store_output(out, b, row0 + TILE, col0 + TILE, acc11)
+
+
+KERNELS = {1: projection_kernel_v1, 2: projection_kernel_v2, 3: projection_kernel_v3}
 
 
 # --- Launchers ---------------------------------------------------------------------------
@@ -107,6 +200,12 @@ def launch_projection(kernel, x, w, b, out):
     (0,), out (rows, d_out), all float32. No checks: the launchers below make them."""
     grid, block = launch_shape(out.shape[0], out.shape[1])
     kernel[grid, block](x, w, b, out)
+
+
+def wide_launch_shape(rows, d_out):
+    """(grid, block) of projection_kernel_v3 for an output of (rows, d_out): (TILE, TILE) blocks,
+    each covering a (WIDE_TILE, WIDE_TILE) tile of the output, x along columns."""
+    return (ceil_div(d_out, WIDE_TILE), ceil_div(rows, WIDE_TILE)), BLOCK
 
 
 def _bias(b, d_out, name, w_name="w"):
@@ -129,8 +228,9 @@ def project(x, w, b=None, version=2, kernel=None):
     """x @ w (+ b) on the device.
 
     x: (..., T, d_model) float; w: (d_model, d_out) float; b: (d_out,) float or None
-    -> (..., T, d_out) float32. version 1 or 2 picks the library kernel; `kernel`, if given,
-    replaces it (same signature as projection_kernel_v1) and is launched the same way.
+    -> (..., T, d_out) float32. version 1, 2 or 3 picks the library kernel; `kernel`, if given,
+    replaces it (same signature as projection_kernel_v1) and is launched on that version's grid
+    (one thread per output for 1 and 2, one per 2 x 2 outputs for 3).
     """
     kernel = _check_version(version, kernel)
     x = as_float32("x", x, "(..., T, d_model)", min_ndim=2)
@@ -141,10 +241,15 @@ def project(x, w, b=None, version=2, kernel=None):
     d_out = w.shape[1]
     b = _bias(b, d_out, "b")
     rows = x.reshape(-1, d_model)                             # (B * T, d_model): batch axes become rows
-    grid, block = launch_shape(rows.shape[0], d_out)
+    wide = version == 3                                       # v3: a thread per 2 x 2 outputs
+    grid, block = (wide_launch_shape if wide else launch_shape)(rows.shape[0], d_out)
     check_simulator_budget("project", grid[0] * grid[1] * block[0] * block[1])
     result = cuda.device_array((rows.shape[0], d_out), np.float32)
-    launch_projection(kernel, cuda.to_device(rows), cuda.to_device(w), cuda.to_device(b), result)
+    args = (cuda.to_device(rows), cuda.to_device(w), cuda.to_device(b), result)
+    if wide:
+        kernel[grid, block](*args)
+    else:
+        launch_projection(kernel, *args)
     return result.copy_to_host().reshape(*lead, T, d_out)     # (..., T, d_out)
 
 
@@ -183,9 +288,12 @@ def global_reads(T, d_out, version):
     is read by the d_out threads of its row and each w element by the T threads of its column.
     v2: a block loads each tile once into shared memory, so each x element is read once per
     block across (ceil(d_out / TILE)) and each w element once per block down (ceil(T / TILE)).
+    v3: the same with blocks covering WIDE_TILE x WIDE_TILE outputs: ceil(d_out / WIDE_TILE)
+    and ceil(T / WIDE_TILE).
     Counted as the sanitizer counts: every request as if it went to memory (no caches).
     """
     require(version in KERNELS, f"version must be one of {sorted(KERNELS)}, got {version!r}")
     if version == 1:
         return d_out, T
-    return ceil_div(d_out, TILE), ceil_div(T, TILE)
+    tile = WIDE_TILE if version == 3 else TILE
+    return ceil_div(d_out, tile), ceil_div(T, tile)

@@ -82,6 +82,33 @@ def _mask(name):
     return lambda kern: mask.causal_scores(q, k, kernel=kern)
 
 
+def _kv_cache(name):
+    from attention_lib import kv_cache
+    rng = _rng()
+    cache = kv_cache.KVCache(2, 24, 5)
+    cache.append(*rng.standard_normal((2, 2, 19, 5)))   # 19 positions: several chunks, the last partly filled
+    q = rng.standard_normal((2, 5))
+    if name == "decode_kernel_v1":
+        return lambda k: kv_cache.decode_step(q, cache, version=1, kernel=k)
+    if name == "decode_partial_kernel":
+        return lambda k: kv_cache.decode_step(q, cache, kernel=k)
+    return lambda k: kv_cache.decode_step(q, cache, merge_kernel=k)
+
+
+def _multihead(name):
+    from attention_lib import multihead
+    x = _rng().standard_normal((2, 19, 15))            # B 2, T 19 (a partial block), 3 heads of width 5
+    if name == "split_heads_kernel":
+        return lambda k: multihead.split_heads(x, 3, kernel=k)
+    return lambda k: multihead.merge_heads(x.reshape(2, 19, 3, 5).transpose(0, 2, 1, 3), kernel=k)
+
+
+def _flash(version):
+    from attention_lib import flash
+    q, k, v = _rng().standard_normal((3, 2, 2, 19, 7))   # 2 x 2 heads, T 19: partial query and key tiles
+    return lambda kern: flash.flash_attention(q, k, v, version=version, kernel=kern)
+
+
 # kernel name -> a function that launches it, given the recorder standing in for the kernel
 CASES = {
     "basics.add_kernel": _basics("add_kernel"),
@@ -90,12 +117,20 @@ CASES = {
     "basics.whoami_2d_kernel": _whoami("whoami_2d_kernel"),
     "projection.projection_kernel_v1": _projection(1),
     "projection.projection_kernel_v2": _projection(2),
+    "projection.projection_kernel_v3": _projection(3),     # (19, 18): one 32 x 32 block, partly used
     "softmax.softmax_kernel_v1": _softmax(1),
     "softmax.softmax_kernel_v2": _softmax(2),
     "scores.scores_kernel_v1": _scores(1),
     "scores.scores_kernel_v2": _scores(2),
     "mask.mask_kernel_v1": _mask("mask_kernel_v1"),
     "mask.mask_kernel_v2": _mask("mask_kernel_v2"),
+    "multihead.split_heads_kernel": _multihead("split_heads_kernel"),
+    "multihead.merge_heads_kernel": _multihead("merge_heads_kernel"),
+    "flash.flash_attention_kernel_v1": _flash(1),
+    "flash.flash_attention_kernel_v2": _flash(2),
+    "kv_cache.decode_kernel_v1": _kv_cache("decode_kernel_v1"),
+    "kv_cache.decode_partial_kernel": _kv_cache("decode_partial_kernel"),
+    "kv_cache.decode_merge_kernel": _kv_cache("decode_merge_kernel"),
 }
 
 

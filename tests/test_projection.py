@@ -89,7 +89,7 @@ def test_cost_formulas_at_full_size():
     assert projection.flops(1024, 768, 2304) == 3_623_878_656
     assert projection.global_reads(1024, 2304, 1) == (2304, 1024)
     assert projection.global_reads(1024, 2304, 2) == (144, 64)
-    with pytest.raises(ValueError, match=r"^version must be one of \[1, 2\], got 0$"):
+    with pytest.raises(ValueError, match=r"^version must be one of \[1, 2, 3\], got 0$"):
         projection.global_reads(1024, 2304, 0)
 
 
@@ -118,8 +118,8 @@ def test_the_grid_has_one_thread_per_output_and_partly_used_edge_blocks():
      r"^w must have shape \(4, d_out\) \(d_model = the last axis of x\), got \(5, 4\)$"),
     (lambda x, w, b: projection.project(x, w, b[:3]), ValueError,
      r"^b must have shape \(5,\) \(the last axis of w\), got \(3,\)$"),
-    (lambda x, w, b: projection.project(x, w, version=3), ValueError,
-     r"^version must be one of \[1, 2\], got 3$"),
+    (lambda x, w, b: projection.project(x, w, version=4), ValueError,
+     r"^version must be one of \[1, 2, 3\], got 4$"),
     (lambda x, w, b: projection.project(x * 1j, w), TypeError,
      r"^x must be a float array of shape \(\.\.\., T, d_model\), got dtype complex64$"),
     (lambda x, w, b: projection.project(np.where(x > 0, np.nan, x), w), ValueError,
@@ -218,7 +218,7 @@ def test_the_library_kernels_pass_the_exercise(kernel, capsys):
 
 
 @pytest.mark.parametrize("answer, diagnosis, says", [
-    (no_bounds_guard, "out_of_bounds", "out-of-bounds read x["),
+    (no_bounds_guard, "out_of_bounds", "out-of-bounds read "),   # of x or of w: whichever thread gets there first
     (transposed_w, "wrong_values", "at (T 1, d_model 5, d_out 5): 5 of 5 entries differ"),
     (only_the_first_block, "wrong_values", "were never written"),
     (forgets_the_bias, "wrong_values", "(T 7, d_model 24, d_out 20, bias)"),
@@ -232,3 +232,73 @@ def test_planted_mistakes_get_their_diagnosis(answer, diagnosis, says):
     assert result.diagnosis == diagnosis
     assert says in result.message
     assert "\n" not in str(result)
+
+
+# --- projection_kernel_v3 (notebook 09): 2 x 2 outputs per thread ---------------------------
+
+WIDE = projection.WIDE_TILE
+
+
+@pytest.mark.parametrize("T, d_model, d_out", AWKWARD + [(33, 40, 65)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_v3_matches_reference(rng, T, d_model, d_out, with_bias):
+    # (33, 40, 65): two blocks down and three across, the last ones partly used, three steps along d_model.
+    x, w, b = random_problem(rng, T, d_model, d_out)
+    b = b if with_bias else None
+    got = projection.project(x, w, b, version=3)
+    assert got.dtype == np.float32 and got.shape == (T, d_out)
+    tol = tolerance(d_model)
+    assert np.allclose(got, reference.project(x, w, b), rtol=tol, atol=tol)
+
+
+def test_v3_batched_and_fused_qkv(rng):
+    x, w, b = random_problem(rng, 5, 6, 9, lead=(2, 3))          # 30 rows after flattening
+    got = projection.project(x, w, b, version=3)
+    assert got.shape == (2, 3, 5, 9)
+    assert np.allclose(got, reference.project(x, w, b), rtol=tolerance(6), atol=tolerance(6))
+    q, k, v = projection.project_qkv(x, np.concatenate([w, w, w], axis=1), version=3)
+    assert np.allclose(q, reference.project(x, w), rtol=tolerance(6), atol=tolerance(6))
+    assert np.array_equal(q, v) and np.array_equal(k, v)          # same sums, same order
+
+
+def test_v3_grid_covers_32_by_32_outputs_per_block():
+    grid, block = projection.wide_launch_shape(33, 17)
+    assert block == (TILE, TILE) and WIDE == 32
+    assert grid == (1, 2)            # ceil(17 / 32) across, ceil(33 / 32) down: a quarter of v2's 6 blocks
+
+
+@pytest.mark.parametrize("T, d_model, d_out", [(33, 24, 17), (32, 16, 32), (5, 40, 70)])
+def test_v3_global_and_shared_reads_are_exact(rng, T, d_model, d_out):
+    from attention_lib import sanitizer
+    x, w, b = random_problem(rng, T, d_model, d_out)
+    x_reads, w_reads = ceil_div(d_out, WIDE), ceil_div(T, WIDE)
+    assert projection.global_reads(T, d_out, 3) == (x_reads, w_reads)
+    out = np.full((T, d_out), np.nan, np.float32)
+    grid, block = projection.wide_launch_shape(T, d_out)
+    report = sanitizer.count_memory(projection.projection_kernel_v3, grid, block, x, w, b, out)
+    assert np.all(report.loads("x") == x_reads) and np.all(report.loads("w") == w_reads)
+    assert np.all(report.loads("b") == T) and np.all(report.stores("out") == 1)
+    assert np.allclose(out, reference.project(x, w, b), rtol=tolerance(d_model), atol=tolerance(d_model))
+    # Shared memory: each thread reads 4 numbers per k for its 4 multiply-adds: one load per
+    # multiply-add (v2: two), counted over every thread, padding included.
+    steps = ceil_div(d_model, TILE)
+    assert report.total("loads", space="shared") == report.threads * steps * TILE * 4
+    madds = report.threads * steps * TILE * projection.MICRO ** 2
+    assert report.total("loads", space="shared") / madds == 1.0
+
+
+def test_v2_needs_two_shared_loads_per_multiply_add(rng):
+    from attention_lib import sanitizer
+    x, w, b = random_problem(rng, 33, 24, 17)
+    grid, block = projection.launch_shape(33, 17)
+    report = sanitizer.count_memory(projection.projection_kernel_v2, grid, block, x, w, b,
+                                    np.zeros((33, 17), np.float32))
+    madds = report.threads * ceil_div(24, TILE) * TILE
+    assert report.total("loads", space="shared") / madds == 2.0
+
+
+def test_v3_cost_at_full_size():
+    # ANDREA-120M's fused QKV: each x element read ceil(2304 / 32) = 72 times, each W_qkv element
+    # ceil(1024 / 32) = 32 times: half of v2's (144, 64).
+    assert projection.global_reads(1024, 2304, 3) == (72, 32)
+

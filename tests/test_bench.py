@@ -1,0 +1,311 @@
+"""The performance harness (attention_lib.bench, notebook 09) on the simulator, and notebook 09's exercise.
+
+On the simulator the harness cannot time anything; it counts. These tests run it at tiny,
+awkward sizes (T 7, d_k 5: no size a multiple of a tile) and check what it reports: the JSON
+schema, counts equal to the formulas for every entry that has one, the roofline PNG, the GPU
+limits table, and that times are refused rather than made up. The timing arithmetic is
+checked with a fake clock, since the real one needs a GPU.
+"""
+
+import json
+
+import numpy as np
+import pytest
+from attention_lib import bench, projection, runtime, sanitizer
+from attention_lib.checks import check
+from attention_lib.checks.ex09_performance import expected_cost
+from numba import cuda
+
+TINY = bench.BenchSizes(B=1, H=2, T=7, d_k=5)      # d_model 10; every tile partly used
+KERNEL_KEYS = {"name", "module", "notebook", "what", "launches", "blocks", "threads", "flops",
+               "ideal_bytes", "intensity", "time", "flop_per_s", "bytes_per_s", "counted", "formula",
+               "formula_matches", "baselines", "notes"}
+COUNTED_KEYS = {"global_loads", "global_stores", "global_atomics", "global_bytes", "shared_loads",
+                "shared_stores", "intensity"}
+
+
+@pytest.fixture(scope="module")
+def tiny_results(tmp_path_factory):
+    """The whole registry at TINY, written to a temporary folder (about 10 s on the simulator)."""
+    out = tmp_path_factory.mktemp("bench")
+    return bench.run_bench(TINY, out_dir=out, verbose=False), out
+
+
+def test_every_registry_entry_runs_or_is_skipped_because_its_module_is_missing(tiny_results):
+    results, _ = tiny_results
+    assert results["failed"] == []
+    names = [k["name"] for k in results["kernels"]] + [s["name"] for s in results["skipped"]]
+    assert sorted(names) == sorted(e.name for e in bench.REGISTRY)
+    assert all(s["reason"].endswith("does not exist") for s in results["skipped"])
+    assert {"projection v1", "projection v2", "projection v3"} <= {k["name"] for k in results["kernels"]}
+
+
+def test_the_json_file_has_the_schema(tiny_results):
+    results, out = tiny_results
+    saved = json.loads((out / "bench-simulator.json").read_text())
+    assert saved["schema"] == bench.SCHEMA and saved["backend"] == runtime.SIMULATOR
+    assert {"gpu", "limits", "date", "versions", "sizes", "timing", "kernels", "skipped", "failed",
+            "targets", "notes", "files"} <= set(saved)
+    assert saved["gpu"] is None and saved["limits"] is None and saved["timing"] is None
+    assert saved["sizes"] == {"B": 1, "H": 2, "T": 7, "d_k": 5, "d_model": 10}
+    assert {"python", "numpy", "numba", "numba-cuda"} <= set(saved["versions"])
+    assert saved["date"][:4].isdigit() and "T" in saved["date"]
+    for kernel in saved["kernels"]:
+        assert set(kernel) == KERNEL_KEYS, kernel["name"]
+        assert set(kernel["counted"]) == COUNTED_KEYS, kernel["name"]
+        assert kernel["launches"] and all({"kernel", "grid", "block"} == set(l) for l in kernel["launches"])
+    assert bench.load_results(out / "bench-simulator.json")["kernels"] == saved["kernels"]
+
+
+def test_counts_equal_the_formulas_at_awkward_sizes(tiny_results):
+    results, _ = tiny_results
+    with_formula = [k for k in results["kernels"] if k["formula"] is not None]
+    assert {"projection v1", "projection v2", "projection v3", "scores v2", "softmax v2",
+            "weighted_sum v1"} <= {k["name"] for k in with_formula}
+    for k in with_formula:
+        assert k["formula_matches"] is True, (k["name"], k["formula"], k["counted"])
+    by_name = {k["name"]: k for k in results["kernels"]}
+    v1, v2, v3 = (by_name[f"projection v{v}"] for v in (1, 2, 3))
+    # rows 7, d_model 10, d_out 30: v1 reads x d_out times and w T times; v2 ceil(30/16) = 2
+    # and 1; v3 ceil(30/32) = 1 and 1; all store each output once.
+    assert v1["counted"]["global_loads"] == 7 * 10 * 30 + 10 * 30 * 7
+    assert v2["counted"]["global_loads"] == 7 * 10 * 2 + 10 * 30
+    assert v3["counted"]["global_loads"] == 7 * 10 + 10 * 30
+    assert v1["flops"] == v2["flops"] == v3["flops"] == projection.flops(7, 10, 30)
+    assert v3["threads"] == v2["threads"] // 2          # one 32 x 32 block against two 16 x 16
+    # shared loads per multiply-add (d_model 10: one step of TILE = 16 along k, padding included)
+    assert v2["counted"]["shared_loads"] / (v2["threads"] * projection.TILE) == 2
+    assert v3["counted"]["shared_loads"] / (v3["threads"] * projection.TILE * 4) == 1
+    # intensity = FLOPs / bytes: ideal for all three, counted rising from v1 to v3
+    assert v1["intensity"] == v1["flops"] / v1["ideal_bytes"]
+    assert v1["counted"]["intensity"] < v2["counted"]["intensity"] < v3["counted"]["intensity"]
+    assert by_name["attention pipeline"]["launches"][0]["kernel"] == "mask_kernel_v2"
+    assert len(by_name["attention pipeline"]["launches"]) == 3
+
+
+def test_times_are_marked_unavailable_on_the_simulator(tiny_results):
+    results, _ = tiny_results
+    for k in results["kernels"]:
+        assert k["time"] is None and k["flop_per_s"] is None and k["bytes_per_s"] is None
+        assert bench.SIMULATOR_NO_TIMES in k["notes"]
+    for target in results["targets"].values():
+        assert target["ratio"] is None and target["met"] is None
+    assert "times need a GPU" in bench.format_targets(results)
+
+
+def test_timing_is_refused_on_the_simulator():
+    assert runtime.ON_SIMULATOR
+    assert cuda.event().elapsed_time(cuda.event()) == -1       # the simulator's events record no time
+    with pytest.raises(bench.TimingUnavailable, match="times need a GPU"):
+        bench.NumbaClock()
+    with pytest.raises(bench.TimingUnavailable, match="elapsed_time returns -1"):
+        bench.time_launches([])
+    with pytest.raises(bench.TimingUnavailable, match="times need a GPU"):
+        bench.run_bench(TINY, only=["projection v3"], timed=True, write=False, verbose=False)
+
+
+def test_the_roofline_png_is_written(tiny_results):
+    results, out = tiny_results
+    png = out / "roofline-simulator.png"
+    assert results["files"]["png"] == str(png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("NVIDIA H200", "NVIDIA H200"),
+    ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM"),
+    ("NVIDIA H100 PCIe", "NVIDIA H100 PCIe"),
+    ("NVIDIA A100-SXM4-40GB", "NVIDIA A100 40GB"),
+    ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB"),
+    ("NVIDIA A100 80GB PCIe", "NVIDIA A100 80GB"),
+    ("Tesla T4", "NVIDIA T4"),
+    ("NVIDIA L4", "NVIDIA L4"),
+    ("NVIDIA L40S", None),                 # not an L4: a different GPU, not in the table
+    ("NVIDIA GeForce RTX 4090", None),
+    (None, None),
+])
+def test_gpu_limits_lookup(name, expected):
+    limits = bench.gpu_limits(name)
+    assert (limits.name if limits else None) == expected
+
+
+def test_h200_limits_and_ridge():
+    h200 = bench.gpu_limits("NVIDIA H200")
+    assert (h200.fp32_flop_per_s, h200.bytes_per_s) == (67e12, 4.8e12)
+    assert round(h200.ridge, 1) == 14.0
+    assert h200.attainable(1.0) == 4.8e12 and h200.attainable(100.0) == 67e12
+    assert bench.REFERENCE_GPU is bench.KNOWN_GPUS[0][1] and bench.device_name() is None
+
+
+class FakeClock:
+    """Stands in for CUDA events: each stop() returns the next of `times` (seconds)."""
+
+    def __init__(self, times):
+        self.times, self.starts = list(times), 0
+
+    def start(self):
+        self.starts += 1
+
+    def stop(self):
+        return self.times.pop(0)
+
+
+def test_measure_skips_the_warmup_and_reports_median_and_iqr():
+    clock = FakeClock([9.0, 9.0] + [1.0, 2.0, 3.0, 4.0, 100.0])
+    timing = bench.measure(lambda: None, clock, warmup=2, repeats=5, max_seconds=1e9)
+    assert timing["runs"] == 5 and clock.starts == 7
+    assert timing["median_s"] == 3.0 and (timing["q1_s"], timing["q3_s"]) == (2.0, 4.0)
+    assert timing["iqr_s"] == 2.0 and (timing["min_s"], timing["max_s"]) == (1.0, 100.0)
+
+
+def test_measure_stops_at_max_seconds_after_five_runs():
+    clock = FakeClock([0.5] * 100)
+    assert bench.measure(lambda: None, clock, warmup=0, repeats=50, max_seconds=1.0)["runs"] == 5
+
+
+def test_rates_and_targets_with_a_fake_clock(tmp_path):
+    # The GPU path's arithmetic, with a clock that says every replay took 2 ms.
+    results = bench.run_bench(TINY, only=["projection v3"], out_dir=tmp_path, warmup=1, repeats=3,
+                              count=False, clock=FakeClock([0.002] * 10), verbose=False)
+    (k,) = results["kernels"]
+    assert k["time"]["median_s"] == 0.002 and k["counted"] is None
+    assert k["flop_per_s"] == k["flops"] / 0.002 and k["bytes_per_s"] == k["ideal_bytes"] / 0.002
+    assert "Benching" not in bench.format_table(results) and "projection v3" in bench.format_table(results)
+    kernels = [{"name": "flash v2", "baselines": {"torch": {"ratio": 1.25}}},
+               {"name": "projection v2", "baselines": {"torch": {"ratio": 0.3}}},
+               {"name": "projection v3", "baselines": {"torch": {"ratio": 0.6}}}]
+    targets = bench._targets(kernels, bench.BenchSizes.of(runtime.ANDREA_120M), bench.REFERENCE_GPU)
+    assert targets["flash_vs_sdpa"]["ratio"] == 1.25 and targets["flash_vs_sdpa"]["met"] is True
+    assert targets["projection_vs_matmul"]["ratio"] == 0.6 and targets["projection_vs_matmul"]["met"] is True
+    assert targets["projection_vs_matmul"]["at_course_sizes"] is True
+
+
+def test_a_missing_module_is_skipped_with_a_note(monkeypatch, tmp_path, capsys):
+    ghost = bench.Entry("ghost v1", "no_such_stage", "10", "nothing", None, lambda s: 1, lambda s: 1)
+    monkeypatch.setattr(bench, "REGISTRY", [ghost])
+    results = bench.run_bench(TINY, out_dir=tmp_path)
+    assert results["kernels"] == [] and results["skipped"] == [
+        {"name": "ghost v1", "reason": "attention_lib.no_such_stage does not exist"}]
+    assert "ghost v1             skipped: attention_lib.no_such_stage does not exist" in capsys.readouterr().out
+
+
+def test_recording_launches_records_every_launch_and_restores_the_kernel_class(rng):
+    from attention_lib import basics
+    cls = type(basics.add_kernel)
+    before = cls.__getitem__
+    x = rng.standard_normal(70)
+    with bench.recording_launches() as launches:
+        got = basics.add(x, x)
+    assert cls.__getitem__ is before
+    assert np.allclose(got, 2 * x)                               # the launch still ran
+    (launch,) = launches
+    assert launch.name == "add_kernel" and launch.blocks == 2 and launch.threads == 128
+    basics.add(x, x)                                             # outside: nothing recorded
+    assert len(launches) == 1
+
+
+def test_formula_results_at_andrea_120m():
+    results = bench.formula_results(only=["projection", "flash v2", "softmax v1"])
+    by_name = {k["name"]: k for k in results["kernels"]}
+    v1, v3 = by_name["projection v1"], by_name["projection v3"]
+    # x (8192, 768) @ W_qkv (768, 2304): 2 * 8192 * 768 * 2304 FLOPs over x, W_qkv and out once
+    assert v1["flops"] == 28_991_029_248
+    assert v1["ideal_bytes"] == 4 * (8192 * 768 + 768 * 2304 + 8192 * 2304)
+    assert round(v1["intensity"]) == 269                        # far right of an H200's ridge (14)
+    assert v3["counted"]["global_loads"] == 8192 * 768 * 72 + 768 * 2304 * 256
+    assert by_name["softmax v1"]["intensity"] == 5 / 8          # memory-bound
+    assert "projection v3" in bench.format_table(results)
+
+
+def test_cli_lists_and_runs(tmp_path, capsys):
+    assert bench.main(["--list"]) == 0
+    listing = capsys.readouterr().out
+    assert all(e.name in listing for e in bench.REGISTRY)
+    assert bench.main(["--only", "projection v3", "--batch", "1", "--heads", "1", "--T", "7", "--d-k", "5",
+                       "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "[1/1] projection v3" in out and "= formula" in out and "times need a GPU" in out
+    assert (tmp_path / "bench-simulator.json").exists() and (tmp_path / "roofline-simulator.png").exists()
+    with pytest.raises(ValueError, match=r"^only must name registry entries"):
+        bench.run_bench(TINY, only=["nothing like it"], write=False, verbose=False)
+
+
+# --- Notebook 09's exercise ----------------------------------------------------------------
+
+@pytest.mark.parametrize("T, d_model, d_out, tile, version", [
+    (33, 24, 17, 16, 2), (7, 10, 30, 16, 2), (33, 24, 17, 32, 3), (40, 9, 70, 32, 3)])
+def test_the_exercise_formula_equals_the_counts(rng, T, d_model, d_out, tile, version):
+    x = rng.standard_normal((T, d_model)).astype(np.float32)
+    w = rng.standard_normal((d_model, d_out)).astype(np.float32)
+    cost = expected_cost(T, d_model, d_out, tile)
+    for row, v in ((0, 1), (1, version)):
+        shape = projection.wide_launch_shape if v == 3 else projection.launch_shape
+        report = sanitizer.count_memory(projection.KERNELS[v], *shape(T, d_out), x, w,
+                                        np.zeros(0, np.float32), np.zeros((T, d_out), np.float32))
+        assert cost[row, 1] == report.global_bytes, (v, cost[row], report.global_bytes)
+        assert cost[row, 0] == projection.flops(T, d_model, d_out)
+        assert cost[row, 2] == cost[row, 0] / cost[row, 1]
+
+
+def library_answer(T, d_model, d_out, tile):
+    return expected_cost(T, d_model, d_out, tile)
+
+
+def counts_elements(T, d_model, d_out, tile):
+    cost = expected_cost(T, d_model, d_out, tile)
+    cost[:, 1] /= 4
+    cost[:, 2] = cost[:, 0] / cost[:, 1]
+    return cost
+
+
+def one_flop_per_multiply_add(T, d_model, d_out, tile):
+    cost = expected_cost(T, d_model, d_out, tile)
+    cost[:, 0] /= 2
+    cost[:, 2] = cost[:, 0] / cost[:, 1]
+    return cost
+
+
+def forgets_the_stores(T, d_model, d_out, tile):
+    cost = expected_cost(T, d_model, d_out, tile)
+    cost[:, 1] -= 4 * T * d_out
+    cost[:, 2] = cost[:, 0] / cost[:, 1]
+    return cost
+
+
+def rounds_blocks_down(T, d_model, d_out, tile):
+    return expected_cost(T, d_model, d_out, tile, floor=True)
+
+
+def tiled_reads_swapped(T, d_model, d_out, tile):
+    flops = 2 * T * d_model * d_out
+    naive = 4 * (2 * T * d_model * d_out + T * d_out)
+    tiled = 4 * (T * d_model * -(-T // tile) + d_model * d_out * -(-d_out // tile) + T * d_out)
+    return np.array([[flops, naive, flops / naive], [flops, tiled, flops / tiled]])
+
+
+def not_written_yet(T, d_model, d_out, tile):
+    raise NotImplementedError()
+
+
+def test_the_reference_passes_the_exercise(capsys):
+    result = check("09_arithmetic_intensity", library_answer)
+    assert result.passed and result.diagnosis == "ok"
+    assert capsys.readouterr().out.startswith("✔ 09_arithmetic_intensity [ok]")
+
+
+@pytest.mark.parametrize("answer, diagnosis, says", [
+    (counts_elements, "wrong_values", "4 times too small: you counted elements"),
+    (one_flop_per_multiply_add, "wrong_values", "a multiply-add is 2 FLOPs"),
+    (forgets_the_stores, "wrong_values", "the stores are missing"),
+    (rounds_blocks_down, "wrong_values", "round the number of blocks up"),
+    (tiled_reads_swapped, "wrong_values", "at (T 33, d_model 24, d_out 17, tile 16): 2 of 6 entries differ"),
+    (lambda T, d_model, d_out, tile: np.zeros(3), "wrong_shape", "expected (2, 3)"),
+    (not_written_yet, "not_implemented", "not implemented yet"),
+    (None, "not_implemented", "not implemented yet"),
+])
+def test_planted_mistakes_get_their_diagnosis(answer, diagnosis, says):
+    result = check("09_arithmetic_intensity", answer, verbose=False)
+    assert not result.passed
+    assert result.diagnosis == diagnosis
+    assert says in result.message, result.message
+    assert "\n" not in str(result)
