@@ -294,10 +294,10 @@ def test_the_reference_passes_the_exercise(capsys):
 
 
 @pytest.mark.parametrize("answer, diagnosis, says", [
-    (counts_elements, "wrong_values", "4 times too small: you counted elements"),
-    (one_flop_per_multiply_add, "wrong_values", "a multiply-add is 2 FLOPs"),
-    (forgets_the_stores, "wrong_values", "the stores are missing"),
-    (rounds_blocks_down, "wrong_values", "round the number of blocks up"),
+    (counts_elements, "bytes_counted_as_elements", "4 times too small: you counted elements"),
+    (one_flop_per_multiply_add, "multiply_add_as_one_flop", "a multiply-add is 2 FLOPs"),
+    (forgets_the_stores, "stores_missing", "the stores are missing"),
+    (rounds_blocks_down, "blocks_rounded_down", "round the number of blocks up"),
     (tiled_reads_swapped, "wrong_values", "at (T 33, d_model 24, d_out 17, tile 16): 2 of 6 entries differ"),
     (lambda T, d_model, d_out, tile: np.zeros(3), "wrong_shape", "expected (2, 3)"),
     (not_written_yet, "not_implemented", "not implemented yet"),

@@ -73,6 +73,9 @@ class Exercise:
     # are wrong; `inputs` are whatever `run` returned after (got, expected), so a typical mistake
     # (a missing scale, a mask on the wrong side) can be named instead of a bare wrong_values.
     diagnose: object = None
+    # The codes `diagnose` can name, beyond the engine's own: listed in INSTRUCTORS.md, and each
+    # planted in a test.
+    diagnoses: tuple = ()
 
 
 def _is_kernel(answer):

@@ -60,4 +60,5 @@ register(Exercise(
     rtol=1e-5,
     atol=1e-5,
     diagnose=_diagnose,
+    diagnoses=('missing_scale', 'scaled_by_d_k', 'transposed'),
 ))

@@ -71,4 +71,6 @@ register(Exercise(
     rtol=0.0,   # a mask moves no value: every score is either kept exactly or -inf
     atol=0.0,
     diagnose=_diagnose,
+    diagnoses=('mask_includes_diagonal', 'mask_wrong_side', 'mask_not_applied', 'mask_ignores_offset',
+               'mask_value_not_neg_inf'),
 ))

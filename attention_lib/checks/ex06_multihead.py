@@ -78,4 +78,5 @@ register(Exercise(
     rtol=0.0,   # a split moves values, it computes none: every entry must be exact
     atol=0.0,
     diagnose=_diagnose,
+    diagnoses=('heads_interleaved',),
 ))

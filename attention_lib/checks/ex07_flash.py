@@ -144,6 +144,7 @@ register(Exercise(
     rtol=1e-7,
     atol=1e-10,
     diagnose=_diagnose,
+    diagnoses=('online_softmax_no_rescale',),
 ))
 
 
@@ -266,4 +267,6 @@ register(Exercise(
     rtol=1e-5,
     atol=1e-5,
     diagnose=_diagnose_kernel,
+    diagnoses=('online_softmax_no_rescale', 'missing_scale', 'scaled_by_d_k', 'mask_not_applied',
+               'mask_includes_diagonal', 'mask_ignores_offset'),
 ))

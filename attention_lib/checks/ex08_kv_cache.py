@@ -122,4 +122,6 @@ register(Exercise(
     rtol=1e-5,
     atol=1e-6,
     diagnose=_diagnose,
+    diagnoses=('cache_not_appended', 'attends_past_length', 'missing_scale', 'wrong_length',
+               'cache_overwritten'),
 ))

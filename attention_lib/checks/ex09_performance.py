@@ -61,15 +61,15 @@ def _diagnose(got, expected, case):
         return np.allclose(a, b, rtol=1e-9, atol=0)
 
     if close(got[:, 1] * BYTES, expected[:, 1]):
-        return "wrong_values", ("the bytes are 4 times too small: you counted elements; each float32 "
+        return "bytes_counted_as_elements", ("the bytes are 4 times too small: you counted elements; each float32 "
                                 "element is 4 bytes")
     if close(got[:, 0] * 2, expected[:, 0]):
-        return "wrong_values", "the FLOPs are half: a multiply-add is 2 FLOPs (a multiply and an add)"
+        return "multiply_add_as_one_flop", "the FLOPs are half: a multiply-add is 2 FLOPs (a multiply and an add)"
     no_stores = expected[:, 1] - BYTES * case.T * case.d_out
     if close(got[:, 1], no_stores):
-        return "wrong_values", "the stores are missing: every output element is written once (4 bytes)"
+        return "stores_missing", "the stores are missing: every output element is written once (4 bytes)"
     if close(got[:, 1], expected_cost(*case, floor=True)[:, 1]):
-        return "wrong_values", ("the tiled bytes are too small at these sizes: round the number of blocks "
+        return "blocks_rounded_down", ("the tiled bytes are too small at these sizes: round the number of blocks "
                                 "up, ceil(d_out / tile) and ceil(T / tile), as a partly used edge block "
                                 "still loads its tiles")
     return None
@@ -92,4 +92,6 @@ register(Exercise(
     rtol=1e-9,
     atol=0.0,
     diagnose=_diagnose,
+    diagnoses=('bytes_counted_as_elements', 'multiply_add_as_one_flop', 'stores_missing',
+               'blocks_rounded_down'),
 ))
