@@ -1,0 +1,116 @@
+"""Scaled dot-product attention (notebook 05), assembled from the stage kernels on the device.
+
+    attention(q, k, v) = softmax(mask(q k^T / sqrt(d_k))) v
+
+the formula of Vaswani et al. (2017), computed by the kernels of notebooks 02 to 05 in three
+launches:
+
+1. scores with the 1/sqrt(d_k) scale folded in: ``mask.mask_kernel_v2`` when causal (the mask
+   fused in, tiles above the diagonal skipped), ``scores.scores_kernel_v2`` when not;
+2. the row softmax: ``softmax.softmax_kernel_v2`` on a GPU, ``softmax_kernel_v1`` on the
+   simulator (see SOFTMAX_VERSION);
+3. the weighted sum: ``weighted_sum.weighted_sum_kernel_v2``.
+
+Only q, k and v are copied to the device and only the output comes back: the (BH, T_q, T_k)
+scores and weights stay in device memory between the launches (the stage launchers, NumPy in
+and out, would copy each of them to the host and back). They are still written to and read
+from the GPU's main memory, which notebook 07's fused kernel avoids.
+
+Layout, as PyTorch's ``scaled_dot_product_attention``: q (..., T_q, d_k), k (..., T_k, d_k),
+v (..., T_k, d_v), with the same leading batch and head axes (no broadcasting). Causal with
+T_q != T_k follows ``reference.causal_mask``: the queries are the *last* T_q positions, as when
+decoding with a cache (PyTorch's ``is_causal=True`` aligns them with the first positions
+instead; the two agree when T_q == T_k). A query that may see no key (T_q > T_k, causal) gets
+an all-zero output row, never NaN.
+
+The NumPy reference is ``attention_lib.reference.attention``. Launchers: ``attention`` and
+``attention_weights`` (the softmax weights of the same pipeline), NumPy in and out;
+``launch_weights`` and ``launch_attention`` run the pipeline on device arrays.
+"""
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from attention_lib import mask, scores, softmax, weighted_sum
+from attention_lib.launch import check_simulator_budget
+from attention_lib.runtime import ON_SIMULATOR
+from attention_lib.validation import as_float32, require
+
+# Softmax kernel of the pipeline. On a GPU version 2 (a block per row, coalesced reads). On the
+# simulator version 1 (a thread per row): version 2 waits at a dozen barriers per row and each
+# costs tens of milliseconds there, 7 s for ANDREA-sim's 4 x 32 rows against 0.2 s. Both give
+# the same weights to float32 rounding (tests/test_attention.py runs the pipeline with each).
+SOFTMAX_VERSION = 1 if ON_SIMULATOR else 2
+
+
+# --- The pipeline on device arrays -------------------------------------------------------
+
+def launch_weights(q, k, causal):
+    """softmax(mask(q k^T / sqrt(d_k))) on device arrays: q (BH, T_q, d_k), k (BH, T_k, d_k)
+    float32 -> a new device array (BH, T_q, T_k) float32. No checks: ``attention`` makes them."""
+    (bh, t_q, d_k), t_k = q.shape, k.shape[1]
+    s = cuda.device_array((bh, t_q, t_k), np.float32)            # scores, never copied back
+    grid, block = scores.score_grid(bh, t_q, t_k)
+    score_kernel = mask.mask_kernel_v2 if causal else scores.scores_kernel_v2
+    score_kernel[grid, block](q, k, scores.scale_factor(d_k), s)
+    a = cuda.device_array((bh, t_q, t_k), np.float32)
+    grid, block = softmax.softmax_grid(bh * t_q, SOFTMAX_VERSION)
+    # The softmax kernels see rows: (BH * T_q, T_k) views of the same memory, no copy.
+    softmax.KERNELS[SOFTMAX_VERSION][grid, block](s.reshape(bh * t_q, t_k), a.reshape(bh * t_q, t_k))
+    return a
+
+
+def launch_attention(q, k, v, causal):
+    """The whole pipeline on device arrays: q (BH, T_q, d_k), k (BH, T_k, d_k), v (BH, T_k, d_v)
+    float32 -> a new device array (BH, T_q, d_v) float32."""
+    a = launch_weights(q, k, causal)                             # (BH, T_q, T_k), on the device
+    out = cuda.device_array((q.shape[0], q.shape[1], v.shape[2]), np.float32)
+    weighted_sum.launch_weighted_sum(a, v, out)                  # (BH, T_q, T_k) @ (BH, T_k, d_v)
+    return out
+
+
+# --- Launchers ---------------------------------------------------------------------------
+
+def _flatten(q, k, v, causal, what):
+    """Validate the inputs; returns (q3, k3, v3, leading shape), each (BH, T, ...) float32."""
+    require(isinstance(causal, (bool, np.bool_)), f"causal must be True or False, got {causal!r}")
+    q3, k3, lead = scores.flatten_qk(q, k, what)                 # checks q and k, shapes and values
+    (bh, t_q, d_k), t_k = q3.shape, k3.shape[1]
+    if v is None:                                                # attention_weights: no values
+        return q3, k3, None, lead
+    v = as_float32("v", v, "(..., T_k, d_v)", min_ndim=2)
+    require(v.shape[:-1] == (*lead, t_k),
+            f"v must have shape {(*lead, t_k)} + (d_v,) (the leading axes and T_k of k); got shape {v.shape}")
+    d_v = v.shape[-1]
+    # The three launches together: scores and softmax over (BH, T_q, T_k), the weighted sum.
+    threads = (math.prod(scores.score_grid(bh, t_q, t_k)[0]) * scores.TILE ** 2
+               + math.prod(softmax.softmax_grid(bh * t_q, SOFTMAX_VERSION))
+               + math.prod(weighted_sum.weighted_sum_grid(bh, t_q, d_v)[0]) * weighted_sum.TILE ** 2)
+    check_simulator_budget(what, threads)
+    return q3, k3, v.reshape(bh, t_k, d_v), lead
+
+
+def attention_weights(q, k, causal=True):
+    """The attention weights softmax(mask(q k^T / sqrt(d_k))) of ``attention``'s pipeline.
+
+    q: (..., T_q, d_k) float; k: (..., T_k, d_k) float, the same leading axes
+    -> (..., T_q, T_k) float32: each row >= 0 and summing to 1 (0 for a query that sees no key).
+    """
+    q3, k3, _, lead = _flatten(q, k, None, causal, "attention_weights")
+    a = launch_weights(cuda.to_device(q3), cuda.to_device(k3), causal)
+    return a.copy_to_host().reshape(*lead, q3.shape[1], k3.shape[1])     # (..., T_q, T_k)
+
+
+def attention(q, k, v, causal=True):
+    """Scaled dot-product attention of one or many heads, on the device.
+
+    q: (..., T_q, d_k) float; k: (..., T_k, d_k) float; v: (..., T_k, d_v) float, the same
+    leading axes (batch, heads) -> (..., T_q, d_v) float32. causal: query i sees only keys
+    j <= i + (T_k - T_q) (the queries are the last T_q positions); False for an encoder, where
+    every query sees every key.
+    """
+    q3, k3, v3, lead = _flatten(q, k, v, causal, "attention")
+    out = launch_attention(cuda.to_device(q3), cuda.to_device(k3), cuda.to_device(v3), causal)
+    return out.copy_to_host().reshape(*lead, q3.shape[1], v3.shape[2])   # (..., T_q, d_v)

@@ -1,0 +1,117 @@
+"""Weighted values (notebook 05): each output row is a mix of the value rows, out = A @ V.
+
+out[i] = sum_j A[i, j] * V[j]: row i of the attention weights says how much of each value row
+goes into output row i. For one head A is (T_q, T_k), V is (T_k, d_v) and out is (T_q, d_v):
+(1024, 1024) @ (1024, 64) -> (1024, 64) at ANDREA-120M. Leading axes (batch, heads) are
+flattened into one axis of length BH, and every head is independent.
+
+The NumPy reference is ``attention_lib.reference.weighted_sum``. The kernels are not new code:
+A @ V is a matrix product, the operation of notebook 01's projection with A in the role of x
+and V in the role of w (and no bias), so this module reuses ``projection.py`` instead of
+copying it. The matmul then lives in one place: a bug fixed or a tile size tuned there holds
+for both stages.
+
+- Version 1: ``projection.projection_kernel_v1`` (one thread per output element, reading a row
+  of A and a column of V from global memory), launched once per head on that head's 2-D slices
+  a[h] (T_q, T_k) and v[h] (T_k, d_v): BH launches (96 for ANDREA-120M's batch of 8 x 12 heads),
+  each a small grid that leaves most of a big GPU idle, each paying a launch's overhead.
+- Version 2: ``weighted_sum_kernel_v2``, one launch for all heads, the head on the grid's z axis;
+  each block runs ``projection.tile_matmul``, the shared-memory tile loop of
+  ``projection_kernel_v2``, on its head's slices. Launching projection_kernel_v2 per head would
+  have reused the same loop but kept the BH small launches.
+- Cost: ``projection.flops(T_q, T_k, d_v)`` is the work per head (2 T_q T_k d_v) and
+  ``projection.global_reads(T_q, d_v, version)`` how often each element of A and of V is read.
+- Launchers: ``launch_weighted_sum`` on device arrays (``attention.py`` keeps its weights on the
+  device and calls it) and ``weighted_sum(a, v, version=2, kernel=None)``, NumPy in and out.
+"""
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from attention_lib.launch import ceil_div, check_simulator_budget
+from attention_lib.projection import BLOCK, TILE, launch_projection, projection_kernel_v1, tile_matmul
+from attention_lib.validation import as_float32, require
+
+# --- Kernels -----------------------------------------------------------------------------
+
+@cuda.jit
+def weighted_sum_kernel_v2(a, v, out):
+    """out[h, i, c] = sum_j a[h, i, j] * v[h, j, c], tiled, all heads in one launch.
+
+    a: (BH, T_q, T_k) float32 weights; v: (BH, T_k, d_v) float32 values; out: (BH, T_q, d_v)
+    float32, written. Grid: x over the output's columns c, y over queries i, z over heads h;
+    block (TILE, TILE). a[h] and v[h] are 2-D views of head h: no copy, the same memory.
+    """
+    col, row = cuda.grid(2)                    # col: a feature of the values, row: a query
+    h = cuda.blockIdx.z                        # one head per grid layer
+    acc = tile_matmul(a[h], v[h], row, col)    # called by every thread: it contains barriers
+    if row < out.shape[1] and col < out.shape[2]:
+        out[h, row, col] = acc
+
+
+KERNELS = {1: projection_kernel_v1, 2: weighted_sum_kernel_v2}
+
+
+# --- Launchers ---------------------------------------------------------------------------
+
+def weighted_sum_grid(bh, t_q, d_v):
+    """(grid, block) of weighted_sum_kernel_v2 for an output of (bh, t_q, d_v): one thread per
+    output element in (TILE, TILE) blocks, one grid layer per head."""
+    return (ceil_div(d_v, TILE), ceil_div(t_q, TILE), bh), BLOCK
+
+
+def launch_per_head(kernel, a, v, out):
+    """Version 1's launch: `kernel`, with projection_kernel_v1's signature (x, w, b, out), once per
+    head h on x = a[h], w = v[h], no bias, into out[h]. a, v, out: device arrays (BH, ...)."""
+    no_bias = cuda.to_device(np.zeros(0, np.float32))    # b of shape (0,): "no bias"
+    for h in range(a.shape[0]):
+        launch_projection(kernel, a[h], v[h], no_bias, out[h])   # (T_q, T_k) @ (T_k, d_v)
+
+
+def launch_weighted_sum(a, v, out, version=2, kernel=None):
+    """a @ v into out, on device arrays: a (BH, T_q, T_k), v (BH, T_k, d_v), out (BH, T_q, d_v),
+    float32. No checks: ``weighted_sum`` makes them. version 1 launches per head, version 2 once;
+    `kernel` replaces that version's library kernel and is launched the same way."""
+    if version == 1:
+        launch_per_head(projection_kernel_v1 if kernel is None else kernel, a, v, out)
+    else:
+        grid, block = weighted_sum_grid(*out.shape)
+        (weighted_sum_kernel_v2 if kernel is None else kernel)[grid, block](a, v, out)
+
+
+def flatten_av(a, v, what):
+    """Validate a and v and flatten their leading axes; returns (a3, v3, leading shape).
+
+    a: (..., T_q, T_k); v: (..., T_k, d_v), the same leading axes -> a3 (BH, T_q, T_k),
+    v3 (BH, T_k, d_v) float32. `what` names the caller in the simulator-budget message.
+    """
+    a = as_float32("a", a, "(..., T_q, T_k)", min_ndim=2)
+    v = as_float32("v", v, "(..., T_k, d_v)", min_ndim=2)
+    require(v.shape[-2] == a.shape[-1],
+            f"v must have T_k = {a.shape[-1]} rows (the last axis of a {a.shape}); got shape {v.shape}")
+    require(v.shape[:-2] == a.shape[:-2],
+            f"v must have the leading axes of a {a.shape[:-2]}; got shape {v.shape}")
+    lead = a.shape[:-2]
+    (t_q, t_k), d_v = a.shape[-2:], v.shape[-1]
+    grid, block = weighted_sum_grid(math.prod(lead), t_q, d_v)
+    check_simulator_budget(what, math.prod(grid) * math.prod(block))
+    return a.reshape(-1, t_q, t_k), v.reshape(-1, t_k, d_v), lead     # (BH, T, ...)
+
+
+def weighted_sum(a, v, version=2, kernel=None):
+    """Each output row a mix of the value rows: a @ v, on the device.
+
+    a: (..., T_q, T_k) float weights; v: (..., T_k, d_v) float values, the same leading axes
+    -> (..., T_q, d_v) float32. version 1: projection_kernel_v1 once per head; version 2:
+    weighted_sum_kernel_v2 once for all heads. kernel: replaces the version's kernel (for
+    version 1 any kernel with projection_kernel_v1's signature, for version 2 any with
+    weighted_sum_kernel_v2's) and is launched on the same grid.
+    """
+    require(version in KERNELS, f"version must be one of {sorted(KERNELS)}, got {version!r}")
+    a3, v3, lead = flatten_av(a, v, "weighted_sum")
+    (bh, t_q, _), d_v = a3.shape, v3.shape[2]
+    d_out = cuda.device_array((bh, t_q, d_v), np.float32)
+    launch_weighted_sum(cuda.to_device(a3), cuda.to_device(v3), d_out, version, kernel)
+    return d_out.copy_to_host().reshape(*lead, t_q, d_v)              # (..., T_q, d_v)
