@@ -109,6 +109,13 @@ def _flash(version):
     return lambda kern: flash.flash_attention(q, k, v, version=version, kernel=kern)
 
 
+def _weighted_sum():
+    from attention_lib import reference, weighted_sum
+    a = reference.softmax(_rng().standard_normal((2, 19, 21)))   # 2 heads, T_q 19, T_k 21
+    v = _rng().standard_normal((2, 21, 6))
+    return lambda kern: weighted_sum.weighted_sum(a, v, version=2, kernel=kern)
+
+
 # kernel name -> a function that launches it, given the recorder standing in for the kernel
 CASES = {
     "basics.add_kernel": _basics("add_kernel"),
@@ -124,6 +131,7 @@ CASES = {
     "scores.scores_kernel_v2": _scores(2),
     "mask.mask_kernel_v1": _mask("mask_kernel_v1"),
     "mask.mask_kernel_v2": _mask("mask_kernel_v2"),
+    "weighted_sum.weighted_sum_kernel_v2": _weighted_sum(),
     "multihead.split_heads_kernel": _multihead("split_heads_kernel"),
     "multihead.merge_heads_kernel": _multihead("merge_heads_kernel"),
     "flash.flash_attention_kernel_v1": _flash(1),
