@@ -34,9 +34,9 @@ import numpy as np
 from numba import cuda
 
 from attention_lib import mask, scores, softmax, weighted_sum
-from attention_lib.launch import check_simulator_budget
+from attention_lib.launch import barrier_seconds, check_simulator_budget
 from attention_lib.runtime import ON_SIMULATOR
-from attention_lib.validation import as_float32, require
+from attention_lib.validation import as_float32, require, require_finite_result
 
 # Softmax kernel of the pipeline. On a GPU version 2 (a block per row, coalesced reads). On the
 # simulator version 1 (a thread per row): version 2 waits at a dozen barriers per row and each
@@ -88,8 +88,18 @@ def _flatten(q, k, v, causal, what):
     threads = (math.prod(scores.score_grid(bh, t_q, t_k)[0]) * scores.TILE ** 2
                + math.prod(softmax.softmax_grid(bh * t_q, SOFTMAX_VERSION))
                + math.prod(weighted_sum.weighted_sum_grid(bh, t_q, d_v)[0]) * weighted_sum.TILE ** 2)
-    check_simulator_budget(what, threads)
+    check_simulator_budget(what, threads, pipeline_barrier_seconds(bh, t_q, t_k, d_k, d_v))
     return q3, k3, v.reshape(bh, t_k, d_v), lead
+
+
+def pipeline_barrier_seconds(bh, t_q, t_k, d_k, d_v):
+    """Simulator seconds at the barriers of launch_attention: the tiled scores, the tiled
+    weighted sum and, with SOFTMAX_VERSION 2, the softmax's reductions."""
+    seconds = (scores.tiled_barrier_seconds(bh, t_q, t_k, d_k)
+               + weighted_sum.tiled_barrier_seconds(bh, t_q, t_k, d_v))
+    if SOFTMAX_VERSION == 2:
+        seconds += barrier_seconds(bh * t_q, softmax.THREADS_PER_ROW, softmax.BARRIER_ROUNDS_V2)
+    return seconds
 
 
 def attention_weights(q, k, causal=True):
@@ -100,7 +110,8 @@ def attention_weights(q, k, causal=True):
     """
     q3, k3, _, lead = _flatten(q, k, None, causal, "attention_weights")
     a = launch_weights(cuda.to_device(q3), cuda.to_device(k3), causal)
-    return a.copy_to_host().reshape(*lead, q3.shape[1], k3.shape[1])     # (..., T_q, T_k)
+    a = a.copy_to_host().reshape(*lead, q3.shape[1], k3.shape[1])       # (..., T_q, T_k)
+    return require_finite_result("attention_weights", a, "q or k")
 
 
 def attention(q, k, v, causal=True):
@@ -113,4 +124,5 @@ def attention(q, k, v, causal=True):
     """
     q3, k3, v3, lead = _flatten(q, k, v, causal, "attention")
     out = launch_attention(cuda.to_device(q3), cuda.to_device(k3), cuda.to_device(v3), causal)
-    return out.copy_to_host().reshape(*lead, q3.shape[1], v3.shape[2])   # (..., T_q, d_v)
+    out = out.copy_to_host().reshape(*lead, q3.shape[1], v3.shape[2])   # (..., T_q, d_v)
+    return require_finite_result("attention", out, "q, k or v")

@@ -39,7 +39,7 @@ from numba import cuda
 from attention_lib import mask, reference, sanitizer, scores, softmax, weighted_sum
 from attention_lib.launch import SIMULATOR_THREADS_PER_SECOND, ceil_div, check_simulator_budget
 from attention_lib.runtime import ON_SIMULATOR
-from attention_lib.validation import as_float32, require
+from attention_lib.validation import as_float32, require, require_finite_result
 
 # Largest head width the kernels accept: each thread keeps its query row and its output
 # accumulator in local arrays of MAX_D float32, whose size must be known when compiling.
@@ -378,4 +378,7 @@ def flash_attention(q, k, v, causal=True, version=2, kernel=None):
         cuda.to_device(k.reshape(bh, t_k, d_k)),            # (BH, T_k, d_k)
         cuda.to_device(v.reshape(bh, t_k, d_v)),            # (BH, T_k, d_v)
         np.float32(1.0 / math.sqrt(d_k)), bool(causal), d_out)
-    return d_out.copy_to_host().reshape(*lead, t_q, d_v)   # (..., T_q, d_v)
+    out = d_out.copy_to_host().reshape(*lead, t_q, d_v)    # (..., T_q, d_v)
+    if kernel is None:                                      # a kernel passed in answers for itself
+        require_finite_result("flash_attention", out, "q, k or v")
+    return out

@@ -37,9 +37,9 @@ import numpy as np
 from numba import cuda
 
 from attention_lib import attention, projection, reference, scores
-from attention_lib.launch import ceil_div, check_simulator_budget
+from attention_lib.launch import barrier_seconds, ceil_div, check_simulator_budget
 from attention_lib.runtime import ON_SIMULATOR
-from attention_lib.validation import as_float32, require
+from attention_lib.validation import as_float32, require, require_finite_result
 
 # Cached positions per chunk of the split-K kernel, and threads per block (one position each).
 # On a GPU 64 (two warps): ANDREA-120M's T = 1024 is 16 chunks per head, 12 heads x 16 = 192
@@ -370,8 +370,11 @@ def decode_step(q, cache, version=2, kernel=None, merge_kernel=None):
     q = _check_query(q, cache)
     n_head, d_k, length = cache.n_head, cache.d_k, cache.length
     launches = decode_grid(n_head, d_k, length, version)
+    # Version 2's partial kernel waits at 3 barriers in each (chunk, head) block.
+    barrier_s = barrier_seconds(n_chunks(length) * n_head, KEYS_PER_CHUNK, 3) if version == 2 else 0.0
     check_simulator_budget("decode_step", sum(math.prod(np.atleast_1d(g)) * math.prod(np.atleast_1d(b))
-                                              for g, b in launches))
+                                              for g, b in launches), barrier_s)
+    library_kernels = kernel is None and merge_kernel is None     # a kernel passed in answers for itself
     kernel = KERNELS[version] if kernel is None else kernel
     scale = scores.scale_factor(d_k)
     d_q = cuda.to_device(q)
@@ -387,7 +390,10 @@ def decode_step(q, cache, version=2, kernel=None, merge_kernel=None):
         kernel[grid, block](d_q, cache.k_device, cache.v_device, length, scale, m_part, l_part, acc_part)
         (grid, block), = merge
         (merge_kernel or decode_merge_kernel)[grid, block](m_part, l_part, acc_part, out)
-    return out.copy_to_host()                                     # (n_head, d_k)
+    out = out.copy_to_host()                                      # (n_head, d_k)
+    if library_kernels:
+        require_finite_result("decode_step", out, "q or the cached keys and values")
+    return out
 
 
 # --- A multi-head attention layer with a cache ------------------------------------------------

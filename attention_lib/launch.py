@@ -9,6 +9,13 @@ from attention_lib.runtime import ON_SIMULATOR
 SIMULATOR_THREADS_PER_SECOND = 6000
 SIMULATOR_MAX_SECONDS = 120
 ALLOW_SLOW_VARIABLE = "ATTENTION_LIB_ALLOW_SLOW"
+# Barriers cost the simulator far more than the thread count says: at each `syncthreads` round
+# every thread of the block is parked and woken. Measured on a 2-core machine (numba-cuda
+# 0.30.4): a round took 1.9 ms in a block of 8 threads, 3.3 ms in one of 32, 12.5 ms in one of
+# 256, so the softmax kernel v2 (14 rounds in blocks of 32) ran 10 times longer than its threads
+# alone predict. A round is counted as a fixed part plus a part per thread of the block.
+BARRIER_SECONDS_PER_BLOCK = 1.5e-3
+BARRIER_SECONDS_PER_THREAD = 4.5e-5
 
 
 def ceil_div(n, d):
@@ -16,14 +23,21 @@ def ceil_div(n, d):
     return (n + d - 1) // d
 
 
-def check_simulator_budget(what, threads):
+def barrier_seconds(blocks, block_threads, rounds):
+    """Simulator seconds spent at barriers: `rounds` rounds in each of `blocks` blocks of
+    `block_threads` threads."""
+    return blocks * rounds * (BARRIER_SECONDS_PER_BLOCK + BARRIER_SECONDS_PER_THREAD * block_threads)
+
+
+def check_simulator_budget(what, threads, barrier_s=0.0):
     """Refuse a launch of `threads` CUDA threads that the simulator would take minutes on.
 
-    Does nothing on a GPU, or when ATTENTION_LIB_ALLOW_SLOW=1 is set.
+    barrier_s: the launch's time at barriers on the simulator (``barrier_seconds``), added to
+    the threads' own time. Does nothing on a GPU, or when ATTENTION_LIB_ALLOW_SLOW=1 is set.
     """
     if not ON_SIMULATOR or os.environ.get(ALLOW_SLOW_VARIABLE) == "1":
         return
-    seconds = threads / SIMULATOR_THREADS_PER_SECOND
+    seconds = threads / SIMULATOR_THREADS_PER_SECOND + barrier_s
     if seconds > SIMULATOR_MAX_SECONDS:
         raise ValueError(
             f"{what}: {threads:,} CUDA threads would take about {seconds / 60:.0f} min on the simulator; "

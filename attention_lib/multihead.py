@@ -31,7 +31,7 @@ from numba import cuda
 from attention_lib import attention, projection, scores, softmax, weighted_sum
 from attention_lib.launch import ceil_div, check_simulator_budget
 from attention_lib.runtime import ON_SIMULATOR
-from attention_lib.validation import as_float32, require
+from attention_lib.validation import as_float32, require, require_finite_result
 
 # Blocks of 16 x 16 threads: x along c (a head's d_k columns), y along t. 16 consecutive
 # threads copy 16 consecutive floats (64 bytes) on both sides; ANDREA-sim's d_k = 16 fills the
@@ -258,11 +258,16 @@ def multi_head_attention(x, w_q, w_k, w_v, w_o, n_head, causal=True,
     b_q, b_k, b_v, b_o = (_layer_bias(b, name, d_model) for name, b in
                           (("b_q", b_q), ("b_k", b_k), ("b_v", b_v), ("b_o", b_o)))
     x3 = x.reshape(-1, T, d_model)                                 # (B, T, d_model); B = 1 for (T, d_model)
-    _check_grid(x3.shape[0], n_head, T, d_model // n_head, "multi_head_attention")
-    check_simulator_budget("multi_head_attention", layer_threads(x3.shape[0], T, d_model, n_head))
+    # The whole layer's estimate first: _check_grid's covers the head copies only. Barriers: only
+    # the heads' pipeline has any (the simulator's projections are version 1).
+    d_k = d_model // n_head
+    check_simulator_budget("multi_head_attention", layer_threads(x3.shape[0], T, d_model, n_head),
+                           attention.pipeline_barrier_seconds(x3.shape[0] * n_head, T, T, d_k, d_k))
+    _check_grid(x3.shape[0], n_head, T, d_k, "multi_head_attention")
     w_qkv = np.concatenate([w_q, w_k, w_v], axis=1)                # (d_model, 3 * d_model)
     b_qkv = _fused_bias([b_q, b_k, b_v], d_model)                  # (3 * d_model,) or (0,)
     b_o = _fused_bias([b_o], d_model)                              # (d_model,) or (0,)
     out = launch_layer(cuda.to_device(x3), cuda.to_device(w_qkv), cuda.to_device(b_qkv),
                        cuda.to_device(w_o), cuda.to_device(b_o), n_head, causal)
-    return out.copy_to_host().reshape(x.shape)                     # (T, d_model) or (B, T, d_model)
+    out = out.copy_to_host().reshape(x.shape)                      # (T, d_model) or (B, T, d_model)
+    return require_finite_result("multi_head_attention", out, "x or the weights")

@@ -24,7 +24,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from attention_lib.launch import ceil_div, check_simulator_budget
+from attention_lib.launch import barrier_seconds, ceil_div, check_simulator_budget
 from attention_lib.validation import as_float32, require
 
 # Side of a square tile of S: a block of TILE x TILE threads computes TILE x TILE scores.
@@ -111,11 +111,19 @@ def score_grid(bh, t_q, t_k):
     return (ceil_div(t_k, TILE), ceil_div(t_q, TILE), bh), (TILE, TILE)
 
 
-def flatten_qk(q, k, what):
+def tiled_barrier_seconds(bh, t_q, t_k, d_k):
+    """Simulator seconds at the barriers of tile_dot (two per step of TILE along d_k) in every
+    block of the (bh, t_q, t_k) scores: scores_kernel_v2 and mask_kernel_v2."""
+    grid, block = score_grid(bh, t_q, t_k)
+    return barrier_seconds(math.prod(grid), math.prod(block), 2 * ceil_div(d_k, TILE))
+
+
+def flatten_qk(q, k, what, tiled=False):
     """Validate q and k and flatten their leading axes; returns (q3, k3, leading shape).
 
     q: (..., T_q, d_k); k: (..., T_k, d_k), same leading axes and d_k -> q3 (BH, T_q, d_k),
-    k3 (BH, T_k, d_k) float32. `what` names the caller in the simulator-budget message.
+    k3 (BH, T_k, d_k) float32. `what` names the caller in the simulator-budget message; `tiled`:
+    the launch runs tile_dot, whose barriers the budget counts too.
     """
     q = as_float32("q", q, "(..., T_q, d_k)", min_ndim=2)
     k = as_float32("k", k, "(..., T_k, d_k)", min_ndim=2)
@@ -126,7 +134,8 @@ def flatten_qk(q, k, what):
     lead = q.shape[:-2]
     (t_q, d_k), t_k = q.shape[-2:], k.shape[-2]
     grid, block = score_grid(math.prod(lead), t_q, t_k)
-    check_simulator_budget(what, math.prod(grid) * math.prod(block))
+    check_simulator_budget(what, math.prod(grid) * math.prod(block),
+                           tiled_barrier_seconds(math.prod(lead), t_q, t_k, d_k) if tiled else 0.0)
     return q.reshape(-1, t_q, d_k), k.reshape(-1, t_k, d_k), lead   # (BH, T, d_k)
 
 
@@ -138,7 +147,7 @@ def scores(q, k, scale=True, version=2, kernel=None):
     signature, launched on the same grid (overrides version).
     """
     require(version in (1, 2), f"version must be 1 or 2, got {version!r}")
-    q3, k3, lead = flatten_qk(q, k, "scores")
+    q3, k3, lead = flatten_qk(q, k, "scores", tiled=version == 2)
     if kernel is None:
         kernel = scores_kernel_v1 if version == 1 else scores_kernel_v2
     (bh, t_q, d_k), t_k = q3.shape, k3.shape[1]

@@ -23,7 +23,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from attention_lib.launch import ceil_div, check_simulator_budget
+from attention_lib.launch import barrier_seconds, ceil_div, check_simulator_budget
 from attention_lib.runtime import ON_SIMULATOR
 from attention_lib.validation import as_float32, require
 
@@ -35,6 +35,9 @@ ROWS_PER_BLOCK = 32
 # blocks, half of them). On the simulator 32: every barrier costs tens of milliseconds per
 # block, and 32 threads already cover ANDREA-sim's T = 32 with one score each.
 THREADS_PER_ROW = 32 if ON_SIMULATOR else 128
+# Barrier rounds of softmax_kernel_v2: block_max and block_sum wait once before the tree, once per
+# halving (log2(THREADS_PER_ROW)) and once after it.
+BARRIER_ROUNDS_V2 = 2 * (THREADS_PER_ROW.bit_length() + 1)
 
 
 # --- NumPy: the online softmax -----------------------------------------------------------
@@ -187,7 +190,8 @@ def softmax(s, version=2, kernel=None):
     t_k = s.shape[-1]
     rows = math.prod(s.shape[:-1])
     grid, block = softmax_grid(rows, version)
-    check_simulator_budget("softmax", grid * block)
+    check_simulator_budget("softmax", grid * block,
+                           barrier_seconds(grid, block, BARRIER_ROUNDS_V2) if version == 2 else 0.0)
     d_s = cuda.to_device(s.reshape(rows, t_k))                # (rows = ... x T_q, T_k)
     d_out = cuda.device_array((rows, t_k), np.float32)
     (KERNELS[version] if kernel is None else kernel)[grid, block](d_s, d_out)

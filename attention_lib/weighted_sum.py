@@ -30,7 +30,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from attention_lib.launch import ceil_div, check_simulator_budget
+from attention_lib.launch import barrier_seconds, ceil_div, check_simulator_budget
 from attention_lib.projection import BLOCK, TILE, launch_projection, projection_kernel_v1, tile_matmul
 from attention_lib.validation import as_float32, require
 
@@ -81,11 +81,19 @@ def launch_weighted_sum(a, v, out, version=2, kernel=None):
         (weighted_sum_kernel_v2 if kernel is None else kernel)[grid, block](a, v, out)
 
 
-def flatten_av(a, v, what):
+def tiled_barrier_seconds(bh, t_q, t_k, d_v):
+    """Simulator seconds at the barriers of tile_matmul (two per step of TILE along T_k) in
+    every block of weighted_sum_kernel_v2."""
+    grid, block = weighted_sum_grid(bh, t_q, d_v)
+    return barrier_seconds(math.prod(grid), math.prod(block), 2 * ceil_div(t_k, TILE))
+
+
+def flatten_av(a, v, what, tiled=False):
     """Validate a and v and flatten their leading axes; returns (a3, v3, leading shape).
 
     a: (..., T_q, T_k); v: (..., T_k, d_v), the same leading axes -> a3 (BH, T_q, T_k),
-    v3 (BH, T_k, d_v) float32. `what` names the caller in the simulator-budget message.
+    v3 (BH, T_k, d_v) float32. `what` names the caller in the simulator-budget message; `tiled`:
+    the launch runs tile_matmul, whose barriers the budget counts too.
     """
     a = as_float32("a", a, "(..., T_q, T_k)", min_ndim=2)
     v = as_float32("v", v, "(..., T_k, d_v)", min_ndim=2)
@@ -96,7 +104,8 @@ def flatten_av(a, v, what):
     lead = a.shape[:-2]
     (t_q, t_k), d_v = a.shape[-2:], v.shape[-1]
     grid, block = weighted_sum_grid(math.prod(lead), t_q, d_v)
-    check_simulator_budget(what, math.prod(grid) * math.prod(block))
+    check_simulator_budget(what, math.prod(grid) * math.prod(block),
+                           tiled_barrier_seconds(math.prod(lead), t_q, t_k, d_v) if tiled else 0.0)
     return a.reshape(-1, t_q, t_k), v.reshape(-1, t_k, d_v), lead     # (BH, T, ...)
 
 
@@ -110,7 +119,7 @@ def weighted_sum(a, v, version=2, kernel=None):
     weighted_sum_kernel_v2's) and is launched on the same grid.
     """
     require(version in KERNELS, f"version must be one of {sorted(KERNELS)}, got {version!r}")
-    a3, v3, lead = flatten_av(a, v, "weighted_sum")
+    a3, v3, lead = flatten_av(a, v, "weighted_sum", tiled=version == 2)
     (bh, t_q, _), d_v = a3.shape, v3.shape[2]
     d_out = cuda.device_array((bh, t_q, d_v), np.float32)
     launch_weighted_sum(cuda.to_device(a3), cuda.to_device(v3), d_out, version, kernel)
