@@ -67,9 +67,18 @@ def test_an_unknown_exercise_is_named():
         check("99_nothing", basics.scale_add_kernel)
 
 
+def _sizes(case):
+    """The integer sizes of a case (an int or a tuple of fields); flags such as bias=True are not sizes."""
+    fields = case if isinstance(case, tuple) else (case,)
+    return [f for f in fields if isinstance(f, (int, np.integer)) and not isinstance(f, (bool, np.bool_))]
+
+
 def test_every_exercise_tries_awkward_sizes():
     for exercise in EXERCISES.values():
-        assert 1 in exercise.cases or any(np.ndim(c) and 1 in c for c in exercise.cases)
+        sizes = [_sizes(case) for case in exercise.cases]
+        assert len(exercise.cases) >= 3, exercise.exercise_id
+        assert any(1 in s for s in sizes), f"{exercise.exercise_id} never tries a size of 1"
+        assert any(n > 1 and n % 2 for s in sizes for n in s), f"{exercise.exercise_id} tries no odd size"
 
 
 TILE = 16                    # the block of the exercise's launch (projection.TILE)
