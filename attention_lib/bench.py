@@ -199,7 +199,7 @@ def _dim3(dims):
 
 def _kernel_class():
     """The class of a @cuda.jit kernel on this backend (CUDADispatcher, or FakeCUDAKernel)."""
-    from attention_lib.basics import add_kernel
+    from attention_lib.stages.basics import add_kernel
     return type(add_kernel)
 
 
@@ -531,7 +531,7 @@ def _prepare_weighted_sum(version):
 def _counted_weighted_sum(version):
     def counted(m, s):
         # A @ V is notebook 01's product with A as x and V as w (weighted_sum.py reuses it).
-        from attention_lib import projection
+        from attention_lib.stages import projection
         a_reads, v_reads = projection.global_reads(s.T, s.d_k, version)
         return s.BH * (s.T * s.T * a_reads + s.T * s.d_k * v_reads), s.BH * s.T * s.d_k
     return counted
@@ -825,7 +825,7 @@ def bench_entry(entry, sizes, inputs, count, clock=None, libraries=None, warmup=
     inputs: an Inputs at `sizes`; count: run the launches under count_memory (the simulator);
     clock: None for no times.
     """
-    module = importlib.import_module(f"attention_lib.{entry.module}")
+    module = importlib.import_module(f"attention_lib.stages.{entry.module}")
     run, arrays = entry.prepare(module, sizes, inputs)
     with recording_launches(count=count) as launches:
         run()
@@ -944,7 +944,7 @@ def run_bench(sizes=None, only=None, out_dir=DEFAULT_OUT, warmup=3, repeats=20, 
         try:
             result = bench_entry(entry, sizes, inputs, count, clock, libraries, warmup, repeats, max_seconds)
         except ModuleNotFoundError as error:
-            if error.name != f"attention_lib.{entry.module}":
+            if error.name != f"attention_lib.stages.{entry.module}":
                 raise
             skipped.append({"name": entry.name, "reason": f"attention_lib.{entry.module} does not exist"})
             if verbose:
@@ -1002,9 +1002,9 @@ def formula_results(sizes=None, only=None):
     kernels, skipped = [], []
     for entry in _select(only):
         try:
-            module = importlib.import_module(f"attention_lib.{entry.module}")
+            module = importlib.import_module(f"attention_lib.stages.{entry.module}")
         except ModuleNotFoundError as error:
-            if error.name != f"attention_lib.{entry.module}":
+            if error.name != f"attention_lib.stages.{entry.module}":
                 raise
             skipped.append({"name": entry.name, "reason": f"attention_lib.{entry.module} does not exist"})
             continue

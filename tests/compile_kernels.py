@@ -43,7 +43,7 @@ def main(path, architectures):
     failures = 0
     for qualified, args in sorted(signatures.items()):
         module_name, kernel_name = qualified.rsplit(".", 1)
-        kernel = getattr(importlib.import_module(f"attention_lib.{module_name}"), kernel_name)
+        kernel = getattr(importlib.import_module(f"attention_lib.stages.{module_name}"), kernel_name)
         signature = tuple(numba_type(a) for a in args)
         for cc in architectures:
             target(cc)

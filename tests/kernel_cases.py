@@ -35,7 +35,7 @@ def _rng():
 
 
 def _basics(name):
-    from attention_lib import basics
+    from attention_lib.stages import basics
     x, y = _rng().standard_normal((2, 70))
     if name == "add_kernel":
         return lambda k: basics.add(x, y, kernel=k)
@@ -43,7 +43,7 @@ def _basics(name):
 
 
 def _whoami(name):
-    from attention_lib import basics
+    from attention_lib.stages import basics
 
     def run(recorder):
         ids = [np.zeros(70, np.int32) for _ in range(3)]
@@ -55,26 +55,26 @@ def _whoami(name):
 
 
 def _projection(version):
-    from attention_lib import projection
+    from attention_lib.stages import projection
     x, w = _rng().standard_normal((19, 21)), _rng().standard_normal((21, 18))
     return lambda k: projection.project(x, w, b=np.ones(18), kernel=k, version=version)
 
 
 def _softmax(version):
-    from attention_lib import softmax
+    from attention_lib.stages import softmax
     s = _rng().standard_normal((5, 37))
     s[2, :] = -np.inf                                     # a fully masked row exits early
     return lambda k: softmax.softmax(s, kernel=k, version=version)
 
 
 def _scores(version):
-    from attention_lib import scores
+    from attention_lib.stages import scores
     q, k = _rng().standard_normal((2, 2, 19, 7))       # two heads, T 19 (a partial tile), d_k 7
     return lambda kern: scores.scores(q, k, kernel=kern, version=version)
 
 
 def _mask(name):
-    from attention_lib import mask
+    from attention_lib.stages import mask
     if name == "mask_kernel_v1":
         s = _rng().standard_normal((2, 19, 23))
         return lambda kern: mask.apply_causal_mask(s, kernel=kern)
@@ -83,7 +83,7 @@ def _mask(name):
 
 
 def _kv_cache(name):
-    from attention_lib import kv_cache
+    from attention_lib.stages import kv_cache
     rng = _rng()
     cache = kv_cache.KVCache(2, 24, 5)
     cache.append(*rng.standard_normal((2, 2, 19, 5)))   # 19 positions: several chunks, the last partly filled
@@ -96,7 +96,7 @@ def _kv_cache(name):
 
 
 def _multihead(name):
-    from attention_lib import multihead
+    from attention_lib.stages import multihead
     x = _rng().standard_normal((2, 19, 15))            # B 2, T 19 (a partial block), 3 heads of width 5
     if name == "split_heads_kernel":
         return lambda k: multihead.split_heads(x, 3, kernel=k)
@@ -104,13 +104,14 @@ def _multihead(name):
 
 
 def _flash(version):
-    from attention_lib import flash
+    from attention_lib.stages import flash
     q, k, v = _rng().standard_normal((3, 2, 2, 19, 7))   # 2 x 2 heads, T 19: partial query and key tiles
     return lambda kern: flash.flash_attention(q, k, v, version=version, kernel=kern)
 
 
 def _weighted_sum():
-    from attention_lib import reference, weighted_sum
+    from attention_lib import reference
+    from attention_lib.stages import weighted_sum
     a = reference.softmax(_rng().standard_normal((2, 19, 21)))   # 2 heads, T_q 19, T_k 21
     v = _rng().standard_normal((2, 21, 6))
     return lambda kern: weighted_sum.weighted_sum(a, v, version=2, kernel=kern)

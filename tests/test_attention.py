@@ -3,7 +3,8 @@ PyTorch; its weights, the causal mask's guarantee, bad inputs; and the single-he
 
 import numpy as np
 import pytest
-from attention_lib import attention, mask, projection, reference, scores, softmax, weighted_sum
+from attention_lib import reference
+from attention_lib.stages import attention, mask, projection, scores, softmax, weighted_sum
 from attention_lib.checks import check
 
 # (leading axes, T_q, T_k, d_k, d_v): one position; d_k 5 with d_v 24 (two tiles, the second

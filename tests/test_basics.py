@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from attention_lib import basics
+from attention_lib.stages import basics
 
 # 1 and 7: less than a block; 64: exactly one; 65 and 200: a partly used last block.
 SIZES = [1, 7, 64, 65, 200]

@@ -11,7 +11,8 @@ import json
 
 import numpy as np
 import pytest
-from attention_lib import bench, projection, runtime, sanitizer
+from attention_lib import bench, runtime, sanitizer
+from attention_lib.stages import projection
 from attention_lib.checks import check
 from attention_lib.checks.ex09_performance import expected_cost
 from numba import cuda
@@ -190,7 +191,7 @@ def test_a_missing_module_is_skipped_with_a_note(monkeypatch, tmp_path, capsys):
 
 
 def test_recording_launches_records_every_launch_and_restores_the_kernel_class(rng):
-    from attention_lib import basics
+    from attention_lib.stages import basics
     cls = type(basics.add_kernel)
     before = cls.__getitem__
     x = rng.standard_normal(70)

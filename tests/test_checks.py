@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from attention_lib import basics
+from attention_lib.stages import basics
 from attention_lib.checks import EXERCISES, check
 from numba import cuda
 
@@ -104,7 +104,7 @@ def tiled_projection_missing_barrier(x, w, b, out):
 
 
 def test_a_missing_barrier_is_diagnosed_as_a_race():
-    from attention_lib import projection
+    from attention_lib.stages import projection
     assert TILE == projection.TILE
     result = check("01_projection_naive", tiled_projection_missing_barrier, verbose=False)
     assert result.diagnosis == "race", result
@@ -112,7 +112,7 @@ def test_a_missing_barrier_is_diagnosed_as_a_race():
 
 
 def test_the_tiled_library_kernel_is_race_checked_and_passes():
-    from attention_lib import projection
+    from attention_lib.stages import projection
     from attention_lib.checks import engine
     assert engine._shares_memory(projection.projection_kernel_v2)       # through its device function
     assert not engine._shares_memory(projection.projection_kernel_v1)

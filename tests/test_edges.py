@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 import attention_lib
 import numpy as np
 import pytest
-from attention_lib import attention as attention_module
-from attention_lib import launch, reference, softmax as softmax_module
+from attention_lib.stages import attention as attention_module
+from attention_lib import launch, reference
+from attention_lib.stages import softmax as softmax_module
 from numba import cuda
 from test_properties import (SAFETY, U, assert_within, attention_bound, layer_bound, matmul_bound, score_error,
                              softmax_bound)

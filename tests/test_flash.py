@@ -7,7 +7,8 @@ import math
 import attention_lib
 import numpy as np
 import pytest
-from attention_lib import attention, flash, reference, sanitizer, softmax
+from attention_lib import reference, sanitizer
+from attention_lib.stages import attention, flash, softmax
 from attention_lib.checks import check
 from numba import cuda
 

@@ -4,9 +4,10 @@ import math
 
 import numpy as np
 import pytest
-from attention_lib import kv_cache, multihead, reference, sanitizer
+from attention_lib import reference, sanitizer
+from attention_lib.stages import kv_cache, multihead
 from attention_lib.checks import check
-from attention_lib.kv_cache import KEYS_PER_CHUNK, KVCache
+from attention_lib.stages.kv_cache import KEYS_PER_CHUNK, KVCache
 from attention_lib.runtime import ANDREA_120M
 
 C = KEYS_PER_CHUNK

@@ -3,7 +3,8 @@ batched input, bad inputs, and the exercise's planted mistakes."""
 
 import numpy as np
 import pytest
-from attention_lib import projection, reference
+from attention_lib import reference
+from attention_lib.stages import projection
 from attention_lib.checks import check
 from attention_lib.launch import ceil_div
 from numba import cuda

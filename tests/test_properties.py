@@ -23,7 +23,7 @@ import math
 
 import attention_lib
 import numpy as np
-from attention_lib import attention as attention_module
+from attention_lib.stages import attention as attention_module
 from attention_lib import reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -3,7 +3,8 @@ their memory reads counted, and bad inputs."""
 
 import numpy as np
 import pytest
-from attention_lib import projection, reference, sanitizer, softmax, weighted_sum
+from attention_lib import reference, sanitizer
+from attention_lib.stages import projection, softmax, weighted_sum
 from attention_lib.launch import ceil_div
 from numba import cuda
 

@@ -3,7 +3,7 @@
 import numpy as np
 from numba import cuda
 
-from attention_lib import basics
+from attention_lib.stages import basics
 from attention_lib.checks.engine import Exercise, assert_guard_intact, guarded_output, launch, register
 from attention_lib.launch import ceil_div
 

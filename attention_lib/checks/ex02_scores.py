@@ -10,7 +10,8 @@ why such a case comes before the others).
 import numpy as np
 from numba import cuda
 
-from attention_lib import reference, scores
+from attention_lib import reference
+from attention_lib.stages import scores
 from attention_lib.checks.engine import Exercise, assert_guard_intact, guarded_output, launch, register
 
 

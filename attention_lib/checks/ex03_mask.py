@@ -12,7 +12,8 @@ not even see itself), ``mask_wrong_side`` (the past masked instead of the future
 import numpy as np
 from numba import cuda
 
-from attention_lib import reference, scores
+from attention_lib import reference
+from attention_lib.stages import scores
 from attention_lib.checks.engine import Exercise, assert_guard_intact, launch, register
 
 

@@ -21,7 +21,8 @@ import warnings
 import numpy as np
 from numba import cuda
 
-from attention_lib import reference, softmax
+from attention_lib import reference
+from attention_lib.stages import softmax
 from attention_lib.checks.engine import Exercise, assert_guard_intact, launch, register
 
 UNWRITTEN = -1.0         # prefill of the output: never a softmax weight

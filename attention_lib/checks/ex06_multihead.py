@@ -15,7 +15,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda
 
-from attention_lib import multihead, reference
+from attention_lib import reference
+from attention_lib.stages import multihead
 from attention_lib.checks.engine import Exercise, assert_guard_intact, guarded_output, launch, register
 
 

@@ -4,7 +4,7 @@ the fused kernel's inner loop.
 ``07_online_softmax``
 
 The answer is a function ``update(m, l, acc, s_block, v_block) -> (m, l, acc)`` with the
-contract of ``attention_lib.flash.online_update`` for one row: m the running maximum (a float,
+contract of ``attention_lib.stages.flash.online_update`` for one row: m the running maximum (a float,
 -inf before the first block), l the running sum of exp(s - m), acc (d_v,) the running sum of
 exp(s - m) * v; s_block (n,) the next block's scores (-inf for masked keys; the first block
 always has a finite one), v_block (n, d_v) their values. The check feeds a row's blocks one
@@ -33,7 +33,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda
 
-from attention_lib import flash, reference
+from attention_lib import reference
+from attention_lib.stages import flash
 from attention_lib.checks.engine import Exercise, assert_guard_intact, launch, register
 
 

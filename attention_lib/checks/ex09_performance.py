@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from attention_lib import projection
+from attention_lib.stages import projection
 from attention_lib.checks.engine import Exercise, register
 from attention_lib.launch import ceil_div
 

@@ -36,7 +36,8 @@ import math
 import numpy as np
 from numba import cuda
 
-from attention_lib import attention, projection, reference, scores
+from attention_lib import reference
+from attention_lib.stages import attention, projection, scores
 from attention_lib.launch import barrier_seconds, ceil_div, check_simulator_budget
 from attention_lib.runtime import ON_SIMULATOR
 from attention_lib.validation import as_float32, require, require_finite_result

@@ -31,7 +31,7 @@ import numpy as np
 from numba import cuda
 
 from attention_lib.launch import barrier_seconds, ceil_div, check_simulator_budget
-from attention_lib.projection import BLOCK, TILE, launch_projection, projection_kernel_v1, tile_matmul
+from attention_lib.stages.projection import BLOCK, TILE, launch_projection, projection_kernel_v1, tile_matmul
 from attention_lib.validation import as_float32, require
 
 # --- Kernels -----------------------------------------------------------------------------

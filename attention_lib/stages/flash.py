@@ -15,7 +15,7 @@ output stays unnormalised until a single division by l at the end.
 - NumPy: ``online_update`` (fold one block of keys into (m, l, acc)) and ``online_attention``
   (attention computed block by block with it; the (T_q, T_k) matrix never exists). The plain
   reference is ``attention_lib.reference.attention``; the online softmax alone is
-  ``attention_lib.softmax.online_softmax`` (notebook 04).
+  ``attention_lib.stages.softmax.online_softmax`` (notebook 04).
 - ``flash_attention_kernel_v1``: one thread per query, everything from global memory, key by key.
 - ``flash_attention_kernel_v2``: a block of BLOCK_Q threads per tile of BLOCK_Q queries; Q, K
   and V tiles staged in shared memory; causal key tiles wholly after the block's last query
@@ -36,7 +36,8 @@ import math
 import numpy as np
 from numba import cuda
 
-from attention_lib import mask, reference, sanitizer, scores, softmax, weighted_sum
+from attention_lib import reference, sanitizer
+from attention_lib.stages import mask, scores, softmax, weighted_sum
 from attention_lib.launch import SIMULATOR_THREADS_PER_SECOND, ceil_div, check_simulator_budget
 from attention_lib.runtime import ON_SIMULATOR
 from attention_lib.validation import as_float32, require, require_finite_result

@@ -22,7 +22,7 @@ import numpy as np
 from numba import cuda
 
 from attention_lib.launch import ceil_div, check_simulator_budget
-from attention_lib.scores import TILE, flatten_qk, scale_factor, score_grid, tile_dot
+from attention_lib.stages.scores import TILE, flatten_qk, scale_factor, score_grid, tile_dot
 from attention_lib.validation import as_float32
 
 # --- NumPy: a variant of the mask --------------------------------------------------------

@@ -28,7 +28,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from attention_lib import attention, projection, scores, softmax, weighted_sum
+from attention_lib.stages import attention, projection, scores, softmax, weighted_sum
 from attention_lib.launch import ceil_div, check_simulator_budget
 from attention_lib.runtime import ON_SIMULATOR
 from attention_lib.validation import as_float32, require, require_finite_result
