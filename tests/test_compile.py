@@ -2,7 +2,7 @@
 sm_80 (A100) and sm_90 (H100/H200).
 
 The simulator does not type-check, so a kernel can pass every other test and still fail to
-compile for a GPU. Here each kernel is launched once through its launcher (kernel_cases.py)
+compile for a GPU. Here each kernel is launched once through its launcher (attention_lib/kernel_cases.py)
 with a stand-in that records the argument types and then runs the real launch; a separate
 process with the simulator off compiles each kernel to PTX with those types
 (tests/compile_kernels.py). No GPU is needed: numba-cuda's CUDA toolkit extra provides the
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from kernel_cases import CASES, library_kernels
+from attention_lib.kernel_cases import CASES, library_kernels
 
 ARCHITECTURES = ["7.5", "8.0", "9.0"]
 SCRIPT = Path(__file__).with_name("compile_kernels.py")
@@ -62,7 +62,7 @@ def recorded_signatures():
 
 def test_every_kernel_compiles_for_real_gpus(tmp_path):
     missing = sorted(set(library_kernels()) - set(CASES))
-    assert not missing, f"kernels without a case in tests/kernel_cases.py: {missing}"
+    assert not missing, f"kernels without a case in attention_lib/kernel_cases.py: {missing}"
     path = tmp_path / "signatures.json"
     path.write_text(json.dumps(recorded_signatures()))
     env = {k: v for k, v in os.environ.items() if k != "ATTENTION_LIB_BACKEND"}

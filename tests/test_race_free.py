@@ -1,6 +1,6 @@
 """Every kernel of the library is free of data races, at small awkward sizes.
 
-Each kernel is launched through its own launcher (tests/kernel_cases.py), with the `kernel=`
+Each kernel is launched through its own launcher (attention_lib/kernel_cases.py), with the `kernel=`
 argument set to a recorder that runs the launch under `sanitizer.find_races` (which executes
 it too, so the launcher still gets its result). A new kernel without a case fails
 `test_every_kernel_is_race_checked`.
@@ -8,7 +8,7 @@ it too, so the launcher still gets its result). A new kernel without a case fail
 
 import pytest
 from attention_lib import sanitizer
-from kernel_cases import CASES, library_kernels
+from attention_lib.kernel_cases import CASES, library_kernels
 
 
 class RaceRecorder:

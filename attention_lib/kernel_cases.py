@@ -1,5 +1,8 @@
 """One small, awkward launch of every kernel of the library, through its own launcher.
 
+Used by the tests (race check, compile check) and by the kernel report, which compiles each
+kernel with the argument types its launcher really passes.
+
 `CASES[name](stand_in)` calls the kernel's launcher with `kernel=stand_in`: an object that
 looks like a kernel to the launcher (`stand_in[griddim, blockdim](*args)`) and does something
 with each launch: tests/test_race_free.py runs it under the race finder, tests/test_compile.py
@@ -26,7 +29,7 @@ def library_kernels():
             if device is None:
                 device = getattr(value, "targetoptions", {}).get("device", False)  # GPU
             if not device:
-                found[f"{info.name.rsplit('.', 1)[1]}.{name}"] = value
+                found[f"{info.name.rsplit('.', 1)[1]}.{name}"] = value  # "flash.flash_attention_kernel_v2"
     return found
 
 
