@@ -1,4 +1,4 @@
-"""Grid arithmetic and the simulator's time budget, shared by every launcher."""
+"""Grid arithmetic, CUDA's grid limits and the simulator's time budget, shared by every launcher."""
 
 import os
 
@@ -16,11 +16,28 @@ ALLOW_SLOW_VARIABLE = "ATTENTION_LIB_ALLOW_SLOW"
 # alone predict. A round is counted as a fixed part plus a part per thread of the block.
 BARRIER_SECONDS_PER_BLOCK = 1.5e-3
 BARRIER_SECONDS_PER_THREAD = 4.5e-5
+# CUDA's limits on the blocks of one grid, per axis (the same for every compute capability
+# from 3.0 on): a launch past them fails on a GPU with an error that names nothing.
+MAX_GRID = {"x": 2**31 - 1, "y": 65535, "z": 65535}
 
 
 def ceil_div(n, d):
     """Blocks of d needed to cover n items: the last block may be only partly used."""
     return (n + d - 1) // d
+
+
+def check_grid(what, grid, **counts):
+    """Refuse a grid that CUDA cannot launch, in one line naming what the axis counts.
+
+    what: the launcher's name; grid: int or tuple of blocks per axis (x, y, z); counts: for an
+    axis, what its blocks stand for, naming the argument it comes from, e.g. y="q's batch x heads".
+    Runs on the simulator too, before anything is allocated, so that the error is the same there.
+    """
+    for axis, blocks in zip("xyz", grid if isinstance(grid, tuple) else (grid,)):
+        if blocks > MAX_GRID[axis]:
+            raise ValueError(
+                f"{what}: {counts.get(axis, 'the blocks')} needs {blocks:,} blocks on the grid's {axis} axis, "
+                f"more than CUDA's limit of {MAX_GRID[axis]:,}; split the call into smaller ones")
 
 
 def barrier_seconds(blocks, block_threads, rounds):

@@ -13,7 +13,7 @@ Element-wise kernels on vectors of length n, one CUDA thread per element:
 import numpy as np
 from numba import cuda
 
-from attention_lib.launch import ceil_div, check_simulator_budget
+from attention_lib.launch import ceil_div, check_grid, check_simulator_budget
 from attention_lib.validation import as_float32, require
 
 # One block = 64 threads (two warps of 32). Small, so that the notebooks' vectors of a few
@@ -121,5 +121,6 @@ def whoami_2d(rows, cols, block=BLOCK_2D):
     block_of = cuda.device_array((rows, cols), np.int32)
     thread_of = cuda.device_array((rows, cols), np.int32)
     grid = (ceil_div(cols, block[0]), ceil_div(rows, block[1]))   # (x: columns, y: rows)
+    check_grid("whoami_2d", grid, x="cols", y="rows")
     whoami_2d_kernel[grid, block](block_of, thread_of)
     return block_of.copy_to_host(), thread_of.copy_to_host()

@@ -38,7 +38,7 @@ from numba import cuda
 
 from attention_lib import reference, sanitizer
 from attention_lib.stages import mask, scores, softmax, weighted_sum
-from attention_lib.launch import SIMULATOR_THREADS_PER_SECOND, ceil_div, check_simulator_budget
+from attention_lib.launch import SIMULATOR_THREADS_PER_SECOND, ceil_div, check_grid, check_simulator_budget
 from attention_lib.runtime import ON_SIMULATOR
 from attention_lib.validation import as_float32, require, require_finite_result
 
@@ -369,6 +369,7 @@ def flash_attention(q, k, v, causal=True, version=2, kernel=None):
     (t_q, d_k), t_k, d_v = q.shape[-2:], k.shape[-2], v.shape[-1]
     bh = math.prod(lead)
     grid, block = flash_grid(bh, t_q, version)
+    check_grid("flash_attention", grid, x="q's T_q in blocks of queries", y="q's batch x heads")
     # Thread-equivalents for the shared budget: the multiply-adds dominate, not the thread count.
     madds = bh * sum(_visible(i, t_q, t_k, causal) for i in range(t_q)) * (d_k + d_v)
     check_simulator_budget("flash_attention", max(math.prod(grid) * block,

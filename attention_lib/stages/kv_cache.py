@@ -38,7 +38,7 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.stages import attention, projection, scores
-from attention_lib.launch import barrier_seconds, ceil_div, check_simulator_budget
+from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget
 from attention_lib.runtime import ON_SIMULATOR
 from attention_lib.validation import as_float32, require, require_finite_result
 
@@ -371,6 +371,7 @@ def decode_step(q, cache, version=2, kernel=None, merge_kernel=None):
     q = _check_query(q, cache)
     n_head, d_k, length = cache.n_head, cache.d_k, cache.length
     launches = decode_grid(n_head, d_k, length, version)
+    check_grid("decode_step", launches[0][0], x="the cache's length in chunks", y="the cache's n_head")
     # Version 2's partial kernel waits at 3 barriers in each (chunk, head) block.
     barrier_s = barrier_seconds(n_chunks(length) * n_head, KEYS_PER_CHUNK, 3) if version == 2 else 0.0
     check_simulator_budget("decode_step", sum(math.prod(np.atleast_1d(g)) * math.prod(np.atleast_1d(b))

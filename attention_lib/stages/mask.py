@@ -21,7 +21,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from attention_lib.launch import ceil_div, check_simulator_budget
+from attention_lib.launch import ceil_div, check_grid, check_simulator_budget
 from attention_lib.stages.scores import TILE, flatten_qk, scale_factor, score_grid, tile_dot
 from attention_lib.validation import as_float32
 
@@ -112,6 +112,7 @@ def apply_causal_mask(s, kernel=None):
     t_q, t_k = s.shape[-2:]
     bh = math.prod(s.shape[:-2])
     grid, block = score_grid(bh, t_q, t_k)
+    check_grid("apply_causal_mask", grid, x="s's T_k in tiles of 16", y="s's T_q in tiles of 16", z="s's batch x heads")
     check_simulator_budget("apply_causal_mask", math.prod(grid) * math.prod(block))
     d_s = cuda.to_device(s.reshape(bh, t_q, t_k))      # (BH, T_q, T_k): a copy, masked in place
     (mask_kernel_v1 if kernel is None else kernel)[grid, block](d_s)

@@ -29,7 +29,7 @@ import numpy as np
 from numba import cuda
 
 from attention_lib.stages import attention, projection, scores, softmax, weighted_sum
-from attention_lib.launch import ceil_div, check_simulator_budget
+from attention_lib.launch import ceil_div, check_grid, check_simulator_budget
 from attention_lib.runtime import ON_SIMULATOR
 from attention_lib.validation import as_float32, require, require_finite_result
 
@@ -131,6 +131,7 @@ def _check_grid(B, n_head, T, d_k, what):
     require(B * n_head <= MAX_GRID_Z,
             f"{what}: batch x heads = {B * n_head} exceeds CUDA's {MAX_GRID_Z} grid layers; split the batch")
     grid, block = head_grid(B * n_head, T, d_k)
+    check_grid(what, grid, x="d_k in tiles", y="T in tiles", z="batch x heads")
     check_simulator_budget(what, math.prod(grid) * math.prod(block))
 
 

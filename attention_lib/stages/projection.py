@@ -34,7 +34,7 @@ The NumPy reference is ``attention_lib.reference.project``.
 import numpy as np
 from numba import cuda, float32
 
-from attention_lib.launch import barrier_seconds, ceil_div, check_simulator_budget
+from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget
 from attention_lib.validation import as_float32, require
 
 # Side of the square tiles of projection_kernel_v2, and of the thread blocks of both versions:
@@ -243,6 +243,7 @@ def project(x, w, b=None, version=2, kernel=None):
     rows = x.reshape(-1, d_model)                             # (B * T, d_model): batch axes become rows
     wide = version == 3                                       # v3: a thread per 2 x 2 outputs
     grid, block = (wide_launch_shape if wide else launch_shape)(rows.shape[0], d_out)
+    check_grid("project", grid, x="w's d_out in tiles", y="x's rows (batch x T) in tiles")
     # v2 and v3 wait at two barriers per step of TILE along d_model.
     barrier_s = barrier_seconds(grid[0] * grid[1], block[0] * block[1], 2 * ceil_div(d_model, TILE))
     check_simulator_budget("project", grid[0] * grid[1] * block[0] * block[1],

@@ -24,7 +24,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from attention_lib.launch import barrier_seconds, ceil_div, check_simulator_budget
+from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget
 from attention_lib.validation import as_float32, require
 
 # Side of a square tile of S: a block of TILE x TILE threads computes TILE x TILE scores.
@@ -134,6 +134,7 @@ def flatten_qk(q, k, what, tiled=False):
     lead = q.shape[:-2]
     (t_q, d_k), t_k = q.shape[-2:], k.shape[-2]
     grid, block = score_grid(math.prod(lead), t_q, t_k)
+    check_grid(what, grid, x="k's T_k in tiles of 16", y="q's T_q in tiles of 16", z="q's batch x heads")
     check_simulator_budget(what, math.prod(grid) * math.prod(block),
                            tiled_barrier_seconds(math.prod(lead), t_q, t_k, d_k) if tiled else 0.0)
     return q.reshape(-1, t_q, d_k), k.reshape(-1, t_k, d_k), lead   # (BH, T, d_k)

@@ -23,7 +23,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from attention_lib.launch import barrier_seconds, ceil_div, check_simulator_budget
+from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget
 from attention_lib.runtime import ON_SIMULATOR
 from attention_lib.validation import as_float32, require
 
@@ -190,6 +190,7 @@ def softmax(s, version=2, kernel=None):
     t_k = s.shape[-1]
     rows = math.prod(s.shape[:-1])
     grid, block = softmax_grid(rows, version)
+    check_grid("softmax", grid, x="s's rows")
     check_simulator_budget("softmax", grid * block,
                            barrier_seconds(grid, block, BARRIER_ROUNDS_V2) if version == 2 else 0.0)
     d_s = cuda.to_device(s.reshape(rows, t_k))                # (rows = ... x T_q, T_k)

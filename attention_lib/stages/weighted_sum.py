@@ -30,7 +30,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from attention_lib.launch import barrier_seconds, ceil_div, check_simulator_budget
+from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget
 from attention_lib.stages.projection import BLOCK, TILE, launch_projection, projection_kernel_v1, tile_matmul
 from attention_lib.validation import as_float32, require
 
@@ -104,6 +104,7 @@ def flatten_av(a, v, what, tiled=False):
     lead = a.shape[:-2]
     (t_q, t_k), d_v = a.shape[-2:], v.shape[-1]
     grid, block = weighted_sum_grid(math.prod(lead), t_q, d_v)
+    check_grid(what, grid, x="v's d_v in tiles of 16", y="a's T_q in tiles of 16", z="a's batch x heads")
     check_simulator_budget(what, math.prod(grid) * math.prod(block),
                            tiled_barrier_seconds(math.prod(lead), t_q, t_k, d_v) if tiled else 0.0)
     return a.reshape(-1, t_q, t_k), v.reshape(-1, t_k, d_v), lead     # (BH, T, ...)
