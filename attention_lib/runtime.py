@@ -9,8 +9,12 @@ The choice, in order:
 
 1. ``ATTENTION_LIB_BACKEND=gpu`` or ``=simulator`` forces one (``auto``, the default, decides).
 2. ``NUMBA_ENABLE_CUDASIM=1`` set by the user selects the simulator.
-3. Otherwise a GPU is used when the CUDA driver reports one *and* numba-cuda's CUDA toolkit
-   (the ``gpu`` extra) is installed; in every other case the simulator is switched on.
+3. Otherwise a GPU is used when a child process (``gpu_probe.py``) finds one that can run the
+   installed toolkit: the driver reports a GPU, its CUDA version is at least the toolkit's
+   (``gpu`` extra: CUDA 13, ``gpu-cu12``: CUDA 12), and a one-thread kernel compiles, runs and
+   writes its answer. In every other case the simulator is switched on, and the reason names
+   the install command that fixes it. This process never initialises CUDA itself, so it can
+   still fork processes that use the GPU.
 
 ``BACKEND`` holds the choice, ``REASON`` says why in one line, ``banner()`` prints both.
 ``SIZES`` holds the model sizes the notebooks and tests use: ANDREA-120M on a GPU, a small
@@ -19,7 +23,9 @@ model of the same shape on the simulator.
 
 import ctypes
 import ctypes.util
+import json
 import os
+import subprocess
 import sys
 import threading
 from dataclasses import dataclass
@@ -71,45 +77,90 @@ ANDREA_120M = ModelSizes("ANDREA-120M", d_model=768, n_head=12, T=1024, n_layer=
 ANDREA_SIMULATOR = ModelSizes("ANDREA-sim", d_model=64, n_head=4, T=32, n_layer=12, batch=2)
 
 
-def _gpu_count_from_driver():
-    """Ask the CUDA driver how many GPUs it sees, without importing Numba.
+# The GPU check (gpu_probe.py) runs in a child process; it imports Numba and compiles a kernel,
+# a few seconds on a GPU machine. Past this it counts as failed.
+PROBE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_probe.py")
+PROBE_TIMEOUT_S = 120
+# The oldest CUDA major version a toolkit extra of the course exists for.
+OLDEST_CUDA = 12
 
-    Returns (count, why): count is 0 when there is no driver or no device, and `why` says
-    what was found in words.
-    """
+
+def _find_driver():
+    """The name of a CUDA driver library that loads here, or None. It is only loaded (no cuInit):
+    loading leaves CUDA uninitialised, so this process can still fork CUDA-using children."""
     names = ["nvcuda.dll"] if sys.platform == "win32" else ["libcuda.so.1", "libcuda.so"]
     found = ctypes.util.find_library("cuda")
     if found:
         names.append(found)
     for name in names:
         try:
-            driver = ctypes.CDLL(name)
+            ctypes.CDLL(name)
+            return name
         except OSError:
             continue
-        if driver.cuInit(0) != 0:
-            return 0, f"the CUDA driver ({name}) did not initialise"
-        count = ctypes.c_int(0)
-        if driver.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
-            return 0, "the CUDA driver reports no GPU"
-        device_name = ctypes.create_string_buffer(256)
-        driver.cuDeviceGet(ctypes.byref(ctypes.c_int()), 0)
-        driver.cuDeviceGetName(device_name, 256, 0)
-        return count.value, f"found {device_name.value.decode(errors='replace')}"
-    return 0, "no CUDA driver (libcuda) is installed"
+    return None
 
 
-def _toolkit_installed():
-    """True when numba-cuda can compile for a GPU: its NVVM library is importable."""
+def _probe_gpu(driver):
+    """Run gpu_probe.py on `driver` in a child process; returns its answers (a dict), or
+    {"error": why} when the child failed or did not answer."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
     try:
-        from cuda.pathfinder import load_nvidia_dynamic_lib
-        load_nvidia_dynamic_lib("nvvm")
-        return True
-    except Exception:  # any failure means the same thing here: no usable toolkit
-        return False
+        done = subprocess.run([sys.executable, "-P", PROBE_SCRIPT, driver], env=env,
+                              capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"driver": driver, "error": f"the GPU check did not finish in {PROBE_TIMEOUT_S} s"}
+    lines = done.stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"driver": driver, "error": f"the GPU check failed ({last})"}
+
+
+def cuda_version(encoded):
+    """'12.4' from the driver's 12040."""
+    return f"{encoded // 1000}.{encoded % 1000 // 10}"
+
+
+def install_command(driver_version):
+    """The command that installs the toolkit matching a driver of `driver_version` (12040 = 12.4)."""
+    extra = "gpu-cu12" if driver_version // 1000 == 12 else "gpu"
+    return f'pip install -e ".[{extra}]" in the course folder, then restart Python'
+
+
+def gpu_verdict(probe):
+    """(usable, why) from gpu_probe's answers: why is one line, with the fix when there is one."""
+    if probe.get("driver") is None:
+        return False, "no CUDA driver (libcuda) is installed"
+    if "error" in probe:
+        return False, probe["error"]
+    if "init" in probe:
+        return False, f"the CUDA driver ({probe['driver']}) did not initialise ({probe['init']})"
+    if not probe.get("devices"):
+        return False, "the CUDA driver reports no GPU"
+    version = probe["driver_version"]
+    found = f"found {probe['name']} (sm_{probe['cc'][0]}{probe['cc'][1]}, driver for CUDA {cuda_version(version)})"
+    if version // 1000 < OLDEST_CUDA:
+        return False, (f"{found}, older than the CUDA {OLDEST_CUDA} the course's toolkits need: "
+                       "update the NVIDIA driver")
+    toolkit = probe.get("toolkit")
+    if toolkit is None:
+        return False, f"{found}, but numba-cuda's CUDA toolkit is missing: {install_command(version)}"
+    if "launch" not in probe:                    # the probe saw a toolkit newer than the driver
+        return False, (f"{found}, but the installed toolkit is CUDA {toolkit}, newer than the driver runs: "
+                       f"{install_command(version)}")
+    if probe["launch"] is not None:
+        matching = toolkit.split(".")[0] == str(version // 1000)
+        fix = (f"update the NVIDIA driver to one for CUDA {'.'.join(toolkit.split('.')[:2])} or newer"
+               if matching else install_command(version))
+        return False, f"{found}, but a one-thread test kernel failed ({probe['launch']}): {fix}"
+    return True, f"{found}, toolkit CUDA {toolkit}; a test kernel ran"
 
 
 def _choose():
-    """Decide the backend; returns (backend, reason). Imports nothing from Numba."""
+    """Decide the backend; returns (backend, reason). Imports nothing from Numba, and leaves CUDA
+    uninitialised in this process: the GPU is tried in a child (gpu_probe.py)."""
     if "numba.cuda" in sys.modules:
         import numba
         backend = SIMULATOR if numba.config.ENABLE_CUDASIM else GPU
@@ -120,20 +171,15 @@ def _choose():
         raise ValueError(f"{BACKEND_VARIABLE} must be 'auto', 'gpu' or 'simulator', got {asked!r}")
     if asked == SIMULATOR:
         return SIMULATOR, f"{BACKEND_VARIABLE}=simulator"
-    if asked == GPU:
-        count, found = _gpu_count_from_driver()
-        if count == 0:
-            raise RuntimeError(f"{BACKEND_VARIABLE}=gpu but {found}; unset it to use the simulator")
-        return GPU, f"{BACKEND_VARIABLE}=gpu, {found}"
-    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+    if asked == "auto" and os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         return SIMULATOR, "NUMBA_ENABLE_CUDASIM=1 is set"
-    count, found = _gpu_count_from_driver()
-    if count == 0:
-        return SIMULATOR, found
-    if not _toolkit_installed():
-        return SIMULATOR, (f"{found}, but numba-cuda's CUDA toolkit is missing: "
-                           "pip install -e '.[gpu]' (or '.[gpu-cu12]' for CUDA 12 drivers)")
-    return GPU, found
+    driver = _find_driver()
+    usable, why = gpu_verdict(_probe_gpu(driver) if driver else {"driver": None})
+    if asked == GPU:
+        if not usable:
+            raise RuntimeError(f"{BACKEND_VARIABLE}=gpu but {why}; unset it to use the simulator")
+        return GPU, f"{BACKEND_VARIABLE}=gpu, {why}"
+    return (GPU, why) if usable else (SIMULATOR, why)
 
 
 def _activate(backend):

@@ -59,9 +59,10 @@ def test_unknown_backend_value_is_a_one_line_error():
 
 
 def test_forcing_the_gpu_uses_it_or_says_in_one_line_why_not():
-    count, _ = runtime._gpu_count_from_driver()
+    driver = runtime._find_driver()
+    usable, _ = runtime.gpu_verdict(runtime._probe_gpu(driver) if driver else {"driver": None})
     done = _python("import attention_lib; print(attention_lib.BACKEND)", ATTENTION_LIB_BACKEND="gpu")
-    if count:
+    if usable:
         assert done.returncode == 0 and done.stdout.strip() == "gpu", done.stderr
         return
     assert done.returncode != 0
