@@ -9,7 +9,8 @@ and static shared memory, ``nvdisasm`` for the SASS of the hot loop, and the res
 SM those figures allow on an H200. ptxas and nvdisasm come from NVIDIA's pip wheels (the
 ``compile`` extra), never from PATH, so the PTX meets the assembler of its own NVVM.
 
-- ``report(arch) -> {"arch", "kernels": {name: row}}``: every kernel (the JSON written by --json).
+- ``report(arch, names) -> {"arch", "kernels": {name: row}}``: every kernel, or those named (the
+  JSON written by --json).
 - ``report_kernel(kernel, arg_types, threads_per_block) -> row``: one kernel, e.g. a notebook's.
 - ``table(rows) -> str``: rows as a text table, for notebooks.
 - ``floor_violations(kernels)``: what breaks the ``FAST`` floors the stage modules declare.
@@ -201,10 +202,18 @@ def _kernel_for(job):
     return namespace[job["kernel"]]
 
 
+def _compute_capability(arch):
+    """(9, 0) for "sm_90"."""
+    found = re.fullmatch(r"sm_(\d+)(\d)", arch)
+    if not found:
+        raise ValueError(f"arch must name a GPU architecture such as 'sm_90', got {arch!r}")
+    return int(found.group(1)), int(found.group(2))
+
+
 def _row(job, arch):
     from numba import cuda
     from attention_lib import numba_patches
-    cc = (int(arch[3:-1]), int(arch[-1]))
+    cc = _compute_capability(arch)
     numba_patches.compile_for(cc)
     kernel = _kernel_for(job)
     signature = tuple(signatures.numba_type(a) for a in job["args"])
@@ -253,27 +262,31 @@ def _compile(jobs, arch, processes=None):
 
 # ---- the library's kernels ----
 
-def _library_launches():
-    """signatures.recorded_launches() at GPU shapes: here if this process has them, else in a
-    simulator process with ATTENTION_LIB_SHAPES=gpu."""
+def _library_launches(names=None):
+    """signatures.recorded_launches(names) at GPU shapes: here if this process has them, else in
+    a simulator process with ATTENTION_LIB_SHAPES=gpu."""
     from attention_lib import runtime
     if not runtime.SIMULATOR_SHAPES:
-        return signatures.recorded_launches()
+        return signatures.recorded_launches(names)
     env = dict(os.environ, **{runtime.SHAPES_VARIABLE: "gpu", runtime.BACKEND_VARIABLE: runtime.SIMULATOR})
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
-    program = ("import json; from attention_lib import signatures\n"
-               "print('\\n' + json.dumps(signatures.recorded_launches()))\n")
-    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True)
+    program = ("import json, sys; from attention_lib import signatures\n"
+               "print('\\n' + json.dumps(signatures.recorded_launches(json.loads(sys.argv[1]))))\n")
+    done = subprocess.run([sys.executable, "-c", program, json.dumps(names)], env=env,
+                          capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"recording the launches at GPU shapes failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def report(arch=DEFAULT_ARCH, processes=None):
-    """{"arch": arch, "kernels": {"module.kernel": row}} for every kernel of kernel_cases.CASES."""
+def report(arch=DEFAULT_ARCH, names=None, processes=None):
+    """{"arch": arch, "kernels": {"module.kernel": row}} for every kernel of kernel_cases.CASES,
+    or for those in `names` (e.g. ["projection.projection_kernel_v3"], for a notebook)."""
+    _compute_capability(arch)
+    signatures.check_names(names)
     jobs = [{"name": name, "module": f"attention_lib.stages.{name.split('.')[0]}", "kernel": name.split(".")[1],
              "args": launch["args"], "threads_per_block": launch["threads_per_block"]}
-            for name, launch in _library_launches().items()]
+            for name, launch in _library_launches(names).items()]
     return {"arch": arch, "kernels": dict(sorted(_compile(jobs, arch, processes).items()))}
 
 
@@ -338,6 +351,7 @@ def report_kernel(kernel, arg_types, threads_per_block, arch=DEFAULT_ARCH):
     (``numba.float32[:, ::1]``), the way numba prints one (``"array(float32, 2d, C)"``) or an
     example value (a NumPy array, ``np.float32(1)``); threads_per_block: an int or a tuple.
     """
+    _compute_capability(arch)
     fn = kernel.py_func
     job = {"name": f"{fn.__module__}.{fn.__name__}", "kernel": fn.__name__,
            "args": [_described(a) for a in arg_types],

@@ -68,6 +68,18 @@ def test_local_arrays_indexed_at_run_time_are_a_stack_frame(report):
     assert report["kernels"]["projection.projection_kernel_v3"]["stack_bytes"] == 0
 
 
+def test_a_few_kernels_by_name_give_the_same_rows(report):
+    name = "projection.projection_kernel_v3"
+    assert kernel_report.report(names=[name]) == {"arch": "sm_90", "kernels": {name: report["kernels"][name]}}
+
+
+def test_bad_names_and_architectures_are_refused():
+    with pytest.raises(ValueError, match=r"names: no case in kernel_cases.CASES for \['flash.nope'\]"):
+        kernel_report.report(names=["flash.nope"])
+    with pytest.raises(ValueError, match="arch must name a GPU architecture such as 'sm_90', got '90'"):
+        kernel_report.report(arch="90")
+
+
 def test_declared_floors_hold(report):
     assert kernel_report.floor_violations(report["kernels"]) == []
 
