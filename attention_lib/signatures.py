@@ -60,6 +60,14 @@ class TypeRecorder:
         return launch
 
 
+def check_names(names):
+    """A one-line error unless every name in `names` (None: all) has a case in kernel_cases.CASES."""
+    from attention_lib.kernel_cases import CASES
+    unknown = sorted(set(names or ()) - set(CASES))
+    if unknown:
+        raise ValueError(f"names: no case in kernel_cases.CASES for {unknown}; known: {sorted(CASES)}")
+
+
 def recorded_launches(names=None):
     """name -> {"args": [described argument, ...], "threads_per_block": N} for every kernel of
     ``kernel_cases.CASES`` (or those in `names`), from the first launch its launcher makes.
@@ -68,6 +76,7 @@ def recorded_launches(names=None):
     first); nothing after it does.
     """
     from attention_lib.kernel_cases import CASES, library_kernels
+    check_names(names)
     kernels = library_kernels()
     launches = {}
     for name in sorted(CASES if names is None else names):
