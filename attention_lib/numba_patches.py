@@ -8,7 +8,8 @@ attribute, when one of them is gone (the first thing to look at after an upgrade
 - ``lock_simulator_shared_arrays()``: the simulator's shared-array race (below). Replaces
   ``numba.cuda.simulator.kernelapi.FakeCUDAShared.array`` for the life of the process.
 
-Nothing here imports Numba at module level: ``attention_lib.runtime`` imports this module
+``ELSEWHERE`` lists the internals that other modules patch or read in place (the sanitizer's
+recording, the bench's launch recorder), checked by the same test. Nothing here imports Numba at module level: ``attention_lib.runtime`` imports this module
 before Numba's CUDA target is chosen.
 """
 
@@ -25,6 +26,18 @@ CHECKED_WITH = "0.30.4"
 PATCHED = {
     "compile_for": ("numba.cuda.dispatcher", "get_current_device"),
     "lock_simulator_shared_arrays": ("numba.cuda.simulator.kernelapi", "FakeCUDAShared.array"),
+}
+
+# Internals patched (for the length of one launch) or read where they are used, left there
+# because they are part of that code's logic; listed so an upgrade is checked in one place.
+ELSEWHERE = {
+    "sanitizer: shared arrays recorded": ("numba.cuda.simulator.kernelapi", "FakeCUDAShared.array"),
+    "sanitizer: barriers counted": ("numba.cuda.simulator.kernel", "BlockThread.syncthreads"),
+    "sanitizer: atomics recorded": ("numba.cuda.simulator.kernelapi", "FakeCUDAAtomic.add"),
+    "sanitizer: a kernel simulated beside a GPU": ("numba.cuda.simulator.kernel", "FakeCUDAKernel"),
+    "sanitizer: device arrays unwrapped": ("numba.cuda.simulator.cudadrv.devicearray", "FakeCUDAArray"),
+    "bench: launches recorded": ("numba.cuda.simulator.kernel", "FakeCUDAKernel.__getitem__"),
+    "kernel_cases: kernels told from device functions": ("numba.cuda.simulator.kernel", "FakeCUDAKernel"),
 }
 
 

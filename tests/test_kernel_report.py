@@ -1,9 +1,9 @@
 """The kernel report: what ptxas and nvdisasm make of every kernel at GPU block sizes, and the
 floors a stage module declares for its fast kernels (``FAST``).
 
-The whole report is built once for the session (about 100 s of the two cores' time here,
-most of it Numba compiling the larger kernels); the parsing and occupancy arithmetic are
-checked on their own against small known inputs.
+The whole report is built once for the session (about 27 s of CPU time on the 2-core CI
+machine, spread over two compile processes; most of it is Numba and ptxas compiling the larger
+kernels); the parsing and occupancy arithmetic are checked on their own against known inputs.
 """
 
 import json

@@ -47,3 +47,13 @@ def test_compile_target_patch_still_applies():
     done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, (f"{module_name}.{attribute}: {done.stderr.strip().splitlines()[-1]} "
                                   f"{UPGRADE}")
+
+
+def test_internals_patched_elsewhere_still_exist():
+    from numba.cuda.simulator import kernel
+    from numba.cuda.simulator.cudadrv import devicearray
+    for what, (module_name, attribute) in numba_patches.ELSEWHERE.items():
+        assert _resolve(module_name, attribute) is not None, what
+    # What the sanitizer and kernel_cases read on the simulator's objects.
+    assert "_ary" in devicearray.FakeCUDAArray.__init__.__code__.co_names, f"FakeCUDAArray._ary {UPGRADE}"
+    assert "_device" in kernel.FakeCUDAKernel.__init__.__code__.co_names, f"FakeCUDAKernel._device {UPGRADE}"
