@@ -4,18 +4,33 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-INSTALLED := $(VENV)/.installed
-# What `make` installs: the course, JupyterLab, the test tools and the CUDA compiler of the compile
-# check. On a GPU with a CUDA 12 driver: make test EXTRAS=lab,test,gpu-cu12 (skips nothing: the
-# cu12 toolkit compiles too).
-EXTRAS ?= lab,test,compile
+# One stamp per set of extras: changing EXTRAS (or the driver's CUDA version) reinstalls.
+COMMA := ,
+INSTALLED = $(VENV)/.installed-$(subst $(COMMA),-,$(EXTRAS))
+# The CUDA major version of this machine's NVIDIA driver (nvidia-smi's "CUDA Version"), empty
+# without one. A CUDA 12 driver cannot run the CUDA 13 toolkit, so there the toolkit extra is
+# gpu-cu12 (its compiler also serves the compile check); everywhere else the CUDA 13 one.
+CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9][0-9]*\).*/\1/p' | head -n 1)
+TOOLKIT_EXTRA := $(if $(filter 12,$(CUDA_MAJOR)),gpu-cu12,compile)
+# What `make` installs: the course, JupyterLab, the test tools and the CUDA toolkit matching the driver.
+EXTRAS ?= lab,test,$(TOOLKIT_EXTRA)
 # Two pytest workers (one per core); --dist loadfile keeps each notebook's cells on one worker.
 WORKERS ?= 2
 # Extra flags for JupyterLab, e.g. LAB_FLAGS=--no-browser; as root (containers) it needs --allow-root.
 LAB_FLAGS ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
-.PHONY: lab test student install clean bench
+# `make unit`: the quick loop, about a minute: the references, the stage kernels of notebooks 00-05
+# against them, the public API and its input errors, the notebooks' structure and the packaging.
+# Not in it (`make test` runs them): the other stages, the edge and property tests, the race and
+# compile checks, the wheel, the student copies and the notebooks themselves.
+UNIT_TESTS ?= tests/test_reference.py tests/test_api.py tests/test_basics.py tests/test_scores.py \
+	tests/test_mask.py tests/test_softmax.py tests/test_weighted_sum.py tests/test_diagnoses.py \
+	tests/test_grid_limits.py tests/test_environment.py tests/test_notebooks.py tests/test_hosted_setup.py
+# `make notebook NB=03`: the notebook whose name starts with NB.
+NOTEBOOK = $(wildcard notebooks/$(NB)_*.ipynb)
+
+.PHONY: lab test unit notebook student install clean bench
 
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +44,14 @@ lab: $(INSTALLED)
 
 test: $(INSTALLED)
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile --nbval-lax --nbval-current-env tests notebooks
+
+unit: $(INSTALLED)
+	$(BIN)/python -m pytest -q -n $(WORKERS) $(UNIT_TESTS)
+
+# Re-execute one notebook in place from a clean kernel, on the simulator: the way notebooks are committed.
+notebook: $(INSTALLED)
+	@test -n "$(NB)" -a -n "$(NOTEBOOK)" || { echo "usage: make notebook NB=03 (no notebooks/$(NB)_*.ipynb)"; exit 2; }
+	cd notebooks && ATTENTION_LIB_BACKEND=simulator $(abspath $(BIN))/jupyter nbconvert --to notebook --execute --inplace $(notdir $(NOTEBOOK))
 
 # Student copies of every notebook under release/ (solutions cut by nbgrader, outputs cleared).
 student: $(INSTALLED)

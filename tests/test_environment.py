@@ -1,8 +1,12 @@
-"""environment.yml (conda, Binder) and pyproject.toml (pip) ask for the same packages and ranges."""
+"""environment.yml (conda, Binder) and pyproject.toml (pip) ask for the same packages and ranges,
+and the Makefile installs the CUDA toolkit that matches the machine's driver."""
 
+import os
+import subprocess
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 from packaging.requirements import Requirement
 
@@ -64,3 +68,46 @@ def test_environment_installs_the_course_itself():
     entries = yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"]
     pip_entries = next(e["pip"] for e in entries if isinstance(e, dict))
     assert "-e ." in pip_entries
+
+
+def _make_dry_run(tmp_path, target, smi=None, **variables):
+    """`make -n target` with a simulated nvidia-smi (printing `smi`) or none on the PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "nvidia-smi"
+    if smi is not None:
+        fake.write_text(f"#!/bin/sh\necho '{smi}'\n")
+        fake.chmod(0o755)
+    elif fake.exists():
+        fake.unlink()
+    env = dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin")
+    args = [f"{k}={v}" for k, v in variables.items()]
+    done = subprocess.run(["make", "-n", "-C", str(ROOT), target, f"VENV={tmp_path / 'venv'}", *args],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("smi, extras", [
+    ("| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: 12.4 |", "lab,test,gpu-cu12"),
+    ("| NVIDIA-SMI 580.65.06   Driver Version: 580.65.06   CUDA Version: 13.0 |", "lab,test,compile"),
+    (None, "lab,test,compile"),
+])
+def test_make_installs_the_toolkit_matching_the_driver(tmp_path, smi, extras):
+    planned = _make_dry_run(tmp_path, "install", smi)
+    assert f'pip install --quiet --editable ".[{extras}]"' in planned
+    assert f".installed-{extras.replace(',', '-')}" in planned       # other extras: another stamp
+
+
+def test_make_notebook_reexecutes_one_notebook_on_the_simulator(tmp_path):
+    planned = _make_dry_run(tmp_path, "notebook", NB="03")
+    assert "ATTENTION_LIB_BACKEND=simulator" in planned
+    assert "nbconvert --to notebook --execute --inplace 03_causal_mask.ipynb" in planned
+
+
+def test_make_unit_runs_only_existing_test_files(tmp_path):
+    planned = next(line for line in _make_dry_run(tmp_path, "unit").splitlines() if " -m pytest " in line)
+    files = [word for word in planned.split() if word.startswith("tests/")]
+    assert files and all((ROOT / f).is_file() for f in files)
+    assert not any(word.startswith("notebooks") or word.endswith(".ipynb") for word in planned.split())
+    assert not any(name in planned for name in ("--nbval", "test_student_copies", "test_wheel"))
