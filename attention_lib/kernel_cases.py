@@ -129,6 +129,7 @@ CASES = {
     "projection.projection_kernel_v1": _projection(1),
     "projection.projection_kernel_v2": _projection(2),
     "projection.projection_kernel_v3": _projection(3),     # (19, 18): one 32 x 32 block, partly used
+    "projection.projection_kernel_v4": _projection(4),     # one 128 x 128 block, 3 steps of 8 (the last partial)
     "softmax.softmax_kernel_v1": _softmax(1),
     "softmax.softmax_kernel_v2": _softmax(2),
     "scores.scores_kernel_v1": _scores(1),
