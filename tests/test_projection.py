@@ -430,3 +430,19 @@ def test_v4_cost_at_full_size():
     # element ceil(1024 / 128) = 8 times: a quarter of v3's (72, 32).
     assert projection.global_reads(1024, 2304, 4) == (18, 8)
     assert projection.FAST == {"projection_kernel_v4": {"max_stack_bytes": 0, "min_ffma_fraction": 0.6}}
+
+
+def test_the_layers_use_v4_on_a_gpu_and_v1_on_the_simulator():
+    from attention_lib.runtime import ON_SIMULATOR
+    from attention_lib.stages import kv_cache, multihead
+    assert projection.layer_version(gpu=True) == 4 and projection.layer_version(gpu=False) == 1
+    assert projection.layer_version() == (1 if ON_SIMULATOR else 4)
+    assert multihead.PROJECTION_VERSION == kv_cache.PROJECTION_VERSION == projection.layer_version()
+
+
+@pytest.mark.parametrize("version", [1, 4])
+def test_launch_version_runs_each_kernel_on_its_own_grid(rng, version):
+    x, w, b = random_problem(rng, 19, 21, 18)
+    out = cuda.device_array((19, 18), np.float32)
+    projection.launch_version(version, cuda.to_device(x), cuda.to_device(w), cuda.to_device(b), out)
+    assert np.allclose(out.copy_to_host(), reference.project(x, w, b), rtol=tolerance(21), atol=tolerance(21))

@@ -212,3 +212,8 @@ def test_planted_mistakes_get_their_diagnosis(answer, diagnosis, says):
     assert not result.passed
     assert (result.diagnosis, says in result.message) == (diagnosis, True), result.message
     assert "\n" not in str(result)
+
+
+def test_the_grid_at_full_size_is_the_gpus_on_either_backend():
+    # ANDREA-120M: batch 8 x 12 heads, T 1024: 64 x 64 tiles of 16 x 16 per head
+    assert scores.score_grid(96, 1024, 1024) == ((64, 64, 96), (16, 16))

@@ -36,6 +36,9 @@ The NumPy reference is ``attention_lib.reference.project``.
   axis. ``project_qkv`` does that and splits the result.
 - ``flops`` and ``global_reads``: the work and the global-memory reads of one launch, by
   formula; the sanitizer (``attention_lib.sanitizer.count_memory``) measures the same reads.
+  Tiles and blocks are the same on both backends, so these and the grids at ANDREA-120M sizes
+  are the GPU's figures; only the version the layers use differs, and ``layer_version(gpu=True)``
+  gives the GPU's on either backend.
 - Launchers ``project`` and ``project_qkv`` validate, copy, pick the grid (``launch_shape``) and
   return NumPy float32; ``launch_projection`` is the launch itself, on device arrays, which the
   exercise check uses to run a student's kernel exactly as the library runs its own.
@@ -333,6 +336,22 @@ def projection_kernel_v4(x, w, b, out):
 
 KERNELS = {1: projection_kernel_v1, 2: projection_kernel_v2, 3: projection_kernel_v3,
            4: projection_kernel_v4}
+
+# The projection the layers of notebooks 06 and 08 (multihead, kv_cache) launch. On a GPU v4, the
+# fastest. On the simulator v1: it has no barriers, and a decoding step projects one row, which
+# v1 covers with d_out threads and v4 with 256 per 128 columns, each waiting at every barrier.
+# Measured on the simulator (2 shared cores) for ANDREA-sim's fused QKV, (64, 64) @ (64, 192):
+# v1 10.4 s, v2 19.0 s, v3 9.6 s, v4 10.1 s.
+LAYER_VERSION_GPU = 4
+LAYER_VERSION_SIMULATOR = 1
+
+
+def layer_version(gpu=None):
+    """The projection version of the layers: the current backend's (gpu None), or the GPU's
+    (gpu True) or the simulator's (False) whatever the backend, for figures at ANDREA-120M."""
+    if gpu is None:
+        gpu = not ON_SIMULATOR
+    return LAYER_VERSION_GPU if gpu else LAYER_VERSION_SIMULATOR
 
 
 # --- Launchers ---------------------------------------------------------------------------

@@ -17,6 +17,8 @@ division, and no thread recomputes a square root.
 Heads ride on the grid's z axis: q (..., T_q, d_k) is flattened to (BH, T_q, d_k), where BH is
 the product of the leading axes (batch x heads), and block z handles head h = blockIdx.z.
 ``mask.py`` reuses ``tile_dot``, ``score_grid`` and ``flatten_qk`` for its fused kernel.
+The tile is the same on a GPU and on the simulator, so ``score_grid`` at ANDREA-120M sizes gives
+the GPU's grid on either backend.
 """
 
 import math
