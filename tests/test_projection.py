@@ -433,10 +433,10 @@ def test_v4_cost_at_full_size():
 
 
 def test_the_layers_use_v4_on_a_gpu_and_v1_on_the_simulator():
-    from attention_lib.runtime import ON_SIMULATOR
+    from attention_lib.runtime import SIMULATOR_SHAPES
     from attention_lib.stages import kv_cache, multihead
     assert projection.layer_version(gpu=True) == 4 and projection.layer_version(gpu=False) == 1
-    assert projection.layer_version() == (1 if ON_SIMULATOR else 4)
+    assert projection.layer_version() == (1 if SIMULATOR_SHAPES else 4)
     assert multihead.PROJECTION_VERSION == kv_cache.PROJECTION_VERSION == projection.layer_version()
 
 

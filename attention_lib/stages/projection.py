@@ -50,7 +50,7 @@ import numpy as np
 from numba import cuda, float32
 
 from attention_lib.launch import barrier_seconds, ceil_div, check_simulator_budget
-from attention_lib.runtime import ON_SIMULATOR
+from attention_lib.runtime import ON_SIMULATOR, SIMULATOR_SHAPES
 from attention_lib.validation import as_float32, require
 
 # Side of the square tiles of projection_kernel_v2, and of the thread blocks of both versions:
@@ -224,7 +224,7 @@ HALF_TILE = U(64)            # the second quarter starts 64 rows (columns) furth
 THREADS_ACROSS = U(16)       # threads (tx, ty) form a 16 x 16 square: tx = tid % 16
 LOADS_V4 = 4                 # elements of each tile a thread copies: 128 * 8 / 256
 # 16-byte alignment lets the compiler merge a fragment's four loads into one; the simulator
-# refuses `alignment=` (None is the default there) and `launch_bounds=`.
+# refuses `alignment=` (None is the default there) and `launch_bounds=`, whatever the shapes.
 SHARED_ALIGNMENT = None if ON_SIMULATOR else 16
 V4_OPTIONS = {} if ON_SIMULATOR else {"launch_bounds": (THREADS_V4, 2)}   # <= 128 registers
 # Floors the kernel report checks: no local memory, and FFMA at least 60 % of the hot loop.
@@ -347,10 +347,11 @@ LAYER_VERSION_SIMULATOR = 1
 
 
 def layer_version(gpu=None):
-    """The projection version of the layers: the current backend's (gpu None), or the GPU's
-    (gpu True) or the simulator's (False) whatever the backend, for figures at ANDREA-120M."""
+    """The projection version of the layers: the current configuration's (gpu None; the GPU's
+    on a GPU or with ATTENTION_LIB_SHAPES=gpu), or the GPU's (gpu True) or the simulator's
+    (False) whatever the backend, for figures at ANDREA-120M."""
     if gpu is None:
-        gpu = not ON_SIMULATOR
+        gpu = not SIMULATOR_SHAPES
     return LAYER_VERSION_GPU if gpu else LAYER_VERSION_SIMULATOR
 
 
