@@ -20,8 +20,8 @@ assert runtime.ON_SIMULATOR and not runtime.SIMULATOR_SHAPES
 assert flash.BLOCK_Q == flash.BLOCK_Q_GPU == 32, flash.BLOCK_Q
 assert softmax.THREADS_PER_ROW == 128, softmax.THREADS_PER_ROW
 assert kv_cache.KEYS_PER_CHUNK == 64, kv_cache.KEYS_PER_CHUNK
-assert attention.SOFTMAX_VERSION == 2 and kv_cache.PROJECTION_VERSION == 2
-assert multihead.PROJECTION_KERNEL is projection.projection_kernel_v2
+assert attention.SOFTMAX_VERSION == 2
+assert kv_cache.PROJECTION_VERSION == multihead.PROJECTION_VERSION == projection.layer_version() == 4
 
 rng = np.random.default_rng(16)
 close = lambda got, want: np.allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -41,7 +41,7 @@ for width in (1, 19, 130):
 q, k, v = rng.standard_normal((2, 7, 5)), rng.standard_normal((2, 19, 5)), rng.standard_normal((2, 19, 5))
 assert close(attention.attention(q, k, v, causal=True), reference.attention(q, k, v, causal=True)), "pipeline"
 
-# A whole layer with projection v2: B 1, T 19, d_model 6, 2 heads.
+# A whole layer with projection v4: B 1, T 19, d_model 6, 2 heads.
 x = rng.standard_normal((1, 19, 6))
 w = rng.standard_normal((4, 6, 6)) / np.sqrt(6)
 assert close(multihead.multi_head_attention(x, *w, 2), reference.multi_head_attention(x, *w, 2)), "layer"

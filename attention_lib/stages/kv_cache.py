@@ -54,9 +54,9 @@ MAX_D_K = 128
 HEADS_PER_BLOCK = 32
 # The merge kernel: 16 output components x 4 heads per block, x along d_k.
 MERGE_BLOCK = (16, 4)
-# The projections of the layer helpers: the tiled kernel on a GPU; the naive one on the
-# simulator, where each barrier of the tiled kernel costs tens of milliseconds per block.
-PROJECTION_VERSION = 1 if SIMULATOR_SHAPES else 2
+# The projections of the layer helpers: the 128 x 128 kernel v4 on a GPU; the naive v1 on the
+# simulator, where each barrier costs tens of milliseconds per block (projection.layer_version).
+PROJECTION_VERSION = projection.layer_version()
 
 
 # --- Sizes ---------------------------------------------------------------------------------
