@@ -20,7 +20,7 @@ WORKERS ?= 2
 LAB_FLAGS ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
-# `make unit`: the quick loop, about a minute: the references, the stage kernels of notebooks 00-05
+# `make unit`: the quick loop, about a minute of CPU (README, "Working on the course"): the references, the stage kernels of notebooks 00-05
 # against them, the public API and its input errors, the notebooks' structure and the packaging.
 # Not in it (`make test` runs them): the other stages, the edge and property tests, the race and
 # compile checks, the wheel, the student copies and the notebooks themselves.
