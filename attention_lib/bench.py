@@ -24,10 +24,8 @@ inside ``recording_launches`` (which notes every kernel launch it makes), and th
    memory traffic instead (``attention_lib.traffic``, which holds the formulas too);
 5. writes ``bench-<backend>.json`` and ``roofline-<backend>.png`` into ``out_dir``.
 
-FLOPs: a multiply-add is 2; attention is 4 d_k per visible (query, key) pair, as
-FlashAttention's benchmarks count it. Ideal bytes: every input read once and every output
-written once, 4 bytes per float32; FLOPs / ideal bytes is the intensity on the roofline.
-Nothing here imports PyTorch or CuPy until a GPU run asks for them.
+FLOPs, ideal bytes and intensities are bench_cases' formulas. Nothing here imports PyTorch or
+CuPy until a GPU run asks for them.
 """
 
 import argparse
@@ -38,17 +36,17 @@ import json
 import math
 import platform
 import sys
-from contextlib import contextmanager
-from dataclasses import asdict, astuple, dataclass, field
+from dataclasses import asdict, astuple
 from pathlib import Path
 
 import numpy as np
 from numba import cuda
 
-from attention_lib import runtime, sanitizer
-from attention_lib.bench_cases import (REGISTRY, TARGETS, BenchSizes, Inputs, baseline_libraries,
-                                      cuda_kernel_names, to_numpy)
-from attention_lib.gpus import REFERENCE_GPU, GpuLimits, gpu_limits, device_name  # noqa: F401
+from attention_lib import runtime
+from attention_lib.bench_cases import (REGISTRY, TARGETS, BenchSizes, Inputs, baseline_libraries,  # noqa: F401
+                                      cuda_kernel_names, notebook_sizes, to_numpy)
+from attention_lib.gpus import REFERENCE_GPU, GpuLimits, device_name, gpu_limits  # noqa: F401
+from attention_lib.recording import dim3, recording_launches, replay  # noqa: F401
 
 DEFAULT_OUT = "bench-results"
 SCHEMA = "attention_lib.bench/2"
@@ -58,83 +56,6 @@ SAMPLE_SECONDS = 5e-3
 MAX_INNER = 200
 TF32_NOTE = ("EFFICIENT_ATTENTION in float32 runs 3xTF32 on tensor cores whatever the TF32 flags say; "
              "MATH is cuBLAS SGEMM plus softmax with TF32 off (FP32, no tensor cores, like our kernels)")
-
-
-def notebook_sizes():
-    """The sizes notebook 09 benches at: ANDREA-120M on a GPU; on the simulator a quarter of
-    ANDREA-sim (B 1, H 2, T 16, d_k 8), so that counting every entry takes seconds."""
-    s = BenchSizes.of(runtime.SIZES)
-    if not runtime.ON_SIMULATOR:
-        return s
-    return BenchSizes(1, max(1, s.H // 2), max(1, s.T // 2), max(1, s.d_k // 2))
-
-
-# --- Recording the launches a launcher makes ---------------------------------------------
-
-@dataclass
-class Launch:
-    """One kernel launch as a launcher made it: kernel[griddim, blockdim](*args)."""
-
-    kernel: object
-    griddim: tuple
-    blockdim: tuple
-    args: tuple
-    report: object = None          # sanitizer.MemoryReport when it ran under count_memory
-
-    @property
-    def name(self):
-        return self.kernel.py_func.__name__
-
-    @property
-    def blocks(self):
-        return math.prod(dim3(self.griddim))
-
-    @property
-    def threads(self):
-        return self.blocks * math.prod(dim3(self.blockdim))
-
-
-def dim3(dims):
-    """A grid or block shape as a tuple of ints (an int is a 1-D shape)."""
-    return (int(dims),) if isinstance(dims, (int, np.integer)) else tuple(int(d) for d in dims)
-
-
-@contextmanager
-def recording_launches(count=False):
-    """Record every `kernel[griddim, blockdim](*args)` made inside the block; yields the list.
-
-    Each launch still runs (under sanitizer.count_memory when `count`, its report in
-    Launch.report). It replaces the kernel class's ``__getitem__`` (the ``[griddim, blockdim]``
-    of a launch) for the length of the block; the sanitizer's own launch passes straight through.
-    """
-    from attention_lib.stages.basics import add_kernel
-    cls = type(add_kernel)                     # CUDADispatcher, or the simulator's FakeCUDAKernel
-    original, launches, inside_sanitizer = cls.__getitem__, [], []
-
-    def configure(kernel, config):
-        configured = original(kernel, config)
-        if inside_sanitizer:
-            return configured
-
-        def launch(*args):
-            record = Launch(kernel, config[0], config[1], args)
-            if count:
-                inside_sanitizer.append(True)
-                try:
-                    record.report = sanitizer.count_memory(
-                        kernel, config[0], config[1], *args, sharedmem=config[3] if len(config) == 4 else 0)
-                finally:
-                    inside_sanitizer.pop()
-            else:
-                configured(*args)
-            launches.append(record)
-        return launch
-
-    cls.__getitem__ = configure
-    try:
-        yield launches
-    finally:
-        cls.__getitem__ = original
 
 
 # --- Timing ------------------------------------------------------------------------------
@@ -225,21 +146,6 @@ def measure(work, clock, warmup=3, repeats=20, max_seconds=2.0, inner=None):
     return {"median_s": float(median), "q1_s": float(q1), "q3_s": float(q3), "iqr_s": float(q3 - q1),
             "min_s": float(min(times)), "max_s": float(max(times)), "runs": len(times), "inner": inner,
             "single_s": float(single)}
-
-
-def replay(launches):
-    """A function that runs the recorded launches again, in order, on the same device arrays."""
-    ready = []
-    for launch in launches:
-        # A host array given to a kernel would be copied both ways at every launch: copy it once.
-        args = tuple(cuda.to_device(a) if isinstance(a, np.ndarray) and a.ndim > 0 else a
-                     for a in launch.args)
-        ready.append((launch.kernel[launch.griddim, launch.blockdim], args))
-
-    def work():
-        for configured, args in ready:
-            configured(*args)
-    return work
 
 
 def time_launches(launches, warmup=3, repeats=20, max_seconds=2.0, clock=None, inner=None):

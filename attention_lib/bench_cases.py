@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from attention_lib import reference
+from attention_lib import reference, runtime
 
 BYTES = 4                                   # float32
 
@@ -48,6 +48,15 @@ class BenchSizes:
 
     def __str__(self):
         return f"B {self.B}, H {self.H}, T {self.T}, d_k {self.d_k}, d_model {self.d_model}"
+
+
+def notebook_sizes():
+    """The sizes notebook 09 benches at: ANDREA-120M on a GPU; on the simulator a quarter of
+    ANDREA-sim (B 1, H 2, T 16, d_k 8), so that counting every entry takes seconds."""
+    s = BenchSizes.of(runtime.SIZES)
+    if not runtime.ON_SIMULATOR:
+        return s
+    return BenchSizes(1, max(1, s.H // 2), max(1, s.T // 2), max(1, s.d_k // 2))
 
 
 class Inputs:
