@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,7 +34,7 @@ COUNTED_KEYS = {"global_loads", "global_stores", "global_atomics", "global_bytes
 def tiny_results(tmp_path_factory):
     """The whole registry at TINY, written to a temporary folder (about 10 s on the simulator)."""
     out = tmp_path_factory.mktemp("bench")
-    return bench.run_bench(TINY, out_dir=out, verbose=False), out
+    return bench.run_bench(TINY, out_dir=out, count=True, timed=False, verbose=False), out
 
 
 def test_every_registry_entry_runs_or_is_skipped_because_its_module_is_missing(tiny_results):
@@ -48,11 +49,11 @@ def test_every_registry_entry_runs_or_is_skipped_because_its_module_is_missing(t
 
 def test_the_json_file_has_the_schema(tiny_results):
     results, out = tiny_results
-    saved = json.loads((out / "bench-simulator.json").read_text())
-    assert saved["schema"] == bench.SCHEMA and saved["backend"] == runtime.SIMULATOR
+    saved = json.loads((out / f"bench-{runtime.BACKEND}.json").read_text())
+    assert saved["schema"] == bench.SCHEMA and saved["backend"] == runtime.BACKEND
     assert {"gpu", "limits", "date", "versions", "sizes", "timing", "kernels", "skipped", "failed",
             "targets", "notes", "files"} <= set(saved)
-    assert saved["gpu"] is None and saved["limits"] is None and saved["timing"] is None
+    assert saved["timing"] is None and (saved["gpu"] is None) == runtime.ON_SIMULATOR
     assert saved["sizes"] == {"B": 1, "H": 2, "T": 7, "d_k": 5, "d_model": 10}
     assert {"python", "numpy", "numba", "numba-cuda"} <= set(saved["versions"])
     assert saved["date"][:4].isdigit() and "T" in saved["date"]
@@ -61,7 +62,7 @@ def test_the_json_file_has_the_schema(tiny_results):
         assert set(kernel["counted"]) == COUNTED_KEYS, kernel["name"]
         assert kernel["launches"] and all({"kernel", "grid", "block"} == set(l) for l in kernel["launches"])
         assert kernel["check"]["ok"] is True and kernel["check"]["max_abs_error"] <= kernel["check"]["tolerance"]
-    assert bench.load_results(out / "bench-simulator.json")["kernels"] == saved["kernels"]
+    assert bench.load_results(out / f"bench-{runtime.BACKEND}.json")["kernels"] == saved["kernels"]
 
 
 def test_counts_equal_the_formulas_at_awkward_sizes(tiny_results):
@@ -90,6 +91,10 @@ def test_counts_equal_the_formulas_at_awkward_sizes(tiny_results):
     assert len(by_name["attention pipeline"]["launches"]) == 3
 
 
+ON_SIMULATOR_ONLY = pytest.mark.skipif(not runtime.ON_SIMULATOR, reason="what the simulator does instead of timing")
+
+
+@ON_SIMULATOR_ONLY
 def test_times_are_marked_unavailable_on_the_simulator(tiny_results):
     results, _ = tiny_results
     for k in results["kernels"]:
@@ -100,6 +105,7 @@ def test_times_are_marked_unavailable_on_the_simulator(tiny_results):
     assert "times need a GPU" in bench.format_targets(results)
 
 
+@ON_SIMULATOR_ONLY
 def test_timing_is_refused_on_the_simulator():
     assert runtime.ON_SIMULATOR
     assert cuda.event().elapsed_time(cuda.event()) == -1       # the simulator's events record no time
@@ -113,7 +119,7 @@ def test_timing_is_refused_on_the_simulator():
 
 def test_the_roofline_png_is_written(tiny_results):
     results, out = tiny_results
-    png = out / "roofline-simulator.png"
+    png = out / f"roofline-{runtime.BACKEND}.png"
     assert results["files"]["png"] == str(png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
@@ -428,6 +434,7 @@ def test_formula_results_at_andrea_120m():
     assert "projection v3" in bench.format_table(results)
 
 
+@ON_SIMULATOR_ONLY
 def test_cli_lists_and_runs(tmp_path, capsys):
     assert bench.main(["--list"]) == 0
     listing = capsys.readouterr().out
@@ -439,6 +446,49 @@ def test_cli_lists_and_runs(tmp_path, capsys):
     assert (tmp_path / "bench-simulator.json").exists() and (tmp_path / "roofline-simulator.png").exists()
     with pytest.raises(ValueError, match=r"^only must name registry entries"):
         bench.run_bench(TINY, only=["nothing like it"], write=False, verbose=False)
+
+
+# --- The prepared GPU run (scripts/gpu_check.sh): only what can run without a GPU ------------
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def test_the_gpu_check_script_parses_and_lists_its_steps_within_eight_minutes():
+    subprocess.run(["bash", "-n", str(SCRIPTS / "gpu_check.sh")], check=True)
+    listed = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh"), "--dry-run"], check=True,
+                            capture_output=True, text=True).stdout.splitlines()
+    steps = [line.split()[0] for line in listed[:-1]]
+    assert steps == ["environment", "unit-tests", "notebooks", "bench", "kernel-report"]
+    budgets = [int(line.split()[1].rstrip("s")) for line in listed[:-1]]
+    assert sum(budgets) < 480 and listed[-1] == f"total budget: {sum(budgets)}s (under 8 minutes: yes)"
+    commands = "\n".join(listed)
+    assert "pip install" not in commands and "07_fused_attention.ipynb 09_performance.ipynb" in commands
+    assert "--batch 8 --heads 12 --T 1024 --d-k 64" in commands and "attention_lib.kernel_report" in commands
+
+
+def test_the_gpu_check_refuses_to_run_without_a_gpu(tmp_path):
+    fake_bin = tmp_path / "bin"                                 # an nvidia-smi that finds no GPU
+    fake_bin.mkdir()
+    (fake_bin / "nvidia-smi").write_text("#!/bin/sh\necho 'No devices were found' >&2\nexit 6\n")
+    (fake_bin / "nvidia-smi").chmod(0o755)
+    done = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh"), "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, env={"PATH": f"{fake_bin}:/usr/bin:/bin"})
+    assert done.returncode == 1 and "no NVIDIA GPU here" in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_gpu_check_summary_lists_steps_and_files(tmp_path):
+    (tmp_path / "steps.tsv").write_text("environment\t0\t2\t20\nbench\t124\t130\t130\n")
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "bench-gpu.json").write_text("{}")
+    done = subprocess.run([sys.executable, str(SCRIPTS / "gpu_check_environment.py"), "--summary", str(tmp_path)],
+                          check=True, capture_output=True, text=True)
+    summary = json.loads(done.stdout)
+    assert {"gpu", "driver", "versions", "date", "steps", "files"} <= set(summary)
+    assert summary["steps"][1] == {"step": "bench", "exit_status": 124, "seconds": 130, "budget_s": 130,
+                                   "ok": False, "over_budget": True}
+    assert summary["files"] == ["bench/bench-gpu.json", "steps.tsv"]
+    assert summary["versions"]["numpy"] == np.__version__
 
 
 # --- Notebook 09's exercise ----------------------------------------------------------------
