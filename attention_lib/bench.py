@@ -68,33 +68,10 @@ SIMULATOR_NO_TIMES = ("times need a GPU: on the simulator CUDA events record no 
                       "(elapsed_time returns -1) and kernels run as Python threads")
 
 
-class NumbaClock:
-    """start() / stop() around GPU work with two CUDA events (Numba's); stop() returns seconds.
-
-    The events are recorded in the GPU's stream, between the launches, so they time the GPU's
-    work, not the Python calls that queue it (a launch returns before its kernel has run).
-    """
-
-    def __init__(self):
-        if runtime.ON_SIMULATOR:
-            raise TimingUnavailable(SIMULATOR_NO_TIMES)
-        self.begin, self.end = cuda.event(), cuda.event()   # timing is on by default
-
-    def start(self):
-        self.begin.record()
-
-    def stop(self):
-        self.end.record()
-        self.end.synchronize()              # wait until the GPU has reached the end event
-        ms = self.begin.elapsed_time(self.end)
-        if ms < 0:
-            raise TimingUnavailable(SIMULATOR_NO_TIMES)
-        return ms / 1e3
-
-
 class EventClock:
-    """The same for another library's events: begin and end events with record() and
-    synchronize(), and elapsed_ms(begin, end)."""
+    """start() / stop() around GPU work with two CUDA events (begin, end; elapsed_ms(begin, end)
+    reads them); stop() returns seconds. Recorded in the GPU's stream, between the launches, they
+    time the GPU's work, not the Python calls that queue it (a launch returns before it has run)."""
 
     def __init__(self, begin, end, elapsed_ms):
         self.begin, self.end, self.elapsed_ms = begin, end, elapsed_ms
@@ -104,8 +81,25 @@ class EventClock:
 
     def stop(self):
         self.end.record()
-        self.end.synchronize()
+        self.end.synchronize()              # wait until the GPU has reached the end event
         return self.elapsed_ms(self.begin, self.end) / 1e3
+
+
+class NumbaClock(EventClock):
+    """An EventClock on Numba's CUDA events; it refuses on the simulator, whose events record
+    no time (elapsed_time returns -1)."""
+
+    def __init__(self):
+        if runtime.ON_SIMULATOR:
+            raise TimingUnavailable(SIMULATOR_NO_TIMES)
+        super().__init__(cuda.event(), cuda.event(), self.elapsed_ms)
+
+    @staticmethod
+    def elapsed_ms(begin, end):
+        ms = begin.elapsed_time(end)
+        if ms < 0:
+            raise TimingUnavailable(SIMULATOR_NO_TIMES)
+        return ms
 
 
 def library_clock(key, library):
@@ -116,36 +110,37 @@ def library_clock(key, library):
     return EventClock(library.cuda.Event(), library.cuda.Event(), library.cuda.get_elapsed_time)
 
 
-def _sample(work, clock, inner):
+def sample(work, clock, inner):
+    """Seconds per run of `work`: `inner` runs back to back between one start() and stop()."""
     clock.start()
     for _ in range(inner):                  # queued back to back: the GPU never waits for Python
         work()
     return clock.stop() / inner
 
 
-def measure(work, clock, warmup=3, repeats=20, max_seconds=2.0, inner=None):
-    """Time `work()` with `clock` -> dict of seconds per run of `work`.
+def spread(times):
+    """Median, quartiles, IQR (75th minus 25th percentile), min, max and count of `times`."""
+    q1, median, q3 = np.percentile(times, [25, 50, 75])
+    return {"median_s": float(median), "q1_s": float(q1), "q3_s": float(q3), "iqr_s": float(q3 - q1),
+            "min_s": float(min(times)), "max_s": float(max(times)), "runs": len(times)}
 
-    `warmup` untimed runs first (the first compiles, the next fill caches and raise clocks).
-    Each timed sample is `inner` runs back to back between one start() and stop(), divided by
-    `inner`: a launch costs tens of microseconds of Python, which a single run between two
-    events would count as GPU time. inner=None picks it from one run, so that a sample lasts
-    about SAMPLE_SECONDS. Stops after `repeats` samples, or once `max_seconds` have been
-    measured (at least 5). The median ignores the odd slow sample; the IQR (75th minus 25th
-    percentile) says how much the middle half spread. single_s: one run between its own events.
+
+def measure(work, clock, warmup=3, repeats=20, max_seconds=2.0, inner=None):
+    """Time `work()` with `clock` -> spread() of the seconds per run, `inner` and `single_s`.
+
+    Warm-up runs first; then one run alone (single_s, Python's launch cost included); then
+    samples of `inner` runs back to back (None: enough to last about SAMPLE_SECONDS), until
+    `repeats` samples or `max_seconds` measured (at least 5 samples).
     """
-    for _ in range(warmup):
-        _sample(work, clock, 1)
-    single = _sample(work, clock, 1)
+    for _ in range(warmup):                 # compile, fill caches, let the clocks rise
+        sample(work, clock, 1)
+    single = sample(work, clock, 1)
     if inner is None:
         inner = max(1, min(MAX_INNER, math.ceil(SAMPLE_SECONDS / single))) if single > 0 else MAX_INNER
     times = []
     while len(times) < repeats and (len(times) < 5 or sum(times) * inner < max_seconds):
-        times.append(_sample(work, clock, inner))
-    q1, median, q3 = np.percentile(times, [25, 50, 75])
-    return {"median_s": float(median), "q1_s": float(q1), "q3_s": float(q3), "iqr_s": float(q3 - q1),
-            "min_s": float(min(times)), "max_s": float(max(times)), "runs": len(times), "inner": inner,
-            "single_s": float(single)}
+        times.append(sample(work, clock, inner))
+    return {**spread(times), "inner": inner, "single_s": float(single)}
 
 
 def time_launches(launches, warmup=3, repeats=20, max_seconds=2.0, clock=None, inner=None):
