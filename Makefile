@@ -48,3 +48,10 @@ bench: $(INSTALLED)
 .PHONY: gpu-check
 gpu-check:
 	bash scripts/gpu_check.sh $(GPU_CHECK_FLAGS)
+
+# What the compiler makes of every kernel at GPU block sizes (registers, local memory, shared
+# memory, warps per SM on an H200, the hot loop's instructions), without a GPU. Fails when a
+# kernel declared FAST breaks its floors. E.g. make kernel-report REPORT_FLAGS="--json report.json"
+.PHONY: kernel-report
+kernel-report: $(INSTALLED)
+	$(BIN)/python -m attention_lib.kernel_report $(REPORT_FLAGS)
