@@ -577,126 +577,125 @@ def test_planted_mistakes_get_their_diagnosis(answer, diagnosis, says):
 from attention_lib.checks.ex09_performance import D, compiled_report  # noqa: E402
 
 
-@cuda.jit
-def rows_in_local_memory(q, k, out):                     # the kernel the student starts from
-    i = cuda.grid(1)
-    if i >= q.shape[0]:
-        return
-    q_row = cuda.local.array(D, float32)
-    for c in range(q.shape[1]):
-        q_row[c] = q[i, c]
-    for j in range(k.shape[0]):
-        acc = float32(0.0)
+def planted_kernels():
+    """The solution and the typical mistakes. Defined inside a function, as a notebook's would be
+    by a cell, so that the kernel report recompiles them from their source."""
+    @cuda.jit
+    def rows_in_local_memory(q, k, out):                 # the kernel the student starts from
+        i = cuda.grid(1)
+        if i >= q.shape[0]:
+            return
+        q_row = cuda.local.array(D, float32)
         for c in range(q.shape[1]):
-            acc += q_row[c] * k[j, c]
-        out[i, j] = acc
+            q_row[c] = q[i, c]
+        for j in range(k.shape[0]):
+            acc = float32(0.0)
+            for c in range(q.shape[1]):
+                acc += q_row[c] * k[j, c]
+            out[i, j] = acc
 
-
-@cuda.jit
-def rows_in_registers(q, k, out):                        # the reference solution
-    i = cuda.grid(1)
-    if i >= q.shape[0]:
-        return
-    q_row = cuda.local.array(D, float32)
-    for c in range(D):
-        q_row[c] = q[i, c]
-    for j in range(k.shape[0]):
-        acc = float32(0.0)
+    @cuda.jit
+    def rows_in_registers(q, k, out):                    # the reference solution
+        i = cuda.grid(1)
+        if i >= q.shape[0]:
+            return
+        q_row = cuda.local.array(D, float32)
         for c in range(D):
-            acc += q_row[c] * k[j, c]
-        out[i, j] = acc
+            q_row[c] = q[i, c]
+        for j in range(k.shape[0]):
+            acc = float32(0.0)
+            for c in range(D):
+                acc += q_row[c] * k[j, c]
+            out[i, j] = acc
 
-
-@cuda.jit
-def rows_in_float64(q, k, out):                          # registers, but a float64 accumulator
-    i = cuda.grid(1)
-    if i >= q.shape[0]:
-        return
-    q_row = cuda.local.array(D, float32)
-    for c in range(D):
-        q_row[c] = q[i, c]
-    for j in range(k.shape[0]):
-        acc = 0.0
+    @cuda.jit
+    def rows_in_float64(q, k, out):                      # registers, but a float64 accumulator
+        i = cuda.grid(1)
+        if i >= q.shape[0]:
+            return
+        q_row = cuda.local.array(D, float32)
         for c in range(D):
-            acc += q_row[c] * k[j, c]
-        out[i, j] = acc
+            q_row[c] = q[i, c]
+        for j in range(k.shape[0]):
+            acc = 0.0
+            for c in range(D):
+                acc += q_row[c] * k[j, c]
+            out[i, j] = acc
 
-
-@cuda.jit
-def rows_half_loaded(q, k, out):                         # registers, but half of q's row copied
-    i = cuda.grid(1)
-    if i >= q.shape[0]:
-        return
-    q_row = cuda.local.array(D, float32)
-    for c in range(D):
-        q_row[c] = q[i, c] if c < D // 2 else float32(0.0)
-    for j in range(k.shape[0]):
-        acc = float32(0.0)
+    @cuda.jit
+    def rows_half_loaded(q, k, out):                     # registers, but half of q's row copied
+        i = cuda.grid(1)
+        if i >= q.shape[0]:
+            return
+        q_row = cuda.local.array(D, float32)
         for c in range(D):
-            acc += q_row[c] * k[j, c]
-        out[i, j] = acc
+            q_row[c] = q[i, c] if c < D // 2 else float32(0.0)
+        for j in range(k.shape[0]):
+            acc = float32(0.0)
+            for c in range(D):
+                acc += q_row[c] * k[j, c]
+            out[i, j] = acc
 
-
-@cuda.jit
-def rows_unguarded(q, k, out):                           # no bounds guard: the last block overruns
-    i = cuda.grid(1)
-    q_row = cuda.local.array(D, float32)
-    for c in range(D):
-        q_row[c] = q[i, c]
-    for j in range(k.shape[0]):
-        acc = float32(0.0)
+    @cuda.jit
+    def rows_unguarded(q, k, out):                       # no bounds guard: the last block overruns
+        i = cuda.grid(1)
+        q_row = cuda.local.array(D, float32)
         for c in range(D):
-            acc += q_row[c] * k[j, c]
-        out[i, j] = acc
+            q_row[c] = q[i, c]
+        for j in range(k.shape[0]):
+            acc = float32(0.0)
+            for c in range(D):
+                acc += q_row[c] * k[j, c]
+            out[i, j] = acc
+
+    @cuda.jit
+    def rows_not_written(q, k, out):
+        raise NotImplementedError()
+
+    return {f.py_func.__name__: f for f in (rows_in_local_memory, rows_in_registers, rows_in_float64,
+                                            rows_half_loaded, rows_unguarded, rows_not_written)}
 
 
-@cuda.jit
-def rows_not_written(q, k, out):
-    raise NotImplementedError()
+PLANTED = planted_kernels()
 
 
-NEEDS_PTXAS = pytest.mark.skipif(compiled_report.__globals__["_ptxas"]() is None,
-                                 reason="needs ptxas (the compile extra)")
-
-
-@NEEDS_PTXAS
-def test_the_compiler_report_tells_local_memory_from_registers():
-    spilled, kept = compiled_report(rows_in_local_memory), compiled_report(rows_in_registers)
+def test_the_kernel_report_tells_local_memory_from_registers():
+    spilled, kept = compiled_report(PLANTED["rows_in_local_memory"]), compiled_report(PLANTED["rows_in_registers"])
     assert spilled["stack_bytes"] == 4 * D and kept["stack_bytes"] == 0      # the whole q_row, or nothing
-    assert kept["registers"] > D and spilled["f64_instructions"] == kept["f64_instructions"] == 0
-    assert compiled_report(rows_in_float64)["f64_instructions"] > D
+    assert spilled["hot_loop"]["local"] > 0 and kept["hot_loop"]["local"] == 0
+    assert kept["registers"] > D and kept["hot_loop"]["ffma"] == D           # the inner loop, unrolled
 
 
-@NEEDS_PTXAS
 def test_the_registers_solution_passes(capsys):
-    result = check("09_registers", rows_in_registers)
+    result = check("09_registers", PLANTED["rows_in_registers"])
     assert result.passed and result.diagnosis == "ok", result.message
     assert capsys.readouterr().out.startswith("✔ 09_registers [ok]")
 
 
-@NEEDS_PTXAS
-@pytest.mark.parametrize("answer, diagnosis, says", [
-    (rows_in_local_memory, "still_local_memory", f"{4 * D} bytes of stack frame"),
-    (rows_in_float64, "float64_arithmetic", "float64 instructions"),
+@pytest.mark.parametrize("name, diagnosis, says", [
+    ("rows_in_local_memory", "still_local_memory", f"{4 * D} bytes of stack frame"),
+    ("rows_in_float64", "float64_arithmetic", "no float32 multiply-add (FFMA)"),
+    ("rows_half_loaded", "wrong_values", "at T_q = 1, T_k = 1, D = 64: 1 of 1 entries differ"),
+    ("rows_unguarded", "out_of_bounds", "Guard the index"),
+    ("rows_not_written", "not_implemented", "not implemented yet"),
 ])
-def test_planted_compiler_mistakes_get_their_diagnosis(answer, diagnosis, says):
-    result = check("09_registers", answer, verbose=False)
+def test_planted_mistakes_of_the_registers_exercise_get_their_diagnosis(name, diagnosis, says):
+    result = check("09_registers", PLANTED[name], verbose=False)
     assert (result.passed, result.diagnosis) == (False, diagnosis) and says in result.message, result.message
+    assert "\n" not in str(result)
 
 
-@pytest.mark.parametrize("answer, diagnosis, says", [
-    (rows_half_loaded, "wrong_values", "at T_q = 1, T_k = 1, D = 64: 1 of 1 entries differ"),
-    (rows_unguarded, "out_of_bounds", "Guard the index"),
-    (rows_not_written, "not_implemented", "not implemented yet"),
-    (rows_in_registers.py_func, "not_a_kernel", "decorate it with @cuda.jit"),
-])
-def test_planted_value_mistakes_get_their_diagnosis(answer, diagnosis, says):
-    result = check("09_registers", answer, verbose=False)
-    assert (result.passed, result.diagnosis) == (False, diagnosis) and says in result.message, result.message
+def test_a_plain_function_is_not_a_kernel():
+    result = check("09_registers", PLANTED["rows_in_registers"].py_func, verbose=False)
+    assert result.diagnosis == "not_a_kernel" and "decorate it with @cuda.jit" in result.message
 
 
 def test_no_compiler_is_said_in_one_line(monkeypatch):
-    monkeypatch.setitem(compiled_report.__globals__, "_ptxas", lambda: None)
-    result = check("09_registers", rows_in_registers, verbose=False)
+    from attention_lib import kernel_report
+
+    def no_ptxas(*args, **kwargs):
+        raise FileNotFoundError("ptxas is not installed: install the course's compile extra")
+    monkeypatch.setattr(kernel_report, "report_kernel", no_ptxas)
+    result = check("09_registers", PLANTED["rows_in_registers"], verbose=False)
     assert result.diagnosis == "not_compiled" and "install the course's compile extra" in result.message
     assert "\n" not in str(result)

@@ -15,8 +15,8 @@ rounded-down division (right only when the sizes are multiples of the tile).
 The main exercise, ``09_registers``: a kernel ``(q, k, out)`` computing out[i, j] = q[i] . k[j]
 for q (T_q, D), k (T_k, D), one thread per query row holding its row of q in a
 ``cuda.local.array``, written so that the array lives in registers. It is judged on values
-(random data, awkward sizes) and then by what the compiler makes of it for sm_90
-(``compiled_report``: ptxas's stack frame must be 0 bytes, the PTX free of float64). Diagnoses:
+(random data, awkward sizes) and then by its row of the kernel report for sm_90
+(``compiled_report``: a stack frame of 0 bytes, float32 multiply-adds in the hot loop). Diagnoses:
 ``still_local_memory`` (a stack frame left: an index the compiler cannot know),
 ``float64_arithmetic`` (an accumulator typed float64), ``not_compiled`` (no compiler here, or the
 kernel does not compile for a GPU), besides the engine's.
@@ -114,85 +114,21 @@ register(Exercise(
 # bound the compiler knows (ANDREA-120M's d_k).
 D = 64
 ROWS_PER_BLOCK = 32
-# What the compiled kernel is judged by: ptxas's report for an H100 / H200 (sm_90).
-ARCH = (9, 0)
-# The sizes tried, (T_q, T_k), then the compiler's report.
+# The sizes tried, (T_q, T_k), then what the compiler makes of the kernel for an H100 / H200.
 ROW_CASES = [(1, 1), (7, 19), (33, 5)]
-COMPILED = "the compiler's report for sm_90"
-
-_COMPILE_SCRIPT = r"""
-import json, math, os, sys
-os.environ["NUMBA_ENABLE_CUDASIM"] = "0"          # compile for a real GPU, none needed
-from types import SimpleNamespace
-import numpy as np
-from numba import cuda, float32, int32, uint32, types
-from numba.cuda import dispatcher
-dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=tuple(ARCH))
-namespace = {"cuda": cuda, "float32": float32, "int32": int32, "uint32": uint32, "math": math, "np": np}
-namespace.update(CONSTANTS)
-exec(compile(SOURCE, "<answer>", "exec"), namespace)
-array = types.float32[:, ::1]
-ptx, _ = cuda.compile_ptx(namespace[NAME].py_func, (array, array, array), cc=tuple(ARCH))
-sys.stdout.write(ptx)
-"""
+COMPILED = "the kernel report for sm_90"
+ARGUMENT_TYPES = ["array(float32, 2d, C)"] * 3          # q, k, out
 
 
-def _ptxas():
-    """The path of NVIDIA's assembler: the nvidia-cuda-nvcc wheel's (the version that matches
-    numba-cuda's NVVM, which the compile extra pins) before any on PATH."""
-    import importlib.util
-    import shutil
-    from pathlib import Path
-    spec = importlib.util.find_spec("nvidia")
-    for root in ([] if spec is None else list(spec.submodule_search_locations)):
-        found = next((str(p) for p in sorted(Path(root).glob("*/bin/ptxas"))), None)
-        if found:
-            return found
-    return shutil.which("ptxas")
-
-
-def compiled_report(kernel, arch=ARCH):
-    """What the compiler makes of a three-argument float32 kernel (q, k, out all 2-D) for `arch`.
-
-    -> {"registers", "stack_bytes", "f64_instructions"}, or {"error": one line} when it cannot
-    be compiled here. The kernel's source is compiled in a fresh Python with the simulator off
-    (the compile needs no GPU, only numba-cuda's toolkit extra) together with the numeric
-    module-level constants it names, then assembled by ptxas -v.
-    """
-    import inspect
-    import json
-    import os
-    import re
-    import subprocess
-    import sys
-    import tempfile
-    function = kernel.py_func
-    constants = {name: function.__globals__[name] for name in function.__code__.co_names
-                 if isinstance(function.__globals__.get(name), (int, float)) and
-                 not isinstance(function.__globals__.get(name), bool)}
-    source = inspect.getsource(function)
-    script = (f"ARCH = {list(arch)}\nCONSTANTS = {json.dumps(constants)}\nNAME = {function.__name__!r}\n"
-              f"SOURCE = {source!r}\n" + _COMPILE_SCRIPT)
-    ptxas = _ptxas()
-    if ptxas is None:
-        return {"error": "no ptxas here: install the course's compile extra (nvidia-cuda-nvcc)"}
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        return {"error": f"it does not compile for a GPU: {last}"}
-    with tempfile.TemporaryDirectory() as folder:
-        ptx = os.path.join(folder, "answer.ptx")
-        with open(ptx, "w") as file:
-            file.write(done.stdout)
-        assembled = subprocess.run([ptxas, f"-arch=sm_{arch[0]}{arch[1]}", "-O3", "-v", ptx, "-o", os.devnull],
-                                   capture_output=True, text=True)
-    info = assembled.stderr + assembled.stdout
-    if assembled.returncode != 0:
-        return {"error": f"ptxas refused the PTX: {(info.strip().splitlines() or ['no message'])[0]}"}
-    return {"registers": int(re.search(r"Used (\d+) registers", info).group(1)),
-            "stack_bytes": int(re.search(r"(\d+) bytes stack frame", info).group(1)),
-            "f64_instructions": len(re.findall(r"^\s*[a-z][\w.]*\.f64\b", done.stdout, re.MULTILINE))}
+def compiled_report(kernel):
+    """The kernel report's row for a (q, k, out) kernel at sm_90, or {"error": one line} when it
+    cannot be made here (no compiler installed, or a kernel that does not compile for a GPU)."""
+    from attention_lib import kernel_report
+    try:
+        return kernel_report.report_kernel(kernel, ARGUMENT_TYPES, ROWS_PER_BLOCK, arch="sm_90")
+    except Exception as error:  # the compiler's own error, whatever its class
+        lines = str(error).strip().splitlines() or [type(error).__name__]
+        return {"error": f"{type(error).__name__}: {lines[-1]}"}
 
 
 def launch_row_scores(kernel, q, k):
@@ -211,7 +147,8 @@ def _run_rows(kernel, case, rng):
         report = compiled_report(kernel)
         if "error" in report:
             return np.array([np.inf, np.inf]), np.zeros(2), report
-        return np.array([report["stack_bytes"], report["f64_instructions"]], float), np.zeros(2), report
+        float64 = report["hot_loop"]["ffma"] == 0          # double-precision multiply-adds instead
+        return np.array([report["stack_bytes"], float(float64)]), np.zeros(2), report
     t_q, t_k = case
     q = rng.standard_normal((t_q, D)).astype(np.float32)
     k = rng.standard_normal((t_k, D)).astype(np.float32)
@@ -230,9 +167,10 @@ def _diagnose_rows(got, expected, report):
             f"(local memory, in device DRAM) and {report['registers']} registers: some index into the "
             "local array is still unknown when the kernel is compiled")
     return "float64_arithmetic", (
-        f"no local memory left ({report['registers']} registers), but the PTX has "
-        f"{report['f64_instructions']} float64 instructions: a number typed as float64 makes every "
-        "multiply-add double precision (64 times slower than float32 on many GPUs); keep it float32")
+        f"no local memory left ({report['registers']} registers), but the hot loop has no float32 "
+        f"multiply-add (FFMA) among its {report['hot_loop']['total']} instructions: a number typed as "
+        "float64 (a plain 0.0) makes every multiply-add double precision, far slower on most GPUs; "
+        "keep the arithmetic float32")
 
 
 register(Exercise(
