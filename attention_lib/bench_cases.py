@@ -6,6 +6,11 @@ its output is checked against (``reference``, with a tolerance that grows with t
 the sums involved), and the same work done by PyTorch or CuPy (``baselines``). ``TARGETS``
 holds the course's speed targets. The traffic each kernel requests, counted and by formula,
 is ``attention_lib.traffic``'s business; timing and reporting are ``attention_lib.bench``'s.
+
+FLOPs: a multiply-add is 2; the scale of the scores 1 per score; a softmax 5 per score (max,
+subtract, exp, add, multiply); attention 4 d_k per visible (query, key) pair, as FlashAttention's
+benchmarks count it, so that causal attention does half the work of full attention. Ideal bytes:
+every input read once and every output written once, 4 bytes per float32.
 """
 
 import math

@@ -20,7 +20,6 @@ with the GPU's tile sizes whatever the backend. tests/test_bench.py checks those
 
 import datetime
 import math
-from contextlib import contextmanager
 from dataclasses import asdict
 
 import numpy as np
@@ -139,21 +138,16 @@ def _weighted_sum(version):
     return formula
 
 
-def _flash(version, gpu=False):
+def _flash(version):
     def formula(m, s):
-        options = {"block_q": m.BLOCK_Q_GPU} if gpu and version == 2 else {}
-        per_head = m.flash_traffic(s.T, s.T, s.d_k, causal=True, version=version, **options)
+        per_head = m.flash_traffic(s.T, s.T, s.d_k, causal=True, version=version)
         return s.BH * (per_head["q"] + per_head["k"] + per_head["v"]), s.BH * per_head["out"]
     return formula
 
 
-def _decode(version, gpu=False):
+def _decode(version):
     def formula(m, s):
-        chunk = getattr(m, "KEYS_PER_CHUNK_GPU", None) if gpu else None
-        if gpu and version == 2 and chunk is None:
-            raise AttributeError("kv_cache has no KEYS_PER_CHUNK_GPU: the GPU's chunk of keys is unknown")
-        with _constant(m, "KEYS_PER_CHUNK", chunk):
-            traffic = m.decode_traffic(s.T, s.BH, s.d_k, version)
+        traffic = m.decode_traffic(s.T, s.BH, s.d_k, version)
         loads = sum(l for arrays in traffic.values() for l, _ in arrays.values())
         stores = sum(st for arrays in traffic.values() for _, st in arrays.values())
         return loads, stores
@@ -170,26 +164,10 @@ BENCH_FORMULAS = {
     **{f"flash v{v}": _flash(v) for v in (1, 2)},
     **{f"decode v{v}": _decode(v) for v in (1, 2)},
 }
-# The same at the GPU's configuration where a tile size differs between the backends.
-GPU_FORMULAS = {**BENCH_FORMULAS, "flash v2": _flash(2, gpu=True), "decode v2": _decode(2, gpu=True)}
 
 
-@contextmanager
-def _constant(module, name, value):
-    """module.<name> = value for the length of the block (value None: left as it is)."""
-    if value is None:
-        yield
-        return
-    before = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, before)
-
-
-def _formula(formulas, entry, module, sizes, result):
-    formula = formulas.get(entry.name)
+def _formula(entry, module, sizes, result):
+    formula = BENCH_FORMULAS.get(entry.name)
     if formula is None:
         return None
     try:
@@ -215,7 +193,7 @@ def count_entry(entry, module, sizes, launches, result):
     }
     counted["intensity"] = result["flops"] / counted["global_bytes"] if counted["global_bytes"] else None
     result["counted"] = counted
-    formula = _formula(BENCH_FORMULAS, entry, module, sizes, result)
+    formula = _formula(entry, module, sizes, result)
     if formula is not None:
         result["formula_matches"] = (formula["global_loads"] == counted["global_loads"]
                                      and formula["global_stores"] == counted["global_stores"])
@@ -224,13 +202,24 @@ def count_entry(entry, module, sizes, launches, result):
 def formula_results(sizes=None, only=None):
     """What can be known without running anything, at `sizes` (default ANDREA-120M): FLOPs, ideal
     bytes, intensity and, where an entry has a traffic formula, the loads and stores count_memory
-    would count, with the GPU's tile sizes on either backend. A results dict (backend "formula")
-    that plotting.plot_bench_roofline draws. The formulas are checked against count_memory at
-    small sizes (tests/test_bench.py, notebook 09)."""
+    would count, with the GPU's tile sizes whatever the backend (on the simulator it asks a fresh
+    Python with ATTENTION_LIB_SHAPES=gpu). A results dict (backend "formula") that
+    plotting.plot_bench_roofline draws. The formulas are checked against count_memory at small
+    sizes (tests/test_bench.py, notebook 09)."""
     import importlib
+    import json
+    import os
+    import subprocess
+    import sys
 
     from attention_lib import bench, runtime
     sizes = bench.BenchSizes.of(runtime.ANDREA_120M) if sizes is None else sizes
+    if runtime.SIMULATOR_SHAPES:                # the stage modules hold the simulator's tile sizes
+        ask = (f"import json, attention_lib; from attention_lib import bench, traffic; print(json.dumps("
+               f"traffic.formula_results(bench.BenchSizes(*{list(asdict(sizes).values())}), {only!r})))")
+        done = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True, check=True,
+                              env={**os.environ, "ATTENTION_LIB_SHAPES": runtime.GPU})
+        return json.loads(done.stdout.strip().splitlines()[-1])
     kernels, skipped = [], []
     for entry in bench.select(only):
         missing = entry.missing()
@@ -241,7 +230,7 @@ def formula_results(sizes=None, only=None):
         result = bench.new_result(entry)
         flops, ideal = int(entry.flops(sizes)), int(entry.ideal_bytes(sizes))
         result.update({"flops": flops, "ideal_bytes": ideal, "intensity": flops / ideal if ideal else None})
-        formula = _formula(GPU_FORMULAS, entry, module, sizes, result)
+        formula = _formula(entry, module, sizes, result)
         if formula is not None:
             moved = BYTES * (formula["global_loads"] + formula["global_stores"])
             result["counted"] = {**formula, "global_bytes": moved, "intensity": flops / moved if moved else None}
@@ -250,4 +239,4 @@ def formula_results(sizes=None, only=None):
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "versions": bench.versions(), "sizes": {**asdict(sizes), "d_model": sizes.d_model},
             "timing": None, "kernels": kernels, "skipped": skipped, "failed": [],
-            "targets": bench.targets(kernels, sizes, None), "notes": ["by formula, nothing was run"]}
+            "targets": bench.targets(kernels, sizes, None), "notes": ["by formula, with the GPU's tile sizes"]}

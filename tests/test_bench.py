@@ -418,7 +418,7 @@ def test_recording_launches_records_every_launch_and_restores_the_kernel_class(r
 
 
 def test_formula_results_at_andrea_120m():
-    results = traffic.formula_results(only=["projection", "flash v2", "softmax v1"])
+    results = traffic.formula_results(only=["projection", "flash v2", "softmax v1", "decode v2"])
     by_name = {k["name"]: k for k in results["kernels"]}
     v1, v3 = by_name["projection v1"], by_name["projection v3"]
     # x (8192, 768) @ W_qkv (768, 2304): 2 * 8192 * 768 * 2304 FLOPs over x, W_qkv and out once
@@ -431,6 +431,10 @@ def test_formula_results_at_andrea_120m():
     # up to each block's last visible key, writes out once; 1024 / 32 = 32 blocks per head.
     keys = sum(min(1024, q0 + 32) for q0 in range(0, 1024, 32))
     assert by_name["flash v2"]["counted"]["global_loads"] == 96 * 64 * (1024 + 2 * keys)
+    # decode v2 with the GPU's chunks of 64 keys: 16 chunks; q read once per chunk, the merge reads
+    # m twice, l and acc once per chunk and component; every key and value read once.
+    assert by_name["decode v2"]["counted"]["global_loads"] == 96 * 64 * 16 * 5 + 2 * 96 * 1024 * 64
+    assert results["notes"] == ["by formula, with the GPU's tile sizes"]
     assert "projection v3" in bench.format_table(results)
 
 
