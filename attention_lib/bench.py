@@ -236,7 +236,7 @@ def bench_entry(entry, sizes, inputs, count, clock=None, libraries=None, warmup=
         "blocks": sum(l.blocks for l in launches), "threads": sum(l.threads for l in launches)})
     flops, ideal = int(entry.flops(sizes)), int(entry.ideal_bytes(sizes))
     result.update({"flops": flops, "ideal_bytes": ideal, "intensity": flops / ideal if ideal else None})
-    want, tol = entry.reference(arrays, sizes), entry.tolerance(sizes)
+    want, tol = inputs.reference(entry, arrays), entry.tolerance(sizes)
     result["check"] = compare(got, want, tol)
     if not result["check"]["ok"]:
         raise WrongResult(f"output differs from the reference: max error {result['check']['max_abs_error']}"

@@ -70,7 +70,13 @@ class Inputs:
     1/sqrt(fan-in), so values stay of order 1."""
 
     def __init__(self, sizes, seed=0):
-        self.s, self.rng, self._made = sizes, np.random.default_rng(seed), {}
+        self.s, self.rng, self._made, self._references = sizes, np.random.default_rng(seed), {}, {}
+
+    def reference(self, entry, arrays):
+        """entry.reference(arrays, sizes), computed once per reference function."""
+        if entry.reference not in self._references:
+            self._references[entry.reference] = entry.reference(arrays, self.s)
+        return self._references[entry.reference]
 
     def get(self, *names):
         """{name: array} for the inputs named (see _make below)."""
@@ -180,6 +186,29 @@ def _prepare_decode(version):
         cache.append(i["k"], i["v"])
         return (lambda: m.decode_step(i["q1"], cache, version=version)), i
     return prepare
+
+
+# References shared by the versions of a stage (module-level functions, so that the bench
+# computes each once per size: at ANDREA-120M a float64 attention takes seconds).
+
+def _projection_reference(i, s):
+    return reference.project(i["x"], i["w"])
+
+
+def _scores_reference(i, s):
+    return reference.scores(i["q"], i["k"])
+
+
+def _softmax_reference(i, s):
+    return reference.softmax(i["masked"])
+
+
+def _weighted_sum_reference(i, s):
+    return reference.weighted_sum(i["a"], i["v"])
+
+
+def _attention_reference(i, s):
+    return reference.attention(i["q"], i["k"], i["v"])
 
 
 def _decode_reference(i, s):
@@ -329,14 +358,14 @@ def _build_registry():
             _call("project", "x", "w", version=v),
             lambda s: 2 * s.rows * s.d_model * 3 * s.d_model,
             lambda s: BYTES * (s.rows * s.d_model + s.d_model * 3 * s.d_model + s.rows * 3 * s.d_model),
-            lambda i, s: reference.project(i["x"], i["w"]), lambda s: s.d_model, matmul, version=v))
+            _projection_reference, lambda s: s.d_model, matmul, version=v))
     for v, how in [(1, "one thread per score"), (2, "tiled")]:
         entries.append(Entry(
             f"scores v{v}", "scores", "02", f"q k^T / sqrt(d_k) for B*H heads, {how}",
             _call("scores", "q", "k", version=v),
             lambda s: s.BH * s.T * s.T * (2 * s.d_k + 1),
             lambda s: BYTES * (2 * s.BH * s.T * s.d_k + s.BH * s.T * s.T),
-            lambda i, s: reference.scores(i["q"], i["k"]), lambda s: s.d_k, scores_peer, version=v))
+            _scores_reference, lambda s: s.d_k, scores_peer, version=v))
     entries.append(Entry(
         "mask v1", "mask", "03", "causal mask in place on (B*H, T, T) scores",
         _call("apply_causal_mask", "s"),
@@ -354,20 +383,20 @@ def _build_registry():
             f"softmax v{v}", "softmax", "04", f"row softmax of (B*H*T, T) masked scores, {how}",
             _call("softmax", "masked", version=v),
             lambda s: 5 * s.BH * s.T * s.T, lambda s: BYTES * 2 * s.BH * s.T * s.T,
-            lambda i, s: reference.softmax(i["masked"]), lambda s: s.T, {"torch": _torch_softmax}, version=v))
+            _softmax_reference, lambda s: s.T, {"torch": _torch_softmax}, version=v))
     for v, how in [(1, "one launch per head"), (2, "tiled, all heads in one launch")]:
         entries.append(Entry(
             f"weighted_sum v{v}", "weighted_sum", "05", f"A (B*H, T, T) @ V (B*H, T, d_k), {how}",
             _call("weighted_sum", "a", "v", version=v),
             lambda s: 2 * s.BH * s.T * s.T * s.d_k,
             lambda s: BYTES * (s.BH * s.T * s.T + 2 * s.BH * s.T * s.d_k),
-            lambda i, s: reference.weighted_sum(i["a"], i["v"]), lambda s: s.T, av, version=v))
+            _weighted_sum_reference, lambda s: s.T, av, version=v))
     entries.append(Entry(
         "attention pipeline", "attention", "05",
         "causal attention of B*H heads: scores, softmax, weighted sum (3 launches)",
         _call("attention", "q", "k", "v", causal=True),
         attention_flops, lambda s: BYTES * 4 * s.BH * s.T * s.d_k,
-        lambda i, s: reference.attention(i["q"], i["k"], i["v"]), lambda s: s.T * s.d_k, sdpa))
+        _attention_reference, lambda s: s.T * s.d_k, sdpa))
     entries.append(Entry(
         "multihead layer", "multihead", "06", "a whole layer: fused QKV, split, attention, merge, W_O",
         _prepare_layer,
@@ -380,7 +409,7 @@ def _build_registry():
             f"flash v{v}", "flash", "07", f"fused causal attention of B*H heads, {how}",
             _call("flash_attention", "q", "k", "v", causal=True, version=v),
             attention_flops, lambda s: BYTES * 4 * s.BH * s.T * s.d_k,
-            lambda i, s: reference.attention(i["q"], i["k"], i["v"]), lambda s: s.T * s.d_k, sdpa, version=v))
+            _attention_reference, lambda s: s.T * s.d_k, sdpa, version=v))
     for v, how in [(1, "one thread per head"), (2, "split over the cache, then merged")]:
         entries.append(Entry(
             f"decode v{v}", "kv_cache", "08", f"one new query per head against T cached keys and values, {how}",

@@ -36,11 +36,11 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 # name | budget in seconds | command (run with bash -c, from the repository root)
 STEPS=(
-    "environment|20|nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > \"\$OUT/gpu.csv\"; nvidia-smi > \"\$OUT/nvidia-smi.txt\"; \"\$PYTHON\" scripts/gpu_check_environment.py > \"\$OUT/environment.json\""
-    "unit-tests|170|\"\$PYTHON\" -m pytest -q tests --durations=10 --junitxml=\"\$OUT/tests.xml\" > \"\$OUT/tests.txt\" 2>&1"
-    "notebooks|110|mkdir -p \"\$OUT/notebooks\" && cd notebooks && \"\$PYTHON\" -m jupyter nbconvert --to notebook --execute --ExecutePreprocessor.timeout=100 --output-dir \"\$OUT/notebooks\" 07_fused_attention.ipynb 09_performance.ipynb > \"\$OUT/notebooks.txt\" 2>&1"
+    "environment|15|nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > \"\$OUT/gpu.csv\"; nvidia-smi > \"\$OUT/nvidia-smi.txt\"; \"\$PYTHON\" scripts/gpu_check_environment.py > \"\$OUT/environment.json\""
+    "unit-tests|150|\"\$PYTHON\" -m pytest -q tests --durations=10 --junitxml=\"\$OUT/tests.xml\" > \"\$OUT/tests.txt\" 2>&1"
+    "notebooks|140|mkdir -p \"\$OUT/notebooks\" && cd notebooks && \"\$PYTHON\" -m jupyter nbconvert --to notebook --execute --ExecutePreprocessor.timeout=120 --output-dir \"\$OUT/notebooks\" 07_fused_attention.ipynb 09_performance.ipynb > \"\$OUT/notebooks.txt\" 2>&1"
     "bench|130|\"\$PYTHON\" -m attention_lib.bench --batch 8 --heads 12 --T 1024 --d-k 64 --repeats 10 --max-seconds 1 --out \"\$OUT/bench\" > \"\$OUT/bench.txt\" 2>&1"
-    "kernel-report|40|\"\$PYTHON\" -m attention_lib.kernel_report --json \"\$OUT/kernel_report.json\" > \"\$OUT/kernel_report.txt\" 2>&1"
+    "kernel-report|35|\"\$PYTHON\" -m attention_lib.kernel_report --json \"\$OUT/kernel_report.json\" > \"\$OUT/kernel_report.txt\" 2>&1"
 )
 
 total=0
