@@ -64,6 +64,14 @@ clean:
 bench: $(INSTALLED)
 	$(BIN)/python -m attention_lib.bench
 
+# The prepared GPU run, for a machine with a GPU where numba-cuda, PyTorch and CuPy are already
+# installed and no package registry is reachable (it installs nothing, so no venv step): the
+# unit tests on the GPU, notebooks 07 and 09 at full size, the bench at ANDREA-120M and the
+# kernel report, into one folder, in under 8 minutes. GPU_CHECK_FLAGS=--dry-run lists the steps.
+.PHONY: gpu-check
+gpu-check:
+	bash scripts/gpu_check.sh $(GPU_CHECK_FLAGS)
+
 # What the compiler makes of every kernel at GPU block sizes (registers, local memory, shared
 # memory, warps per SM on an H200, the hot loop's instructions), without a GPU. Fails when a
 # kernel declared FAST breaks its floors. E.g. make kernel-report REPORT_FLAGS="--json report.json"

@@ -101,22 +101,29 @@ def plot_heatmap(matrix, title="", ax=None, xlabel="key position j", ylabel="que
     return ax
 
 
-def plot_roofline(points, peak_flop_per_s, bytes_per_s, roof_label="", ax=None, title="Roofline"):
+def plot_roofline(points, peak_flop_per_s, bytes_per_s, roof_label="", ax=None, title="Roofline",
+                  tensor_flop_per_s=None):
     """Draw a roofline, attainable FLOP/s = min(peak, bandwidth x intensity) on log-log axes, and kernels on it.
 
     points: list of dicts with "label", "intensity" (FLOP per byte of main memory) and
-    "flop_per_s" (measured; None draws the point on the roof: the most that intensity allows),
-    optionally "colour", "marker" and "hollow" (default: hollow when on the roof).
-    peak_flop_per_s, bytes_per_s: the GPU's limits.
+    "flop_per_s" (measured; None draws the point on the FP32 roof: the most that intensity
+    allows), optionally "colour", "marker" and "hollow" (default: hollow when on the roof).
+    peak_flop_per_s, bytes_per_s: the GPU's FP32 and memory limits. tensor_flop_per_s: a
+    tensor-core peak, drawn dashed above (no Numba kernel can reach it).
     Returns the matplotlib axes; the legend sits to the right of it.
     """
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 6))
     ridge = peak_flop_per_s / bytes_per_s
-    xs = [p["intensity"] for p in points] + [ridge]
+    xs = [p["intensity"] for p in points] + [ridge] + ([tensor_flop_per_s / bytes_per_s] if tensor_flop_per_s else [])
     x = np.logspace(np.log10(min(xs) / 4), np.log10(max(xs) * 4), 200)
     ax.loglog(x, np.minimum(peak_flop_per_s, bytes_per_s * x), color="black", lw=2,
               label=f"roof: {roof_label}".rstrip(": "))
+    top = peak_flop_per_s
+    if tensor_flop_per_s:
+        ax.loglog(x, np.minimum(tensor_flop_per_s, bytes_per_s * x), color="black", lw=1.2, ls="--",
+                  label=f"tensor cores, bf16 dense: {tensor_flop_per_s / 1e12:.0f} TFLOP/s")
+        top = tensor_flop_per_s
     ax.axvline(ridge, color="grey", ls=":", lw=1)
     ax.text(ridge * 1.1, peak_flop_per_s / 30, f"ridge {ridge:.0f} FLOP/byte", color="grey", fontsize=8)
     middle = np.sqrt(x[0] * ridge)                   # halfway up the memory roof, on log axes
@@ -131,9 +138,70 @@ def plot_roofline(points, peak_flop_per_s, bytes_per_s, roof_label="", ax=None, 
         ax.plot(p["intensity"], y, ls="none", marker=p.get("marker", "o"), markersize=8, color=colour,
                 markerfacecolor="none" if p.get("hollow", on_roof) else colour, markeredgewidth=1.5,
                 label=p["label"])
-    ax.set_ylim(top=peak_flop_per_s * 2)
+    ax.set_ylim(top=top * 2)
     ax.set_xlabel("arithmetic intensity (FLOP per byte of main memory)")
     ax.set_ylabel("FLOP/s")
     ax.set_title(title)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return ax
+
+
+STAGE_COLOURS = {"projection": "tab:blue", "scores": "tab:orange", "mask": "tab:olive",
+                 "softmax": "tab:green", "weighted_sum": "tab:red", "attention": "tab:purple",
+                 "multihead": "tab:brown", "flash": "tab:pink", "kv_cache": "tab:cyan"}
+VERSION_MARKERS = {"v1": "o", "v2": "s", "v3": "^", "v4": "v"}
+
+
+def bench_roofline_points(results, counted=True):
+    """Points of a bench results dict for plot_roofline: colour by stage, marker by version.
+
+    With times (a GPU): each kernel at its ideal intensity and measured FLOP/s, and PyTorch's
+    time for the projection and for fused attention (MATH backend, the FP32 peer) as crosses.
+    Without (the simulator, or formulas): each kernel hollow on the roof at its counted
+    intensity (every request to main memory), and each stage's ideal intensity as a filled
+    star. Kernels without arithmetic (the in-place mask) are left out.
+    """
+    points, stars = [], {}
+    measured = any(k["flop_per_s"] for k in results["kernels"])
+    for k in results["kernels"]:
+        if not k["intensity"]:
+            continue
+        colour = STAGE_COLOURS.get(k["module"], "grey")
+        marker = VERSION_MARKERS.get(k["name"].rsplit(" ", 1)[-1], "D")
+        if measured and k["flop_per_s"]:
+            points.append({"label": k["name"], "intensity": k["intensity"], "flop_per_s": k["flop_per_s"],
+                           "colour": colour, "marker": marker})
+            peer = k["baselines"].get("torch") or k["baselines"].get("torch_math")
+            if peer and k["module"] in ("projection", "flash") and k["module"] not in stars:
+                stars[k["module"]] = {"label": f"PyTorch ({k['module']})", "intensity": k["intensity"],
+                                      "flop_per_s": k["flops"] / peer["median_s"], "colour": colour, "marker": "X"}
+        elif not measured:
+            if counted and k["counted"] and k["counted"].get("intensity"):
+                points.append({"label": f"{k['name']} (counted)", "intensity": k["counted"]["intensity"],
+                               "flop_per_s": None, "colour": colour, "marker": marker})
+            stars.setdefault(k["module"], {"label": f"{k['module']} (ideal)", "intensity": k["intensity"],
+                                           "flop_per_s": None, "hollow": False, "colour": colour, "marker": "*"})
+    return points + list(stars.values())
+
+
+def plot_bench_roofline(results, ax=None, counted=True, only=None, title=None):
+    """The roofline of a bench results dict (run_bench's, traffic.formula_results', or a loaded one).
+
+    With times: measured points under the measuring GPU's roofs. Without: the reference GPU's
+    roofs (an H200), each point on the FP32 roof by construction (no time says how far below it
+    a kernel would sit). The tensor-core roof is drawn dashed. only: parts of kernel names to draw.
+    """
+    from attention_lib.gpus import REFERENCE_GPU, GpuLimits
+    if only:
+        results = {**results, "kernels": [k for k in results["kernels"] if any(w in k["name"] for w in only)]}
+    limits = REFERENCE_GPU if results["limits"] is None else GpuLimits(
+        results["limits"]["name"], results["limits"]["fp32_flop_per_s"], results["limits"]["bytes_per_s"],
+        results["limits"].get("tensor_flop_per_s"))
+    if title is None and any(k["flop_per_s"] for k in results["kernels"]):
+        title = f"Measured on {results['gpu'] or 'a GPU'}, {results['date'][:10]}"
+    elif title is None:
+        title = f"No times: each kernel on the {limits.name}'s FP32 roof, at {results['sizes']}"
+    reference = results["limits"] is None
+    return plot_roofline(bench_roofline_points(results, counted), limits.fp32_flop_per_s, limits.bytes_per_s,
+                         roof_label=limits.name + (" (reference)" if reference else ""), ax=ax, title=title,
+                         tensor_flop_per_s=limits.tensor_flop_per_s)

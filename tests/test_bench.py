@@ -1,25 +1,30 @@
-"""The performance harness (attention_lib.bench, notebook 09) on the simulator, and notebook 09's exercise.
+"""The performance harness (attention_lib.bench, bench_cases, traffic, notebook 09) on the simulator.
 
-On the simulator the harness cannot time anything; it counts. These tests run it at tiny,
-awkward sizes (T 7, d_k 5: no size a multiple of a tile) and check what it reports: the JSON
-schema, counts equal to the formulas for every entry that has one, the roofline PNG, the GPU
-limits table, and that times are refused rather than made up. The timing arithmetic is
-checked with a fake clock, since the real one needs a GPU.
+On the simulator the harness cannot time anything; it checks results and counts. These tests
+run it at tiny, awkward sizes (T 7, d_k 5: no size a multiple of a tile) and check what it
+reports: the JSON schema, results checked against the reference, counts equal to the formulas,
+the roofline PNG, the GPU limits table, and that times are refused rather than made up. The GPU
+path (amortised timing, PyTorch's pinned SDPA backends, the profiler's kernel names, wrong
+results never timed) runs with a fake clock and a fake PyTorch, since the real ones need a GPU.
 """
 
 import json
+import subprocess
+import sys
+import types
+from pathlib import Path
 
 import numpy as np
 import pytest
-from attention_lib import bench, runtime, sanitizer
+from attention_lib import bench, bench_cases, gpus, reference, runtime, sanitizer, traffic
 from attention_lib.stages import projection
 from attention_lib.checks import check
 from attention_lib.checks.ex09_performance import expected_cost
-from numba import cuda
+from numba import cuda, float32
 
 TINY = bench.BenchSizes(B=1, H=2, T=7, d_k=5)      # d_model 10; every tile partly used
 KERNEL_KEYS = {"name", "module", "notebook", "what", "launches", "blocks", "threads", "flops",
-               "ideal_bytes", "intensity", "time", "flop_per_s", "bytes_per_s", "counted", "formula",
+               "ideal_bytes", "intensity", "check", "time", "flop_per_s", "bytes_per_s", "counted", "formula",
                "formula_matches", "baselines", "notes"}
 COUNTED_KEYS = {"global_loads", "global_stores", "global_atomics", "global_bytes", "shared_loads",
                 "shared_stores", "intensity"}
@@ -29,7 +34,7 @@ COUNTED_KEYS = {"global_loads", "global_stores", "global_atomics", "global_bytes
 def tiny_results(tmp_path_factory):
     """The whole registry at TINY, written to a temporary folder (about 10 s on the simulator)."""
     out = tmp_path_factory.mktemp("bench")
-    return bench.run_bench(TINY, out_dir=out, verbose=False), out
+    return bench.run_bench(TINY, out_dir=out, count=True, timed=False, verbose=False), out
 
 
 def test_every_registry_entry_runs_or_is_skipped_because_its_module_is_missing(tiny_results):
@@ -37,17 +42,18 @@ def test_every_registry_entry_runs_or_is_skipped_because_its_module_is_missing(t
     assert results["failed"] == []
     names = [k["name"] for k in results["kernels"]] + [s["name"] for s in results["skipped"]]
     assert sorted(names) == sorted(e.name for e in bench.REGISTRY)
-    assert all(s["reason"].endswith("does not exist") for s in results["skipped"])
+    assert all(s["reason"].endswith("does not exist") or " has no version " in s["reason"]
+               for s in results["skipped"])
     assert {"projection v1", "projection v2", "projection v3"} <= {k["name"] for k in results["kernels"]}
 
 
 def test_the_json_file_has_the_schema(tiny_results):
     results, out = tiny_results
-    saved = json.loads((out / "bench-simulator.json").read_text())
-    assert saved["schema"] == bench.SCHEMA and saved["backend"] == runtime.SIMULATOR
+    saved = json.loads((out / f"bench-{runtime.BACKEND}.json").read_text())
+    assert saved["schema"] == bench.SCHEMA and saved["backend"] == runtime.BACKEND
     assert {"gpu", "limits", "date", "versions", "sizes", "timing", "kernels", "skipped", "failed",
             "targets", "notes", "files"} <= set(saved)
-    assert saved["gpu"] is None and saved["limits"] is None and saved["timing"] is None
+    assert saved["timing"] is None and (saved["gpu"] is None) == runtime.ON_SIMULATOR
     assert saved["sizes"] == {"B": 1, "H": 2, "T": 7, "d_k": 5, "d_model": 10}
     assert {"python", "numpy", "numba", "numba-cuda"} <= set(saved["versions"])
     assert saved["date"][:4].isdigit() and "T" in saved["date"]
@@ -55,7 +61,8 @@ def test_the_json_file_has_the_schema(tiny_results):
         assert set(kernel) == KERNEL_KEYS, kernel["name"]
         assert set(kernel["counted"]) == COUNTED_KEYS, kernel["name"]
         assert kernel["launches"] and all({"kernel", "grid", "block"} == set(l) for l in kernel["launches"])
-    assert bench.load_results(out / "bench-simulator.json")["kernels"] == saved["kernels"]
+        assert kernel["check"]["ok"] is True and kernel["check"]["max_abs_error"] <= kernel["check"]["tolerance"]
+    assert bench.load_results(out / f"bench-{runtime.BACKEND}.json")["kernels"] == saved["kernels"]
 
 
 def test_counts_equal_the_formulas_at_awkward_sizes(tiny_results):
@@ -84,6 +91,10 @@ def test_counts_equal_the_formulas_at_awkward_sizes(tiny_results):
     assert len(by_name["attention pipeline"]["launches"]) == 3
 
 
+ON_SIMULATOR_ONLY = pytest.mark.skipif(not runtime.ON_SIMULATOR, reason="what the simulator does instead of timing")
+
+
+@ON_SIMULATOR_ONLY
 def test_times_are_marked_unavailable_on_the_simulator(tiny_results):
     results, _ = tiny_results
     for k in results["kernels"]:
@@ -94,6 +105,7 @@ def test_times_are_marked_unavailable_on_the_simulator(tiny_results):
     assert "times need a GPU" in bench.format_targets(results)
 
 
+@ON_SIMULATOR_ONLY
 def test_timing_is_refused_on_the_simulator():
     assert runtime.ON_SIMULATOR
     assert cuda.event().elapsed_time(cuda.event()) == -1       # the simulator's events record no time
@@ -107,7 +119,7 @@ def test_timing_is_refused_on_the_simulator():
 
 def test_the_roofline_png_is_written(tiny_results):
     results, out = tiny_results
-    png = out / "roofline-simulator.png"
+    png = out / f"roofline-{runtime.BACKEND}.png"
     assert results["files"]["png"] == str(png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
@@ -133,9 +145,9 @@ def test_gpu_limits_lookup(name, expected):
 def test_h200_limits_and_ridge():
     h200 = bench.gpu_limits("NVIDIA H200")
     assert (h200.fp32_flop_per_s, h200.bytes_per_s) == (67e12, 4.8e12)
-    assert round(h200.ridge, 1) == 14.0
+    assert round(h200.ridge, 1) == 14.0 and h200.tensor_flop_per_s == 989e12
     assert h200.attainable(1.0) == 4.8e12 and h200.attainable(100.0) == 67e12
-    assert bench.REFERENCE_GPU is bench.KNOWN_GPUS[0][1] and bench.device_name() is None
+    assert bench.REFERENCE_GPU is gpus.KNOWN_GPUS[0][1] and bench.device_name() is None
 
 
 class FakeClock:
@@ -151,10 +163,31 @@ class FakeClock:
         return self.times.pop(0)
 
 
+class LaunchCostClock:
+    """A GPU model: work() queues a kernel of `kernel_s`; Python needs `launch_s` per launch.
+
+    Between two events the GPU can start the first kernel only once Python has queued it; after
+    that, while a kernel runs longer than a launch takes, the next is queued in time. So one
+    sample of n runs lasts launch_s + kernel_s + (n - 1) * max(kernel_s, launch_s).
+    """
+
+    def __init__(self, kernel_s, launch_s):
+        self.kernel_s, self.launch_s, self.runs = kernel_s, launch_s, 0
+
+    def work(self):
+        self.runs += 1
+
+    def start(self):
+        self.runs = 0
+
+    def stop(self):
+        return self.launch_s + self.kernel_s + (self.runs - 1) * max(self.kernel_s, self.launch_s)
+
+
 def test_measure_skips_the_warmup_and_reports_median_and_iqr():
-    clock = FakeClock([9.0, 9.0] + [1.0, 2.0, 3.0, 4.0, 100.0])
+    clock = FakeClock([9.0, 9.0, 7.0] + [1.0, 2.0, 3.0, 4.0, 100.0])
     timing = bench.measure(lambda: None, clock, warmup=2, repeats=5, max_seconds=1e9)
-    assert timing["runs"] == 5 and clock.starts == 7
+    assert timing["runs"] == 5 and clock.starts == 8 and timing["inner"] == 1 and timing["single_s"] == 7.0
     assert timing["median_s"] == 3.0 and (timing["q1_s"], timing["q3_s"]) == (2.0, 4.0)
     assert timing["iqr_s"] == 2.0 and (timing["min_s"], timing["max_s"]) == (1.0, 100.0)
 
@@ -164,30 +197,209 @@ def test_measure_stops_at_max_seconds_after_five_runs():
     assert bench.measure(lambda: None, clock, warmup=0, repeats=50, max_seconds=1.0)["runs"] == 5
 
 
+def test_back_to_back_launches_amortise_the_launch_overhead():
+    # A 20 us kernel whose launch costs 30 us of Python: one launch between two events reads 50 us.
+    clock = LaunchCostClock(kernel_s=20e-6, launch_s=30e-6)
+    timing = bench.measure(clock.work, clock, warmup=1, repeats=5, max_seconds=1e9)
+    assert timing["single_s"] == pytest.approx(50e-6)
+    assert timing["inner"] == 100                                  # ceil(5 ms / 50 us)
+    assert timing["median_s"] == pytest.approx(30e-6 + 20e-6 / 100)  # launch-bound: Python's pace
+    slow = LaunchCostClock(kernel_s=2e-3, launch_s=30e-6)         # a 2 ms kernel hides its launches
+    timing = bench.measure(slow.work, slow, warmup=1, repeats=5, max_seconds=1e9)
+    assert timing["inner"] == 3 and timing["median_s"] == pytest.approx(2e-3 + 30e-6 / 3)
+    assert bench.measure(slow.work, slow, warmup=0, repeats=5, max_seconds=1e9, inner=1)["median_s"] == \
+        pytest.approx(2.03e-3)
+
+
+def test_compare_accepts_rounding_and_refuses_the_rest():
+    want = np.array([[1.0, -np.inf], [100.0, 0.0]])
+    assert bench.compare(want + 1e-6, want, 1e-5)["ok"] is True
+    assert bench.compare(want * (1 + 5e-6), want, 1e-5)["ok"] is True          # relative at 100
+    assert bench.compare(want + [[0, 0], [0, 1e-3]], want, 1e-5)["ok"] is False
+    assert bench.compare(np.where(np.isinf(want), 0.0, want), want, 1e-5)["ok"] is False   # -inf lost
+    assert bench.compare(np.full_like(want, np.nan), want, 1e-5)["ok"] is False
+    assert bench.compare(want[:1], want, 1e-5) == {"ok": False, "max_abs_error": None, "tolerance": 1e-5,
+                                                  "error": "shape (1, 2), expected (2, 2)"}
+
+
+def test_a_wrong_result_is_listed_as_failed_and_never_timed(monkeypatch, tmp_path):
+    (good,) = [e for e in bench.REGISTRY if e.name == "projection v2"]
+    off_by_one = bench_cases.Entry(**{**good.__dict__, "name": "projection v2 (wrong reference)",
+                                      "reference": lambda i, s: reference.project(i["x"], i["w"]) + 1})
+    monkeypatch.setattr(bench, "REGISTRY", [good, off_by_one])
+    clock = FakeClock([0.006] * 20)
+    results = bench.run_bench(TINY, count=False, clock=clock, libraries={}, warmup=1, repeats=5,
+                              write=False, verbose=False)
+    assert [k["name"] for k in results["kernels"]] == ["projection v2"]
+    (failed,) = results["failed"]
+    assert failed["name"] == "projection v2 (wrong reference)"
+    assert failed["error"].startswith("WrongResult: output differs from the reference: max error 1.0")
+    assert clock.times == [0.006] * (20 - 7)                    # only the good entry took samples
+
+
 def test_rates_and_targets_with_a_fake_clock(tmp_path):
-    # The GPU path's arithmetic, with a clock that says every replay took 2 ms.
+    # The GPU path's arithmetic, with a clock that says every replay took 6 ms.
     results = bench.run_bench(TINY, only=["projection v3"], out_dir=tmp_path, warmup=1, repeats=3,
-                              count=False, clock=FakeClock([0.002] * 10), verbose=False)
+                              count=False, clock=FakeClock([0.006] * 10), libraries={}, verbose=False)
     (k,) = results["kernels"]
-    assert k["time"]["median_s"] == 0.002 and k["counted"] is None
-    assert k["flop_per_s"] == k["flops"] / 0.002 and k["bytes_per_s"] == k["ideal_bytes"] / 0.002
+    assert k["time"]["median_s"] == 0.006 and k["time"]["inner"] == 1 and k["counted"] is None
+    assert k["flop_per_s"] == k["flops"] / 0.006 and k["bytes_per_s"] == k["ideal_bytes"] / 0.006
     assert "Benching" not in bench.format_table(results) and "projection v3" in bench.format_table(results)
-    kernels = [{"name": "flash v2", "baselines": {"torch": {"ratio": 1.25}}},
-               {"name": "projection v2", "baselines": {"torch": {"ratio": 0.3}}},
-               {"name": "projection v3", "baselines": {"torch": {"ratio": 0.6}}}]
-    targets = bench._targets(kernels, bench.BenchSizes.of(runtime.ANDREA_120M), bench.REFERENCE_GPU)
-    assert targets["flash_vs_sdpa"]["ratio"] == 1.25 and targets["flash_vs_sdpa"]["met"] is True
+    kernels = [{"name": "flash v2", "time": {"median_s": 1.0}, "baselines": {"torch_math": {"ratio": 1.25},
+                                                                          "torch_efficient": {"ratio": 0.4}}},
+               {"name": "attention pipeline", "time": {"median_s": 3.0}, "baselines": {}},
+               {"name": "projection v2", "time": {"median_s": 1.0}, "baselines": {"torch": {"ratio": 0.3}}},
+               {"name": "projection v3", "time": {"median_s": 1.0}, "baselines": {"torch": {"ratio": 0.6}}}]
+    targets = bench.targets(kernels, bench.BenchSizes.of(runtime.ANDREA_120M), bench.REFERENCE_GPU)
+    assert targets["flash_vs_sdpa_math"]["ratio"] == 1.25 and targets["flash_vs_sdpa_math"]["met"] is True
+    assert targets["flash_vs_sdpa_efficient"]["ratio"] == 0.4 and targets["flash_vs_sdpa_efficient"]["met"] is None
+    assert targets["flash_vs_pipeline"]["ratio"] == 3.0 and targets["flash_vs_pipeline"]["met"] is True
     assert targets["projection_vs_matmul"]["ratio"] == 0.6 and targets["projection_vs_matmul"]["met"] is True
     assert targets["projection_vs_matmul"]["at_course_sizes"] is True
+    text = bench.format_targets({"backend": runtime.GPU, "targets": targets})
+    assert "MATH backend (SGEMM + softmax): 1.25x, target >= 1x: met" in text
+    assert "(3xTF32 tensor cores): 0.40x, reported" in text
+
+
+# --- A fake PyTorch: enough of its surface for the SDPA and matmul baselines, on NumPy -------
+
+class FakeTensor(np.ndarray):
+    def cuda(self):
+        return self
+
+    def cpu(self):
+        return self
+
+    def numpy(self):
+        return np.asarray(self)
+
+
+class FakeTorch:
+    """Records which SDPA backend each call ran under; each call "takes" 9 ms on its events."""
+
+    def __init__(self):
+        self.now, self.calls, self.active = 0.0, [], None
+        torch = self
+        self.version = types.SimpleNamespace(cuda="13.0")
+        self.autograd = types.SimpleNamespace(DeviceType=types.SimpleNamespace(CUDA="cuda"))
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                assert enable_timing, "timing events must be asked for"
+
+            def record(self):
+                self.at = torch.now
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return (end.at - self.at) * 1e3
+
+        self.cuda = types.SimpleNamespace(Event=Event, synchronize=lambda: None)
+        self.nn = types.SimpleNamespace(functional=types.SimpleNamespace(scaled_dot_product_attention=self._sdpa),
+                                        attention=types.ModuleType("torch.nn.attention"))
+        self.nn.attention.SDPBackend = types.SimpleNamespace(MATH="MATH", EFFICIENT_ATTENTION="EFFICIENT_ATTENTION")
+        self.nn.attention.sdpa_kernel = self._sdpa_kernel
+        self.profiler = types.ModuleType("torch.profiler")
+        self.profiler.ProfilerActivity = types.SimpleNamespace(CUDA="cuda")
+        self.profiler.profile = self._profile
+
+    def from_numpy(self, a):
+        return a.view(FakeTensor)
+
+    def _sdpa(self, q, k, v, is_causal=False):
+        self.now += 9e-3
+        self.calls.append(self.active)
+        return reference.attention(q, k, v, causal=is_causal).astype(np.float32).view(FakeTensor)
+
+    def _sdpa_kernel(self, backend):
+        torch = self
+
+        class Pinned:
+            def __enter__(self):
+                torch.active = backend
+
+            def __exit__(self, *exc):
+                torch.active = None
+        return Pinned()
+
+    def _profile(self, activities):
+        torch = self
+
+        class Profile:
+            def __enter__(self):
+                self.first = len(torch.calls)
+                return self
+
+            def __exit__(self, *exc):
+                pass
+
+            def events(self):
+                names = {"MATH": "sm80_xmma_gemm_f32f32", "EFFICIENT_ATTENTION": "fmha_cutlassF_f32_aligned_64x64_rf_sm80"}
+                return [types.SimpleNamespace(name="aten::scaled_dot_product_attention", device_type="cpu")] + [
+                    types.SimpleNamespace(name=names[b], device_type="cuda") for b in torch.calls[self.first:]]
+        return Profile()
+
+
+@pytest.fixture
+def fake_torch(monkeypatch):
+    torch = FakeTorch()
+    for name, module in (("torch", torch), ("torch.nn", torch.nn), ("torch.nn.attention", torch.nn.attention),
+                         ("torch.profiler", torch.profiler)):
+        monkeypatch.setitem(sys.modules, name, module)
+    return torch
+
+
+def test_sdpa_runs_pinned_to_each_backend_checked_timed_and_named(fake_torch):
+    results = bench.run_bench(TINY, only=["flash v2", "attention pipeline"], count=False, warmup=1, repeats=5,
+                              clock=FakeClock([0.006] * 40), libraries={"torch": fake_torch}, write=False,
+                              verbose=False)
+    assert results["failed"] == []
+    flash = {k["name"]: k for k in results["kernels"]}["flash v2"]
+    assert set(flash["baselines"]) == {"torch_math", "torch_efficient"}
+    assert set(fake_torch.calls) == {"MATH", "EFFICIENT_ATTENTION"}          # never the default choice
+    math_peer, efficient = flash["baselines"]["torch_math"], flash["baselines"]["torch_efficient"]
+    assert math_peer["check"]["ok"] and efficient["check"]["ok"]
+    assert math_peer["median_s"] == pytest.approx(9e-3) and math_peer["ratio"] == pytest.approx(1.5)
+    assert efficient["cuda_kernels"] == ["fmha_cutlassF_f32_aligned_64x64_rf_sm80"]
+    assert math_peer["cuda_kernels"] == ["sm80_xmma_gemm_f32f32"]
+    assert results["targets"]["flash_vs_sdpa_math"]["ratio"] == pytest.approx(1.5)
+    assert results["targets"]["flash_vs_pipeline"]["ratio"] == pytest.approx(1.0)
+    assert results["versions"]["torch_cuda"] == "13.0" and "3xTF32" in results["timing"]["sdpa_backends"]
+    table = bench.format_table(results)
+    assert "vs torch_math" in table and "torch_efficient ran: fmha_cutlassF_f32_aligned_64x64_rf_sm80" in table
+
+
+def test_a_baseline_with_a_wrong_result_is_flagged(fake_torch, monkeypatch):
+    monkeypatch.setattr(fake_torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, v, is_causal=False: fake_torch._sdpa(q, k, v, is_causal=not is_causal))
+    results = bench.run_bench(TINY, only=["flash v2"], count=False, warmup=0, repeats=5,
+                              clock=FakeClock([0.006] * 20), libraries={"torch": fake_torch}, write=False,
+                              verbose=False)
+    (flash,) = results["kernels"]
+    assert flash["check"]["ok"] is True and flash["baselines"]["torch_math"]["check"]["ok"] is False
+
+
+def test_the_gpu_path_imports_nothing_it_does_not_have(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torch", None)               # as if PyTorch were not installed
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    assert bench_cases.baseline_libraries() == {}
+    out = capsys.readouterr().out
+    assert "note: no PyTorch comparison" in out and "note: no CuPy comparison" in out
+    # A fresh Python in which PyTorch and CuPy cannot be imported imports the whole harness.
+    blocked = "import sys; sys.modules['torch'] = sys.modules['cupy'] = None; "
+    imports = "import attention_lib.bench, attention_lib.bench_cases, attention_lib.traffic, attention_lib.plotting"
+    subprocess.run([sys.executable, "-c", blocked + imports], check=True)
 
 
 def test_a_missing_module_is_skipped_with_a_note(monkeypatch, tmp_path, capsys):
-    ghost = bench.Entry("ghost v1", "no_such_stage", "10", "nothing", None, lambda s: 1, lambda s: 1)
+    ghost = bench_cases.Entry("ghost v1", "no_such_stage", "10", "nothing", None, lambda s: 1, lambda s: 1)
     monkeypatch.setattr(bench, "REGISTRY", [ghost])
     results = bench.run_bench(TINY, out_dir=tmp_path)
     assert results["kernels"] == [] and results["skipped"] == [
-        {"name": "ghost v1", "reason": "attention_lib.no_such_stage does not exist"}]
-    assert "ghost v1             skipped: attention_lib.no_such_stage does not exist" in capsys.readouterr().out
+        {"name": "ghost v1", "reason": "attention_lib.stages.no_such_stage does not exist"}]
+    assert "ghost v1             skipped: attention_lib.stages.no_such_stage does not exist" in capsys.readouterr().out
 
 
 def test_recording_launches_records_every_launch_and_restores_the_kernel_class(rng):
@@ -206,7 +418,7 @@ def test_recording_launches_records_every_launch_and_restores_the_kernel_class(r
 
 
 def test_formula_results_at_andrea_120m():
-    results = bench.formula_results(only=["projection", "flash v2", "softmax v1"])
+    results = traffic.formula_results(only=["projection", "flash v2", "softmax v1", "decode v2"])
     by_name = {k["name"]: k for k in results["kernels"]}
     v1, v3 = by_name["projection v1"], by_name["projection v3"]
     # x (8192, 768) @ W_qkv (768, 2304): 2 * 8192 * 768 * 2304 FLOPs over x, W_qkv and out once
@@ -215,9 +427,18 @@ def test_formula_results_at_andrea_120m():
     assert round(v1["intensity"]) == 269                        # far right of an H200's ridge (14)
     assert v3["counted"]["global_loads"] == 8192 * 768 * 72 + 768 * 2304 * 256
     assert by_name["softmax v1"]["intensity"] == 5 / 8          # memory-bound
+    # flash v2 at the GPU's 32-query blocks on either backend: each head reads q once, k and v
+    # up to each block's last visible key, writes out once; 1024 / 32 = 32 blocks per head.
+    keys = sum(min(1024, q0 + 32) for q0 in range(0, 1024, 32))
+    assert by_name["flash v2"]["counted"]["global_loads"] == 96 * 64 * (1024 + 2 * keys)
+    # decode v2 with the GPU's chunks of 64 keys: 16 chunks; q read once per chunk, the merge reads
+    # m twice, l and acc once per chunk and component; every key and value read once.
+    assert by_name["decode v2"]["counted"]["global_loads"] == 96 * 64 * 16 * 5 + 2 * 96 * 1024 * 64
+    assert results["notes"] == ["by formula, with the GPU's tile sizes"]
     assert "projection v3" in bench.format_table(results)
 
 
+@ON_SIMULATOR_ONLY
 def test_cli_lists_and_runs(tmp_path, capsys):
     assert bench.main(["--list"]) == 0
     listing = capsys.readouterr().out
@@ -229,6 +450,49 @@ def test_cli_lists_and_runs(tmp_path, capsys):
     assert (tmp_path / "bench-simulator.json").exists() and (tmp_path / "roofline-simulator.png").exists()
     with pytest.raises(ValueError, match=r"^only must name registry entries"):
         bench.run_bench(TINY, only=["nothing like it"], write=False, verbose=False)
+
+
+# --- The prepared GPU run (scripts/gpu_check.sh): only what can run without a GPU ------------
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def test_the_gpu_check_script_parses_and_lists_its_steps_within_eight_minutes():
+    subprocess.run(["bash", "-n", str(SCRIPTS / "gpu_check.sh")], check=True)
+    listed = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh"), "--dry-run"], check=True,
+                            capture_output=True, text=True).stdout.splitlines()
+    steps = [line.split()[0] for line in listed[:-1]]
+    assert steps == ["environment", "unit-tests", "notebooks", "bench", "kernel-report"]
+    budgets = [int(line.split()[1].rstrip("s")) for line in listed[:-1]]
+    assert sum(budgets) < 480 and listed[-1] == f"total budget: {sum(budgets)}s (under 8 minutes: yes)"
+    commands = "\n".join(listed)
+    assert "pip install" not in commands and "07_fused_attention.ipynb 09_performance.ipynb" in commands
+    assert "--batch 8 --heads 12 --T 1024 --d-k 64" in commands and "attention_lib.kernel_report" in commands
+
+
+def test_the_gpu_check_refuses_to_run_without_a_gpu(tmp_path):
+    fake_bin = tmp_path / "bin"                                 # an nvidia-smi that finds no GPU
+    fake_bin.mkdir()
+    (fake_bin / "nvidia-smi").write_text("#!/bin/sh\necho 'No devices were found' >&2\nexit 6\n")
+    (fake_bin / "nvidia-smi").chmod(0o755)
+    done = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh"), "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, env={"PATH": f"{fake_bin}:/usr/bin:/bin"})
+    assert done.returncode == 1 and "no NVIDIA GPU here" in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_gpu_check_summary_lists_steps_and_files(tmp_path):
+    (tmp_path / "steps.tsv").write_text("environment\t0\t2\t20\nbench\t124\t130\t130\n")
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "bench-gpu.json").write_text("{}")
+    done = subprocess.run([sys.executable, str(SCRIPTS / "gpu_check_environment.py"), "--summary", str(tmp_path)],
+                          check=True, capture_output=True, text=True)
+    summary = json.loads(done.stdout)
+    assert {"gpu", "driver", "versions", "date", "steps", "files"} <= set(summary)
+    assert summary["steps"][1] == {"step": "bench", "exit_status": 124, "seconds": 130, "budget_s": 130,
+                                   "ok": False, "over_budget": True}
+    assert summary["files"] == ["bench/bench-gpu.json", "steps.tsv"]
+    assert summary["versions"]["numpy"] == np.__version__
 
 
 # --- Notebook 09's exercise ----------------------------------------------------------------
@@ -309,4 +573,133 @@ def test_planted_mistakes_get_their_diagnosis(answer, diagnosis, says):
     assert not result.passed
     assert result.diagnosis == diagnosis
     assert says in result.message, result.message
+    assert "\n" not in str(result)
+
+
+# --- Notebook 09's main exercise: a local array kept in registers ---------------------------
+
+from attention_lib.checks.ex09_performance import D, compiled_report  # noqa: E402
+
+
+def planted_kernels():
+    """The solution and the typical mistakes. Defined inside a function, as a notebook's would be
+    by a cell, so that the kernel report recompiles them from their source."""
+    @cuda.jit
+    def rows_in_local_memory(q, k, out):                 # the kernel the student starts from
+        i = cuda.grid(1)
+        if i >= q.shape[0]:
+            return
+        q_row = cuda.local.array(D, float32)
+        for c in range(q.shape[1]):
+            q_row[c] = q[i, c]
+        for j in range(k.shape[0]):
+            acc = float32(0.0)
+            for c in range(q.shape[1]):
+                acc += q_row[c] * k[j, c]
+            out[i, j] = acc
+
+    @cuda.jit
+    def rows_in_registers(q, k, out):                    # the reference solution
+        i = cuda.grid(1)
+        if i >= q.shape[0]:
+            return
+        q_row = cuda.local.array(D, float32)
+        for c in range(D):
+            q_row[c] = q[i, c]
+        for j in range(k.shape[0]):
+            acc = float32(0.0)
+            for c in range(D):
+                acc += q_row[c] * k[j, c]
+            out[i, j] = acc
+
+    @cuda.jit
+    def rows_in_float64(q, k, out):                      # registers, but a float64 accumulator
+        i = cuda.grid(1)
+        if i >= q.shape[0]:
+            return
+        q_row = cuda.local.array(D, float32)
+        for c in range(D):
+            q_row[c] = q[i, c]
+        for j in range(k.shape[0]):
+            acc = 0.0
+            for c in range(D):
+                acc += q_row[c] * k[j, c]
+            out[i, j] = acc
+
+    @cuda.jit
+    def rows_half_loaded(q, k, out):                     # registers, but half of q's row copied
+        i = cuda.grid(1)
+        if i >= q.shape[0]:
+            return
+        q_row = cuda.local.array(D, float32)
+        for c in range(D):
+            q_row[c] = q[i, c] if c < D // 2 else float32(0.0)
+        for j in range(k.shape[0]):
+            acc = float32(0.0)
+            for c in range(D):
+                acc += q_row[c] * k[j, c]
+            out[i, j] = acc
+
+    @cuda.jit
+    def rows_unguarded(q, k, out):                       # no bounds guard: the last block overruns
+        i = cuda.grid(1)
+        q_row = cuda.local.array(D, float32)
+        for c in range(D):
+            q_row[c] = q[i, c]
+        for j in range(k.shape[0]):
+            acc = float32(0.0)
+            for c in range(D):
+                acc += q_row[c] * k[j, c]
+            out[i, j] = acc
+
+    @cuda.jit
+    def rows_not_written(q, k, out):
+        raise NotImplementedError()
+
+    return {f.py_func.__name__: f for f in (rows_in_local_memory, rows_in_registers, rows_in_float64,
+                                            rows_half_loaded, rows_unguarded, rows_not_written)}
+
+
+PLANTED = planted_kernels()
+
+
+def test_the_kernel_report_tells_local_memory_from_registers():
+    spilled, kept = compiled_report(PLANTED["rows_in_local_memory"]), compiled_report(PLANTED["rows_in_registers"])
+    assert spilled["stack_bytes"] == 4 * D and kept["stack_bytes"] == 0      # the whole q_row, or nothing
+    assert spilled["hot_loop"]["local"] > 0 and kept["hot_loop"]["local"] == 0
+    assert kept["registers"] > D and kept["hot_loop"]["ffma"] == D           # the inner loop, unrolled
+
+
+def test_the_registers_solution_passes(capsys):
+    result = check("09_registers", PLANTED["rows_in_registers"])
+    assert result.passed and result.diagnosis == "ok", result.message
+    assert capsys.readouterr().out.startswith("✔ 09_registers [ok]")
+
+
+@pytest.mark.parametrize("name, diagnosis, says", [
+    ("rows_in_local_memory", "still_local_memory", f"{4 * D} bytes of stack frame"),
+    ("rows_in_float64", "float64_arithmetic", "no float32 multiply-add (FFMA)"),
+    ("rows_half_loaded", "wrong_values", "at T_q = 1, T_k = 1, D = 64: 1 of 1 entries differ"),
+    ("rows_unguarded", "out_of_bounds", "Guard the index"),
+    ("rows_not_written", "not_implemented", "not implemented yet"),
+])
+def test_planted_mistakes_of_the_registers_exercise_get_their_diagnosis(name, diagnosis, says):
+    result = check("09_registers", PLANTED[name], verbose=False)
+    assert (result.passed, result.diagnosis) == (False, diagnosis) and says in result.message, result.message
+    assert "\n" not in str(result)
+
+
+def test_a_plain_function_is_not_a_kernel():
+    result = check("09_registers", PLANTED["rows_in_registers"].py_func, verbose=False)
+    assert result.diagnosis == "not_a_kernel" and "decorate it with @cuda.jit" in result.message
+
+
+def test_no_compiler_is_said_in_one_line(monkeypatch):
+    from attention_lib import kernel_report
+
+    def no_ptxas(*args, **kwargs):
+        raise FileNotFoundError("ptxas is not installed: install the course's compile extra")
+    monkeypatch.setattr(kernel_report, "report_kernel", no_ptxas)
+    result = check("09_registers", PLANTED["rows_in_registers"], verbose=False)
+    assert result.diagnosis == "not_compiled" and "install the course's compile extra" in result.message
     assert "\n" not in str(result)

@@ -7,7 +7,7 @@ import math
 import attention_lib
 import numpy as np
 import pytest
-from attention_lib import reference, sanitizer
+from attention_lib import reference, sanitizer, traffic
 from attention_lib.stages import attention, flash, softmax
 from attention_lib.checks import check
 from numba import cuda
@@ -142,7 +142,7 @@ def test_tile_counts(rng):
 @pytest.mark.parametrize("t_q, t_k, causal", [(33, 33, True), (7, 20, True), (20, 7, True), (17, 17, False)])
 def test_fused_traffic_formula_equals_the_count(rng, version, t_q, t_k, causal):
     q, k, v = qkv(rng, (2,), t_q, t_k, 5, 7)
-    report, out = flash.count_fused(q, k, v, causal, version)
+    report, out = traffic.count_fused(q, k, v, causal, version)
     assert_close_float32(out, reference.attention(q, k, v, causal))
     want = flash.flash_traffic(t_q, t_k, 5, 7, causal, version)
     got = {name: int(report.loads(name).sum()) for name in "qkv"}
@@ -153,7 +153,7 @@ def test_fused_traffic_formula_equals_the_count(rng, version, t_q, t_k, causal):
 
 def test_v2_reads_each_key_once_per_block_of_queries_that_sees_it(rng):
     t, b = 33, flash.BLOCK_Q                    # query blocks 0-15, 16-31, 32
-    report, _ = flash.count_fused(*qkv(rng, (1,), t, t, 5), causal=True)
+    report, _ = traffic.count_fused(*qkv(rng, (1,), t, t, 5), causal=True)
     blocks_needing_key = np.array([sum(j <= min(q0 + b, t) - 1 for q0 in range(0, t, b)) for j in range(t)])
     assert np.array_equal(report.loads("k")[0], np.repeat(blocks_needing_key[:, None], 5, axis=1))
     assert report.loads("k")[0, t - 1].sum() == 5                  # the last key: one block, once
@@ -162,7 +162,7 @@ def test_v2_reads_each_key_once_per_block_of_queries_that_sees_it(rng):
 def test_no_array_of_the_fused_kernel_grows_with_t_squared(rng):
     shapes = {}
     for t in (20, 40):
-        report, _ = flash.count_fused(*qkv(rng, (1,), t, t, 5), causal=True)
+        report, _ = traffic.count_fused(*qkv(rng, (1,), t, t, 5), causal=True)
         shapes[t] = {name: a.shape for name, a in report.arrays.items()}
     assert set(shapes[40]) == {"q", "k", "v", "out", "q_tile", "k_tile", "v_tile"}
     assert shapes[40]["q"] == shapes[40]["out"] == (1, 40, 5)        # T x d_k: linear in T
@@ -174,10 +174,10 @@ def test_no_array_of_the_fused_kernel_grows_with_t_squared(rng):
 @pytest.mark.parametrize("t_q, t_k, causal", [(16, 16, True), (33, 33, True), (7, 12, False)])
 def test_pipeline_traffic_formula_equals_the_count(rng, t_q, t_k, causal):
     q, k, v = qkv(rng, (1,), t_q, t_k, 16, 5)
-    reports, out = flash.count_pipeline(q, k, v, causal)
+    reports, out = traffic.count_pipeline(q, k, v, causal)
     assert_close_float32(out, reference.attention(q, k, v, causal))
     assert np.allclose(out, attention.attention(q, k, v, causal), rtol=1e-6, atol=1e-6)  # the same kernels
-    want = flash.pipeline_traffic(t_q, t_k, 16, 5, causal)
+    want = traffic.pipeline_traffic(t_q, t_k, 16, 5, causal)
     assert {stage: (r.total("loads"), r.total("stores")) for stage, r in reports.items()} == want
     assert (reports["scores"].stores("s") == 1).all() and (reports["softmax"].loads("s") == 3).all()
 
@@ -186,7 +186,7 @@ def test_the_fused_kernel_moves_less_than_the_pipeline_and_the_gap_grows_with_t(
     ratios = []
     for t in (32, 128, 1024):
         fused = sum(flash.flash_traffic(t, t, 64, block_q=32).values())
-        pipeline = sum(map(sum, flash.pipeline_traffic(t, t, 64).values()))
+        pipeline = sum(map(sum, traffic.pipeline_traffic(t, t, 64).values()))
         ratios.append(pipeline / fused)
     assert ratios[0] > 1 and ratios == sorted(ratios)
 

@@ -11,14 +11,25 @@ also projection_kernel_v3's traffic.
 Besides the engine's diagnoses, ``diagnose`` names the usual slips: elements counted instead
 of bytes, a multiply-add counted as one FLOP, the stores forgotten, and blocks counted with a
 rounded-down division (right only when the sizes are multiples of the tile).
+
+The main exercise, ``09_registers``: a kernel ``(q, k, out)`` computing out[i, j] = q[i] . k[j]
+for q (T_q, D), k (T_k, D), one thread per query row holding its row of q in a
+``cuda.local.array``, written so that the array lives in registers. It is judged on values
+(random data, awkward sizes) and then by its row of the kernel report for sm_90
+(``compiled_report``: a stack frame of 0 bytes, float32 multiply-adds in the hot loop). Diagnoses:
+``still_local_memory`` (a stack frame left: an index the compiler cannot know),
+``float64_arithmetic`` (an accumulator typed float64), ``not_compiled`` (no compiler here, or the
+kernel does not compile for a GPU), besides the engine's.
 """
 
 from typing import NamedTuple
 
 import numpy as np
+from numba import cuda
 
+from attention_lib import reference
 from attention_lib.stages import projection
-from attention_lib.checks.engine import Exercise, register
+from attention_lib.checks.engine import Exercise, launch, register
 from attention_lib.launch import ceil_div
 
 BYTES = 4                       # float32
@@ -94,4 +105,87 @@ register(Exercise(
     diagnose=_diagnose,
     diagnoses=('bytes_counted_as_elements', 'multiply_add_as_one_flop', 'stores_missing',
                'blocks_rounded_down'),
+))
+
+
+# --- The main exercise: keep a local array in registers -----------------------------------------
+
+# The head width of the exercise's kernels: a module-level constant, so that loops over it have a
+# bound the compiler knows (ANDREA-120M's d_k).
+D = 64
+ROWS_PER_BLOCK = 32
+# The sizes tried, (T_q, T_k), then what the compiler makes of the kernel for an H100 / H200.
+ROW_CASES = [(1, 1), (7, 19), (33, 5)]
+COMPILED = "the kernel report for sm_90"
+ARGUMENT_TYPES = ["array(float32, 2d, C)"] * 3          # q, k, out
+
+
+def compiled_report(kernel):
+    """The kernel report's row for a (q, k, out) kernel at sm_90, or {"error": one line} when it
+    cannot be made here (no compiler installed, or a kernel that does not compile for a GPU)."""
+    from attention_lib import kernel_report
+    try:
+        return kernel_report.report_kernel(kernel, ARGUMENT_TYPES, ROWS_PER_BLOCK, arch="sm_90")
+    except Exception as error:  # the compiler's own error, whatever its class
+        lines = str(error).strip().splitlines() or [type(error).__name__]
+        return {"error": f"{type(error).__name__}: {lines[-1]}"}
+
+
+def launch_row_scores(kernel, q, k):
+    """Run a kernel with the signature (q, k, out), one thread per query row, on ROWS_PER_BLOCK-thread
+    blocks: q (T_q, D), k (T_k, D) float32 device arrays -> out (T_q, T_k) float32 device array
+    (NaN where never written)."""
+    if q.shape[1] != D or k.shape[1] != D:
+        raise ValueError(f"q and k must be (T, {D}) float32, got {q.shape} and {k.shape}")
+    out = cuda.to_device(np.full((q.shape[0], k.shape[0]), np.nan, np.float32))
+    launch(kernel, ceil_div(q.shape[0], ROWS_PER_BLOCK), ROWS_PER_BLOCK, q, k, out)
+    return out
+
+
+def _run_rows(kernel, case, rng):
+    if case == COMPILED:
+        report = compiled_report(kernel)
+        if "error" in report:
+            return np.array([np.inf, np.inf]), np.zeros(2), report
+        float64 = report["hot_loop"]["ffma"] == 0          # double-precision multiply-adds instead
+        return np.array([report["stack_bytes"], float(float64)]), np.zeros(2), report
+    t_q, t_k = case
+    q = rng.standard_normal((t_q, D)).astype(np.float32)
+    k = rng.standard_normal((t_k, D)).astype(np.float32)
+    out = launch_row_scores(kernel, cuda.to_device(q), cuda.to_device(k))
+    return out.copy_to_host(), reference.scores(q, k, scale=False), None
+
+
+def _diagnose_rows(got, expected, report):
+    if report is None:                           # a case of values: the engine's diagnosis
+        return None
+    if "error" in report:
+        return "not_compiled", f"the compiler's report is unavailable: {report['error']}"
+    if report["stack_bytes"] > 0:
+        return "still_local_memory", (
+            f"correct values, but the kernel report says {report['stack_bytes']} bytes of stack frame "
+            f"(local memory, in device DRAM) and {report['registers']} registers: some index into the "
+            "local array is still unknown when the kernel is compiled")
+    return "float64_arithmetic", (
+        f"no local memory left ({report['registers']} registers), but the hot loop has no float32 "
+        f"multiply-add (FFMA) among its {report['hot_loop']['total']} instructions: a number typed as "
+        "float64 (a plain 0.0) makes every multiply-add double precision, far slower on most GPUs; "
+        "keep the arithmetic float32")
+
+
+register(Exercise(
+    exercise_id="09_registers",
+    title="a row-scores kernel whose local array lives in registers (stack frame 0 bytes)",
+    kind="kernel",
+    run=_run_rows,
+    cases=ROW_CASES + [COMPILED],
+    describe_case=lambda c: c if c == COMPILED else f"T_q = {c[0]}, T_k = {c[1]}, D = {D}",
+    hint=("a cuda.local.array becomes registers only when every index into it is a compile-time constant "
+          "once the compiler has unrolled the loops: which of the kernel's loop bounds does the compiler "
+          "know, and which only the launch?"),
+    # float32 sums of 64 products of standard normals (values up to about 25) against float64.
+    rtol=1e-5,
+    atol=1e-4,
+    diagnose=_diagnose_rows,
+    diagnoses=("still_local_memory", "float64_arithmetic", "not_compiled"),
 ))

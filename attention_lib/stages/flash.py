@@ -20,9 +20,10 @@ output stays unnormalised until a single division by l at the end.
 - ``flash_attention_kernel_v2``: a block of BLOCK_Q threads per tile of BLOCK_Q queries; Q, K
   and V tiles staged in shared memory; causal key tiles wholly after the block's last query
   are skipped.
-- ``flash_tile_counts``, ``flash_traffic``, ``pipeline_traffic``: the work and the main-memory
-  traffic, as formulas; ``count_fused`` and ``count_pipeline`` count the same traffic with
-  ``sanitizer.count_memory`` (tests/test_flash.py checks that formulas and counts agree).
+- ``visible_count`` and ``block_key_tiles``: the causal mask's key counts and tile skipping on
+  the host, for every tiled kernel; ``flash_tile_counts`` and ``flash_traffic``: the fused
+  kernel's work and main-memory traffic, as formulas. ``attention_lib.traffic`` counts the same
+  traffic with the sanitizer, and the pipeline's (tests/test_flash.py checks that they agree).
 - Launcher ``flash_attention(q, k, v, causal=True, version=2, kernel=None)``.
 
 The scale 1/sqrt(d_k) is folded into Q as it is loaded: (q / sqrt(d_k)) . k = (q . k) / sqrt(d_k),
@@ -36,8 +37,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from attention_lib import reference, sanitizer
-from attention_lib.stages import mask, scores, softmax, weighted_sum
+from attention_lib import reference
 from attention_lib.launch import SIMULATOR_THREADS_PER_SECOND, ceil_div, check_grid, check_simulator_budget
 from attention_lib.runtime import SIMULATOR_SHAPES
 from attention_lib.validation import as_float32, require, require_finite_result
@@ -225,11 +225,22 @@ def flash_attention_kernel_v2(q, k, v, scale, causal, out):
             out[h, i, c] = acc[c] * inv_l
 
 
-# --- Counting the work and the traffic -----------------------------------------------------
+# --- Counting the work and the traffic (host) -----------------------------------------------------
 
-def _visible(i, t_q, t_k, causal):
-    """visible_keys on the host: keys query i sees."""
+def visible_count(i, t_q, t_k, causal):
+    """visible_keys on the host: how many keys query i sees (0 .. T_k)."""
     return t_k if not causal else max(0, min(t_k, i + (t_k - t_q) + 1))
+
+
+def block_key_tiles(t_q, t_k, causal, block_q, block_k):
+    """The causal tile skipping of a tiled kernel, one head: [(q0, rows, tiles), ...], one entry
+    per block of block_q queries (q0 its first query, rows how many it has), where `tiles` is how
+    many key tiles of block_k it computes: those up to its last query's last visible key. The
+    other ceil(T_k / block_k) - tiles are skipped; none of their keys is visible to the block.
+    """
+    return [(q0, min(block_q, t_q - q0),
+             ceil_div(visible_count(min(q0 + block_q, t_q) - 1, t_q, t_k, causal), block_k))
+            for q0 in range(0, t_q, block_q)]
 
 
 def flash_tile_counts(t_q, t_k=None, causal=True, block_q=BLOCK_Q, block_k=BLOCK_K):
@@ -239,13 +250,9 @@ def flash_tile_counts(t_q, t_k=None, causal=True, block_q=BLOCK_Q, block_k=BLOCK
     last query's last visible key and skips the rest.
     """
     t_k = t_q if t_k is None else t_k
-    loaded = skipped = 0
-    for q0 in range(0, t_q, block_q):
-        last = min(q0 + block_q, t_q) - 1
-        tiles = ceil_div(_visible(last, t_q, t_k, causal), block_k)
-        loaded += tiles
-        skipped += ceil_div(t_k, block_k) - tiles
-    return loaded, skipped
+    per_block = block_key_tiles(t_q, t_k, causal, block_q, block_k)
+    loaded = sum(tiles for _, _, tiles in per_block)
+    return loaded, len(per_block) * ceil_div(t_k, block_k) - loaded
 
 
 def flash_traffic(t_q, t_k, d_k, d_v=None, causal=True, version=2, block_q=BLOCK_Q):
@@ -257,76 +264,11 @@ def flash_traffic(t_q, t_k, d_k, d_v=None, causal=True, version=2, block_q=BLOCK
     """
     d_v = d_k if d_v is None else d_v
     if version == 1:
-        keys = sum(_visible(i, t_q, t_k, causal) for i in range(t_q))
+        keys = sum(visible_count(i, t_q, t_k, causal) for i in range(t_q))
     else:
-        keys = sum(_visible(min(q0 + block_q, t_q) - 1, t_q, t_k, causal)
-                   for q0 in range(0, t_q, block_q))
+        keys = sum(visible_count(q0 + rows - 1, t_q, t_k, causal)
+                   for q0, rows, _ in block_key_tiles(t_q, t_k, causal, block_q, 1))
     return {"q": t_q * d_k, "k": keys * d_k, "v": keys * d_v, "out": t_q * d_v}
-
-
-def pipeline_traffic(t_q, t_k, d_k, d_v=None, causal=True):
-    """Global-memory accesses of one head in ``attention.attention``'s pipeline, as count_memory
-    counts them: {stage: (loads, stores)} in elements (4 bytes each).
-
-    scores: the tiled scores kernel (mask_kernel_v2 when causal: tiles wholly above the diagonal
-    load nothing); a tile reads its rows of q and of k once; every score is written. softmax:
-    every score read three times (max, sum, normalise; once for a row that sees no key), every
-    weight written once. weighted_sum: the tiled product reads each weight once per tile of
-    columns of v, each element of v once per tile of queries, and writes the output.
-    """
-    d_v = d_k if d_v is None else d_v
-    tile, ws_tile = scores.TILE, weighted_sum.TILE
-    q_loads = k_loads = 0
-    for r0 in range(0, t_q, tile):                          # the scores kernel's tiles
-        rows = min(tile, t_q - r0)
-        for c0 in range(0, t_k, tile):
-            if causal and c0 > r0 + rows - 1 + (t_k - t_q):
-                continue                                    # skipped: only -inf written
-            q_loads += rows * d_k
-            k_loads += min(tile, t_k - c0) * d_k
-    seeing = sum(_visible(i, t_q, t_k, causal) > 0 for i in range(t_q))   # rows with a key
-    return {
-        "scores": (q_loads + k_loads, t_q * t_k),
-        "softmax": ((3 * seeing + (t_q - seeing)) * t_k, t_q * t_k),
-        "weighted_sum": (t_q * t_k * ceil_div(d_v, ws_tile) + t_k * d_v * ceil_div(t_q, ws_tile),
-                         t_q * d_v),
-    }
-
-
-def count_pipeline(q, k, v, causal=True):
-    """Run the pipeline of ``attention.launch_attention`` kernel by kernel under count_memory.
-
-    q: (BH, T_q, d_k), k: (BH, T_k, d_k), v: (BH, T_k, d_v) float32 NumPy arrays
-    -> ({stage: MemoryReport}, out (BH, T_q, d_v)). The same kernels, grids and order as
-    attention.launch_attention, except that the softmax is always version 1: both versions
-    read every score three times and write every weight once (tests/test_softmax.py), and
-    version 1 has no barriers, so it is far cheaper to simulate on a GPU machine, where the
-    pipeline itself uses version 2. The scores and weights are ordinary arrays here, so every
-    access to them is counted.
-    """
-    (bh, t_q, d_k), (t_k, d_v) = q.shape, v.shape[1:]
-    s = np.empty((bh, t_q, t_k), np.float32)
-    a = np.empty((bh, t_q, t_k), np.float32)
-    out = np.empty((bh, t_q, d_v), np.float32)
-    score_kernel = mask.mask_kernel_v2 if causal else scores.scores_kernel_v2
-    reports = {
-        "scores": sanitizer.count_memory(score_kernel, *scores.score_grid(bh, t_q, t_k), q, k,
-                                         scores.scale_factor(d_k), s),
-        "softmax": sanitizer.count_memory(softmax.softmax_kernel_v1, *softmax.softmax_grid(bh * t_q, 1),
-                                          s.reshape(bh * t_q, t_k), a.reshape(bh * t_q, t_k)),
-        "weighted_sum": sanitizer.count_memory(weighted_sum.weighted_sum_kernel_v2,
-                                               *weighted_sum.weighted_sum_grid(bh, t_q, d_v), a, v, out),
-    }
-    return reports, out
-
-
-def count_fused(q, k, v, causal=True, version=2):
-    """Run the fused kernel once under count_memory: q (BH, T_q, d_k), k (BH, T_k, d_k),
-    v (BH, T_k, d_v) float32 NumPy arrays -> (MemoryReport, out (BH, T_q, d_v))."""
-    out = np.empty((q.shape[0], q.shape[1], v.shape[2]), np.float32)
-    report = sanitizer.count_memory(KERNELS[version], *flash_grid(q.shape[0], q.shape[1], version),
-                                    q, k, v, np.float32(1.0 / math.sqrt(q.shape[2])), bool(causal), out)
-    return report, out
 
 
 # --- Launcher --------------------------------------------------------------------------------
@@ -371,7 +313,7 @@ def flash_attention(q, k, v, causal=True, version=2, kernel=None):
     grid, block = flash_grid(bh, t_q, version)
     check_grid("flash_attention", grid, x="q's T_q in blocks of queries", y="q's batch x heads")
     # Thread-equivalents for the shared budget: the multiply-adds dominate, not the thread count.
-    madds = bh * sum(_visible(i, t_q, t_k, causal) for i in range(t_q)) * (d_k + d_v)
+    madds = bh * sum(visible_count(i, t_q, t_k, causal) for i in range(t_q)) * (d_k + d_v)
     check_simulator_budget("flash_attention", max(math.prod(grid) * block,
                                                   madds * SIMULATOR_THREADS_PER_SECOND // SIMULATOR_MADDS_PER_SECOND))
     d_out = cuda.device_array((bh, t_q, d_v), np.float32)

@@ -1,0 +1,242 @@
+"""Main-memory traffic of attention, counted: the stage-by-stage pipeline against the fused kernel.
+
+The formulas of the fused kernel's own traffic (``flash.flash_traffic``) and of its causal tile
+skipping (``flash.flash_tile_counts``) live beside the kernels in ``stages/flash.py``. This module
+holds what needs the unfused pipeline or the sanitizer:
+
+- ``pipeline_traffic``: the pipeline's accesses, stage by stage, as a formula.
+- ``count_pipeline``: the pipeline's kernels run one by one under ``sanitizer.count_memory``.
+- ``count_fused``: the fused kernel run once under ``sanitizer.count_memory``.
+
+tests/test_flash.py checks that every formula equals its count.
+
+For the bench (``attention_lib.bench``), where counted traffic is every global load and store a
+launch requests as if there were no cache (on a GPU the caches absorb part of it; only a time can
+say how much): ``BENCH_FORMULAS`` predicts the counts of each entry from the stage modules' own
+cost formulas; ``count_entry`` totals the counted launches of one entry and compares them with
+its formula; ``formula_results`` extrapolates to sizes the simulator cannot run (ANDREA-120M),
+with the GPU's tile sizes whatever the backend. tests/test_bench.py checks those.
+"""
+
+import datetime
+import math
+from dataclasses import asdict
+
+import numpy as np
+
+from attention_lib import sanitizer
+from attention_lib.launch import ceil_div
+from attention_lib.stages import flash, mask, scores, softmax, weighted_sum
+
+
+def pipeline_traffic(t_q, t_k, d_k, d_v=None, causal=True):
+    """Global-memory accesses of one head in ``attention.attention``'s pipeline, as count_memory
+    counts them: {stage: (loads, stores)} in elements (4 bytes each).
+
+    scores: the tiled scores kernel (mask_kernel_v2 when causal: tiles wholly above the diagonal
+    load nothing); a tile reads its rows of q and of k once; every score is written. softmax:
+    every score read three times (max, sum, normalise; once for a row that sees no key), every
+    weight written once. weighted_sum: the tiled product reads each weight once per tile of
+    columns of v, each element of v once per tile of queries, and writes the output.
+    """
+    d_v = d_k if d_v is None else d_v
+    tile, ws_tile = scores.TILE, weighted_sum.TILE
+    q_loads = k_loads = 0
+    for _, rows, tiles in flash.block_key_tiles(t_q, t_k, causal, tile, tile):
+        q_loads += tiles * rows * d_k                       # the row block's q, once per tile
+        k_loads += min(t_k, tiles * tile) * d_k             # whole key tiles, the last one short
+    seeing = sum(flash.visible_count(i, t_q, t_k, causal) > 0 for i in range(t_q))   # rows with a key
+    return {
+        "scores": (q_loads + k_loads, t_q * t_k),
+        "softmax": ((3 * seeing + (t_q - seeing)) * t_k, t_q * t_k),
+        "weighted_sum": (t_q * t_k * ceil_div(d_v, ws_tile) + t_k * d_v * ceil_div(t_q, ws_tile),
+                         t_q * d_v),
+    }
+
+
+def count_pipeline(q, k, v, causal=True):
+    """Run the pipeline of ``attention.launch_attention`` kernel by kernel under count_memory.
+
+    q: (BH, T_q, d_k), k: (BH, T_k, d_k), v: (BH, T_k, d_v) float32 NumPy arrays
+    -> ({stage: MemoryReport}, out (BH, T_q, d_v)). The same kernels, grids and order as
+    attention.launch_attention, except that the softmax is always version 1: both versions
+    read every score three times and write every weight once (tests/test_softmax.py), and
+    version 1 has no barriers, so it is far cheaper to simulate on a GPU machine, where the
+    pipeline itself uses version 2. The scores and weights are ordinary arrays here, so every
+    access to them is counted.
+    """
+    (bh, t_q, d_k), (t_k, d_v) = q.shape, v.shape[1:]
+    s = np.empty((bh, t_q, t_k), np.float32)
+    a = np.empty((bh, t_q, t_k), np.float32)
+    out = np.empty((bh, t_q, d_v), np.float32)
+    score_kernel = mask.mask_kernel_v2 if causal else scores.scores_kernel_v2
+    reports = {
+        "scores": sanitizer.count_memory(score_kernel, *scores.score_grid(bh, t_q, t_k), q, k,
+                                         scores.scale_factor(d_k), s),
+        "softmax": sanitizer.count_memory(softmax.softmax_kernel_v1, *softmax.softmax_grid(bh * t_q, 1),
+                                          s.reshape(bh * t_q, t_k), a.reshape(bh * t_q, t_k)),
+        "weighted_sum": sanitizer.count_memory(weighted_sum.weighted_sum_kernel_v2,
+                                               *weighted_sum.weighted_sum_grid(bh, t_q, d_v), a, v, out),
+    }
+    return reports, out
+
+
+def count_fused(q, k, v, causal=True, version=2):
+    """Run the fused kernel once under count_memory: q (BH, T_q, d_k), k (BH, T_k, d_k),
+    v (BH, T_k, d_v) float32 NumPy arrays -> (MemoryReport, out (BH, T_q, d_v))."""
+    out = np.empty((q.shape[0], q.shape[1], v.shape[2]), np.float32)
+    report = sanitizer.count_memory(flash.KERNELS[version], *flash.flash_grid(q.shape[0], q.shape[1], version),
+                                    q, k, v, np.float32(1.0 / math.sqrt(q.shape[2])), bool(causal), out)
+    return report, out
+
+
+# --- The bench's entries: formulas and counts --------------------------------------------
+
+BYTES = 4                                   # float32
+
+
+def _projection(version):
+    def formula(m, s):
+        d_out = 3 * s.d_model
+        x_reads, w_reads = m.global_reads(s.rows, d_out, version)
+        return s.rows * s.d_model * x_reads + s.d_model * d_out * w_reads, s.rows * d_out
+    return formula
+
+
+def _scores(version):
+    def formula(m, s):
+        if version == 1:                                # every score reads a row of q and of k
+            return 2 * s.BH * s.T * s.T * s.d_k, s.BH * s.T * s.T
+        return 2 * s.BH * s.T * s.d_k * ceil_div(s.T, m.TILE), s.BH * s.T * s.T   # once per tile
+    return formula
+
+
+def _mask(version):
+    def formula(m, s):
+        if version == 1:                                # writes the future, reads nothing
+            return 0, s.BH * (s.T * s.T - s.T * (s.T + 1) // 2)
+        loads = 0
+        for r0 in range(0, s.T, m.TILE):                # tiles wholly in the future load nothing
+            rows = min(m.TILE, s.T - r0)
+            for c0 in range(0, s.T, m.TILE):
+                if c0 <= r0 + rows - 1:
+                    loads += (rows + min(m.TILE, s.T - c0)) * s.d_k
+        return s.BH * loads, s.BH * s.T * s.T
+    return formula
+
+
+def _softmax(m, s):                                     # max, sum, normalise: 3 reads per score
+    return 3 * s.BH * s.T * s.T, s.BH * s.T * s.T
+
+
+def _weighted_sum(version):
+    def formula(m, s):
+        # A @ V is notebook 01's product with A as x and V as w (weighted_sum.py reuses it).
+        from attention_lib.stages import projection
+        a_reads, v_reads = projection.global_reads(s.T, s.d_k, version)
+        return s.BH * (s.T * s.T * a_reads + s.T * s.d_k * v_reads), s.BH * s.T * s.d_k
+    return formula
+
+
+def _flash(version):
+    def formula(m, s):
+        per_head = m.flash_traffic(s.T, s.T, s.d_k, causal=True, version=version)
+        return s.BH * (per_head["q"] + per_head["k"] + per_head["v"]), s.BH * per_head["out"]
+    return formula
+
+
+def _decode(version):
+    def formula(m, s):
+        traffic = m.decode_traffic(s.T, s.BH, s.d_k, version)
+        loads = sum(l for arrays in traffic.values() for l, _ in arrays.values())
+        stores = sum(st for arrays in traffic.values() for _, st in arrays.values())
+        return loads, stores
+    return formula
+
+
+# Entry name -> formula(stage module, BenchSizes) -> (global loads, global stores), in elements.
+BENCH_FORMULAS = {
+    **{f"projection v{v}": _projection(v) for v in (1, 2, 3)},
+    **{f"scores v{v}": _scores(v) for v in (1, 2)},
+    **{f"mask v{v}": _mask(v) for v in (1, 2)},
+    **{f"softmax v{v}": _softmax for v in (1, 2)},
+    **{f"weighted_sum v{v}": _weighted_sum(v) for v in (1, 2)},
+    **{f"flash v{v}": _flash(v) for v in (1, 2)},
+    **{f"decode v{v}": _decode(v) for v in (1, 2)},
+}
+
+
+def _formula(entry, module, sizes, result):
+    formula = BENCH_FORMULAS.get(entry.name)
+    if formula is None:
+        return None
+    try:
+        loads, stores = formula(module, sizes)
+    except (AttributeError, TypeError, KeyError) as error:   # the module changed shape
+        result["notes"].append(f"no traffic formula: {type(error).__name__}: {error}")
+        return None
+    result["formula"] = {"global_loads": int(loads), "global_stores": int(stores)}
+    return result["formula"]
+
+
+def count_entry(entry, module, sizes, launches, result):
+    """Total the count_memory reports of one entry's launches into result["counted"], and
+    compare them with the entry's formula (result["formula_matches"])."""
+    reports = [launch.report for launch in launches]
+    counted = {
+        "global_loads": sum(r.total("loads", space="global") for r in reports),
+        "global_stores": sum(r.total("stores", space="global") for r in reports),
+        "global_atomics": sum(r.total("atomics", space="global") for r in reports),
+        "global_bytes": sum(r.global_bytes for r in reports),
+        "shared_loads": sum(r.total("loads", space="shared") for r in reports),
+        "shared_stores": sum(r.total("stores", space="shared") for r in reports),
+    }
+    counted["intensity"] = result["flops"] / counted["global_bytes"] if counted["global_bytes"] else None
+    result["counted"] = counted
+    formula = _formula(entry, module, sizes, result)
+    if formula is not None:
+        result["formula_matches"] = (formula["global_loads"] == counted["global_loads"]
+                                     and formula["global_stores"] == counted["global_stores"])
+
+
+def formula_results(sizes=None, only=None):
+    """What can be known without running anything, at `sizes` (default ANDREA-120M): FLOPs, ideal
+    bytes, intensity and, where an entry has a traffic formula, the loads and stores count_memory
+    would count, with the GPU's tile sizes whatever the backend (on the simulator it asks a fresh
+    Python with ATTENTION_LIB_SHAPES=gpu). A results dict (backend "formula") that
+    plotting.plot_bench_roofline draws. The formulas are checked against count_memory at small
+    sizes (tests/test_bench.py, notebook 09)."""
+    import importlib
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from attention_lib import bench, runtime
+    sizes = bench.BenchSizes.of(runtime.ANDREA_120M) if sizes is None else sizes
+    if runtime.SIMULATOR_SHAPES:                # the stage modules hold the simulator's tile sizes
+        ask = (f"import json, attention_lib; from attention_lib import bench, traffic; print(json.dumps("
+               f"traffic.formula_results(bench.BenchSizes(*{list(asdict(sizes).values())}), {only!r})))")
+        done = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True, check=True,
+                              env={**os.environ, "ATTENTION_LIB_SHAPES": runtime.GPU})
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    kernels, skipped = [], []
+    for entry in bench.select(only):
+        missing = entry.missing()
+        if missing:
+            skipped.append({"name": entry.name, "reason": missing})
+            continue
+        module = importlib.import_module(f"attention_lib.stages.{entry.module}")
+        result = bench.new_result(entry)
+        flops, ideal = int(entry.flops(sizes)), int(entry.ideal_bytes(sizes))
+        result.update({"flops": flops, "ideal_bytes": ideal, "intensity": flops / ideal if ideal else None})
+        formula = _formula(entry, module, sizes, result)
+        if formula is not None:
+            moved = BYTES * (formula["global_loads"] + formula["global_stores"])
+            result["counted"] = {**formula, "global_bytes": moved, "intensity": flops / moved if moved else None}
+        kernels.append(result)
+    return {"schema": bench.SCHEMA, "backend": "formula", "gpu": None, "limits": None,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "versions": bench.versions(), "sizes": {**asdict(sizes), "d_model": sizes.d_model},
+            "timing": None, "kernels": kernels, "skipped": skipped, "failed": [],
+            "targets": bench.targets(kernels, sizes, None), "notes": ["by formula, with the GPU's tile sizes"]}
