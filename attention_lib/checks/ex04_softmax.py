@@ -125,7 +125,9 @@ register(Exercise(
     cases=[(1, 1, "normal"), (7, 5, "normal"), (7, 33, "large"), (5, 19, "spread"), (33, 33, "masked")],
     describe_case=lambda c: f"rows = {c[0]}, T_k = {c[1]} ({c[2]} scores)",
     hint=("one thread owns one whole row: it walks the row once for the maximum, once for the sum "
-          "of the shifted exponentials, once for the weights. hint(\"04_row_softmax\", 2) names the usual slip"),
+          "of the shifted exponentials, once for the weights"),
+    more_hints=("where answers go wrong: shifting by a score that is not the row's maximum (the first one, "
+                "say), and a row whose every score is -inf, where the maximum itself is -inf",),
     # float32 exp and sums of up to 33 terms against float64: relative errors around 1e-7 per weight.
     rtol=1e-5,
     atol=1e-6,
@@ -233,8 +235,10 @@ register(Exercise(
            (5, 33, "masked")],
     describe_case=lambda c: f"rows = {c[0]}, T_k = {c[1]} ({c[2]} scores)",
     hint=("each thread folds its own columns into one (m, l) pair, then the block halves the number of "
-          "pairs each round in shared memory, merging pair tid with pair tid + stride. "
-          "hint(\"04_block_reduction\", 2) names the usual slip"),
+          "pairs each round in shared memory, merging pair tid with pair tid + stride"),
+    more_hints=("where answers go wrong: a missing barrier, after the pairs are written and after every "
+                "round (the next round reads what this one wrote); and a thread that skips the tree: every "
+                "thread of the block must reach every barrier",),
     # float32 exp and sums of up to 69 terms against float64: relative errors around 1e-6.
     rtol=1e-5,
     atol=1e-6,
@@ -242,24 +246,3 @@ register(Exercise(
     diagnoses=("row_not_strided", "online_softmax_no_rescale", "wrong_neutral_value", "unstable_softmax"),
 ))
 
-
-# Second hints, shown on request by hint(exercise_id, 2): the step where answers usually go wrong.
-SECOND_HINTS = {
-    "04_row_softmax": ("the usual slips: shifting by a score that is not the row's maximum (the first "
-                       "one, say), and a row whose every score is -inf, where the maximum itself is -inf"),
-    "04_block_reduction": ("the usual slips: a missing barrier (after the pairs are written, and after "
-                           "every round, since the next round reads what this one wrote), and threads "
-                           "that leave the loop early: every thread must reach every barrier"),
-}
-
-
-def hint(exercise_id, level=1):
-    """The hint of an exercise: level 1 names the idea, level 2 the step that usually goes wrong."""
-    from attention_lib.checks.engine import EXERCISES
-    if exercise_id not in EXERCISES:
-        raise ValueError(f"exercise_id must be one of {sorted(EXERCISES)}, got {exercise_id!r}")
-    if level not in (1, 2):
-        raise ValueError(f"level must be 1 or 2, got {level!r}")
-    if level == 1:
-        return EXERCISES[exercise_id].hint
-    return SECOND_HINTS.get(exercise_id, "no second hint for this exercise")

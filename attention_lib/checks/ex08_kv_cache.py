@@ -25,7 +25,6 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.checks.engine import Exercise, assert_guard_intact, guarded_output, launch, register
-from attention_lib.checks.ex04_softmax import SECOND_HINTS
 
 
 class Case(NamedTuple):
@@ -137,7 +136,10 @@ register(Exercise(
     cases=[Case(2, 5, 9, 3), Case(1, 1, 2, 1), Case(4, 16, 32, 0), Case(3, 24, 40, 39),
            Case(2, 16, 12, 7, large=True)],
     hint=("the new token is a position of the cache like any other: store it first, then attend over the "
-          "filled positions only, its own included. hint(\"08_decode_step\", 2) names the usual slips"),
+          "filled positions only, its own included"),
+    more_hints=("where answers go wrong: attending before the new token is stored (it cannot see itself), "
+                "attending to the stale slots past the filled ones, and a softmax that does not subtract "
+                "the maximum score",),
     # float32 inputs; an answer may compute in float32 (errors ~1e-7 of values of order 1) or float64.
     rtol=1e-5,
     atol=1e-6,
@@ -240,7 +242,9 @@ register(Exercise(
     cases=LSE_CASES,
     describe_case=lambda c: f"n_head = {c[0]}, n_chunks = {c[1]}, d_v = {c[2]} ({c[3]} LSEs)",
     hint=("each thread owns one output component of one head: it looks at every chunk's LSE, weighs chunk c "
-          "by its share exp(LSE_c - LSE) of the softmax, and adds up. hint(\"08_lse_merge\", 2) names the usual slips"),
+          "by its share exp(LSE_c - LSE) of the softmax, and adds up"),
+    more_hints=("where answers go wrong: taking exp of an LSE as it is (it can be 1000: find the largest "
+                "first), weights that do not sum to 1, and threads outside the output that still write",),
     # float32 exp and sums of a few terms against float64: errors around 1e-7 on outputs of order 1,
     # and the float32 rounding of an lse near 1000 (6e-5) is inside rtol.
     rtol=1e-5,
@@ -248,10 +252,3 @@ register(Exercise(
     diagnose=_diagnose_lse_merge,
     diagnoses=("unstable_softmax", "merge_unweighted", "weights_not_normalised", "lse_is_max"),
 ))
-
-SECOND_HINTS["08_decode_step"] = ("the usual slips: attending before the new token is stored (it cannot see "
-                                  "itself), attending to the stale slots past the filled ones, and a softmax "
-                                  "that does not subtract the maximum score")
-SECOND_HINTS["08_lse_merge"] = ("the usual slips: taking exp of an LSE as it is (it can be 1000: find the "
-                                "largest first), forgetting that the weights must sum to 1, and a thread "
-                                "outside the output that still writes")
