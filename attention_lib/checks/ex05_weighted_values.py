@@ -92,8 +92,11 @@ register(Exercise(
     # 16-wide tiles, not causal; then two tiles of positions and of d_k, causal. Small, because
     # every stage of the answer is a launch on the simulator: the whole check takes seconds.
     cases=[Case(1, 3, 1, True), Case(5, 8, 5, True), Case(7, 24, 5, False), Case(17, 12, 18, True)],
-    hint=("q = projection.project(x, w_q), and k, v the same way; s = mask.causal_scores(q, k) if causal "
-          "else scores.scores(q, k); then weighted_sum.weighted_sum(softmax.softmax(s), v)"),
+    hint=("follow the formula stage by stage, one library function per stage: the three projections, "
+          "the scaled scores (masked when causal), the row softmax, the weighted sum of the values"),
+    more_hints=("where answers go wrong: the scores of notebook 02 take the queries first and the keys "
+                "second, the causal flag must choose between the masked and the plain scores, and each "
+                "library function already applies its own scale",),
     # Four float32 stages, each a sum of at most 24 terms of order 1, against float64: errors
     # around 1e-6 (measured up to 4e-7); 1e-4 leaves room and still tells every mistake apart.
     rtol=1e-4,

@@ -73,9 +73,11 @@ register(Exercise(
     # a batch of 2 with T 17 (a partly used second block down); d_k 20 (a second block across).
     # Every case after the first has several heads, so an interleaved split differs from the right one.
     cases=[Case(1, 1, 1, 1), Case(1, 7, 3, 5), Case(2, 17, 4, 6), Case(1, 5, 2, 20)],
-    hint=("c, t = cuda.grid(2); bh = cuda.blockIdx.z; n_head, d_k = out.shape[1], out.shape[3]; "
-          "b, h = bh // n_head, bh % n_head; if t < out.shape[2] and c < d_k: "
-          "out[b, h, t, c] = x[b, t, h * d_k + c]"),
+    hint=("one thread per output element: the grid's x and y cover a head's components and positions, its "
+          "z axis every (sequence, head) pair; head h owns the h-th block of d_k columns of x"),
+    more_hints=("where answers go wrong: taking a head's columns one every n_head (the wrong reshape order), "
+                "splitting the z index into sequence and head the wrong way round, and threads of the edge "
+                "blocks that fall outside the output",),
     rtol=0.0,   # a split moves values, it computes none: every entry must be exact
     atol=0.0,
     diagnose=_diagnose,
