@@ -308,7 +308,8 @@ def test_block_reduction_mistakes_get_their_diagnosis(answer, diagnosis):
 
 
 def test_hints_of_04_and_08_come_in_levels_and_give_no_code(capsys):
-    for exercise_id in ("04_row_softmax", "04_block_reduction", "08_decode_step", "08_lse_merge"):
+    for exercise_id in ("04_row_softmax", "04_block_reduction", "05_single_head", "05_causal_av",
+                        "08_decode_step", "08_lse_merge"):
         hints = EXERCISES[exercise_id].hints
         assert len(hints) >= 2, exercise_id
         hint(exercise_id, 2)
@@ -553,3 +554,73 @@ def test_the_hints_of_06_give_no_code(capsys):
         assert capsys.readouterr().out.startswith(f"{exercise_id}, hint 2 of {len(hints)}: where")
         for text in hints:
             assert not any(token in text for token in ("=", "[", "cuda.", "syncthreads")), (exercise_id, text)
+
+
+# --- 05: A . V skipping the zero tiles above the diagonal -------------------------------------
+
+from attention_lib.checks.ex05_weighted_values import tile_matmul_until  # noqa: E402
+from attention_lib.stages.projection import TILE as AV_TILE             # noqa: E402
+
+
+@cuda.jit
+def causal_av_solution(a, v, out):
+    col, row = cuda.grid(2)
+    h = cuda.blockIdx.z
+    k_end = min(a.shape[2], (cuda.blockIdx.y + 1) * AV_TILE + a.shape[2] - a.shape[1])
+    acc = tile_matmul_until(a[h], v[h], row, col, k_end)
+    if row < out.shape[1] and col < out.shape[2]:
+        out[h, row, col] = acc
+
+
+@cuda.jit
+def causal_av_every_tile(a, v, out):
+    col, row = cuda.grid(2)
+    h = cuda.blockIdx.z
+    acc = tile_matmul_until(a[h], v[h], row, col, a.shape[2])       # right, but reads the zeros
+    if row < out.shape[1] and col < out.shape[2]:
+        out[h, row, col] = acc
+
+
+@cuda.jit
+def causal_av_without_the_diagonal(a, v, out):
+    col, row = cuda.grid(2)
+    h = cuda.blockIdx.z
+    k_end = min(a.shape[2], cuda.blockIdx.y * AV_TILE + a.shape[2] - a.shape[1])
+    acc = tile_matmul_until(a[h], v[h], row, col, k_end)
+    if row < out.shape[1] and col < out.shape[2]:
+        out[h, row, col] = acc
+
+
+@cuda.jit
+def causal_av_without_the_offset(a, v, out):
+    col, row = cuda.grid(2)
+    h = cuda.blockIdx.z
+    k_end = min(a.shape[2], (cuda.blockIdx.y + 1) * AV_TILE)
+    acc = tile_matmul_until(a[h], v[h], row, col, k_end)
+    if row < out.shape[1] and col < out.shape[2]:
+        out[h, row, col] = acc
+
+
+@cuda.jit
+def causal_av_without_guard(a, v, out):
+    col, row = cuda.grid(2)
+    h = cuda.blockIdx.z
+    k_end = min(a.shape[2], (cuda.blockIdx.y + 1) * AV_TILE + a.shape[2] - a.shape[1])
+    out[h, row, col] = tile_matmul_until(a[h], v[h], row, col, k_end)
+
+
+def test_the_causal_av_solution_passes():
+    result = check("05_causal_av", causal_av_solution, verbose=False)
+    assert result.passed and result.diagnosis == "ok", result
+
+
+@pytest.mark.parametrize("answer, diagnosis", [
+    (causal_av_every_tile, "no_tiles_skipped"),
+    (causal_av_without_the_diagonal, "diagonal_tile_skipped"),
+    (causal_av_without_the_offset, "mask_ignores_offset"),
+    (causal_av_without_guard, "out_of_bounds"),
+])
+def test_causal_av_mistakes_get_their_diagnosis(answer, diagnosis):
+    result = check("05_causal_av", answer, verbose=False)
+    assert (result.passed, result.diagnosis) == (False, diagnosis), result
+    assert "\n" not in str(result)
