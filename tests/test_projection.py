@@ -220,9 +220,9 @@ def test_the_library_kernels_pass_the_exercise(kernel, capsys):
 
 @pytest.mark.parametrize("answer, diagnosis, says", [
     (no_bounds_guard, "out_of_bounds", "out-of-bounds read "),   # of x or of w: whichever thread gets there first
-    (transposed_w, "wrong_values", "at (T 1, d_model 5, d_out 5): 5 of 5 entries differ"),
+    (transposed_w, "w_transposed", "at (T 1, d_model 5, d_out 5): the result is x @ w^T"),
     (only_the_first_block, "wrong_values", "were never written"),
-    (forgets_the_bias, "wrong_values", "(T 7, d_model 24, d_out 20, bias)"),
+    (forgets_the_bias, "bias_missing", "(T 7, d_model 24, d_out 20, bias): the values are x @ w without the bias"),
     (rows_and_columns_swapped, "wrong_values", "at (T 7, d_model 24, d_out 20, bias): 28 of 140 entries were never written"),
     (not_written_yet, "not_implemented", "not implemented yet"),
     (lambda x, w, b, out: None, "not_a_kernel", "@cuda.jit"),

@@ -1,4 +1,4 @@
-"""Exercise checking: ``check(exercise_id, answer)`` and the registry of every exercise.
+"""Exercise checking: ``check(exercise_id, answer)``, ``hint(exercise_id, level)`` and the registry.
 
 The engine (running cases, diagnosing, the verdict) is in ``engine``; each notebook's
 exercises are in ``exNN_<topic>.py`` beside it, every one of which is imported (and so
@@ -8,7 +8,7 @@ registers its exercises) when this package is imported.
 import importlib
 import pkgutil
 
-from attention_lib.checks.engine import EXERCISES, CheckResult, Exercise, check  # noqa: F401
+from attention_lib.checks.engine import EXERCISES, CheckResult, Exercise, check, hint  # noqa: F401
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name.startswith("ex")):
     importlib.import_module(f"{__name__}.{_module}")

@@ -16,6 +16,12 @@ Diagnosis codes:
 - ``wrong_shape``: the result has the wrong shape;
 - ``wrong_values``: the values differ from the reference (the first differing entry is shown);
   entries that the answer never wrote are reported as such.
+An exercise names its own typical mistakes beyond these (``transposed``, ``no_reuse``, ...):
+its ``diagnose`` compares wrong values with the usual wrong formulas, and its ``run`` may raise
+``Diagnosed(code, message)`` for what values cannot show (reads counted, tiles skipped).
+
+Hints come in levels: ``hint(exercise_id)`` names the idea, ``hint(exercise_id, 2)`` the step
+where students usually go wrong. No hint gives a line of the solution.
 
 Each exercise is defined in a module ``checks/exNN_<topic>.py`` beside this one and registered
 in ``EXERCISES`` under its id, such as ``"00_scale_add"``.
@@ -47,6 +53,15 @@ class CheckResult:
         return f"{mark} {self.exercise_id} [{self.diagnosis}]: {self.message}"
 
 
+class Diagnosed(Exception):
+    """Raised by an exercise's run to name a mistake the values alone do not show."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
 class OutOfBoundsWrite(IndexError):
     """A kernel wrote into the guard zone past the end of an output array."""
 
@@ -76,6 +91,13 @@ class Exercise:
     # The codes `diagnose` can name, beyond the engine's own: listed in INSTRUCTORS.md, and each
     # planted in a test.
     diagnoses: tuple = ()
+    # Further hints, shown by hint(exercise_id, 2), 3, ...: the step where students go wrong.
+    more_hints: tuple = ()
+
+    @property
+    def hints(self) -> tuple:
+        """Every hint, first (the idea) to last."""
+        return (self.hint,) + tuple(self.more_hints)
 
 
 def _is_kernel(answer):
@@ -107,6 +129,58 @@ def launch(kernel, griddim, blockdim, *args):
         sanitizer.run(kernel, griddim, blockdim, *args)
     else:
         kernel[griddim, blockdim](*args)
+
+
+class Traced:
+    """One launch on the simulator with every access recorded: its races, reads and warp requests.
+
+    One traced run answers the three questions a tiled exercise asks (is there a race, how
+    often is each element read, how many memory segments does a warp's load touch), where
+    find_races, count_memory and a third run would each launch the kernel again.
+    """
+
+    def __init__(self, kernel, griddim, blockdim, *args):
+        self.launch = sanitizer._launch(kernel, griddim, blockdim, args, sanitizer._TRACE)
+
+    def races(self):
+        """The races found, as sanitizer.Race objects (empty when none)."""
+        return sanitizer._races(self.launch)
+
+    def loads(self, name):
+        """Loads of each element of array `name`, an int array of its shape."""
+        target = self.launch.targets[name]
+        elements = [element for element, kind, *_ in target.trace if kind == sanitizer.LOAD]
+        size = int(np.prod(target.shape))
+        return np.bincount(np.asarray(elements, dtype=np.int64), minlength=size).reshape(target.shape)
+
+    def warp_segments(self, name, segment_bytes=128):
+        """Mean number of `segment_bytes` segments of array `name` that one warp's load touches.
+
+        The loads of one warp (32 consecutive threads, x fastest) from one source line in one
+        barrier interval are taken as one instruction; on a GPU each segment it touches is a
+        separate memory transaction. 32 float32 side by side: 1 segment; one per row: up to 32.
+        """
+        target = self.launch.targets[name]
+        requests = {}
+        for element, kind, (block, thread), interval, site in target.trace:
+            if kind == sanitizer.LOAD:
+                warp = self.launch.global_id(block, thread) // 32
+                requests.setdefault((warp, interval, site), set()).add(
+                    element * target.dtype.itemsize // segment_bytes)
+        return float(np.mean([len(s) for s in requests.values()])) if requests else 0.0
+
+
+def traced_launch(kernel, griddim, blockdim, *args):
+    """Run a student's kernel once on the simulator, recording every access; RaceFound on a race.
+
+    args: NumPy arrays (outputs are written in place) and scalars. An out-of-bounds index
+    raises the sanitizer's IndexError, as in launch().
+    """
+    traced = Traced(kernel, griddim, blockdim, *args)
+    races = traced.races()
+    if races:
+        raise RaceFound(str(races[0]))
+    return traced
 
 
 def _shares_memory(answer, seen=None):
@@ -168,8 +242,11 @@ def _still_a_stub(answer):
     """True when the answer's code still raises NotImplementedError (a student copy's stub).
 
     A real GPU ignores a `raise` inside a kernel, so a stub kernel would just write nothing;
-    reading the source tells "not started" from "started but wrong" on every backend.
+    reading the source tells "not started" from "started but wrong" on every backend. An
+    answer made of several functions (a tuple) is a stub when any of them is.
     """
+    if isinstance(answer, tuple):
+        return any(_still_a_stub(part) for part in answer)
     function = getattr(answer, "py_func", answer)
     try:
         return "raise NotImplementedError" in inspect.getsource(function)
@@ -189,12 +266,18 @@ def _first_difference(got, expected, rtol, atol):
     return index, got[where], expected[where], int(bad.sum())
 
 
+def _first_hint(exercise):
+    """The first hint, and where the next one is when there is one."""
+    more = f" (more: hint({exercise.exercise_id!r}, 2))" if exercise.more_hints else ""
+    return exercise.hint + more
+
+
 def _judge(exercise, answer):
     """Run every case; return (diagnosis, message)."""
     if answer is None:
-        return "not_implemented", f"not implemented yet. Hint: {exercise.hint}"
+        return "not_implemented", f"not implemented yet. Hint: {_first_hint(exercise)}"
     if _still_a_stub(answer):
-        return "not_implemented", f"not implemented yet. Hint: {exercise.hint}"
+        return "not_implemented", f"not implemented yet. Hint: {_first_hint(exercise)}"
     if exercise.kind == "kernel" and not _is_kernel(answer):
         return "not_a_kernel", f"expected a @cuda.jit kernel, got {type(answer).__name__}; decorate it with @cuda.jit"
     rng = np.random.default_rng(SEED)
@@ -207,7 +290,9 @@ def _judge(exercise, answer):
         try:
             got, expected, *inputs = _run_case(exercise, answer, case, rng, race_check)
         except NotImplementedError:
-            return "not_implemented", f"not implemented yet. Hint: {exercise.hint}"
+            return "not_implemented", f"not implemented yet. Hint: {_first_hint(exercise)}"
+        except Diagnosed as named:
+            return named.code, f"at {where}: {named.message}"
         except RaceFound as race:
             return "race", (f"at {where}: {race}. A missing cuda.syncthreads()? Every thread must finish "
                             "writing shared memory before any reads it, and finish reading before it is overwritten.")
@@ -235,11 +320,23 @@ def _judge(exercise, answer):
     return "ok", f"correct at every size tried ({sizes}) on random data"
 
 
-def check(exercise_id, answer, verbose=True):
-    """Check `answer` for exercise `exercise_id`; print the verdict (unless not verbose) and return it."""
+def _exercise(exercise_id):
     if exercise_id not in EXERCISES:
         raise ValueError(f"exercise_id must be one of {sorted(EXERCISES)}, got {exercise_id!r}")
-    exercise = EXERCISES[exercise_id]
+    return EXERCISES[exercise_id]
+
+
+def hint(exercise_id, level=1):
+    """Print hint number `level` (1: the idea; 2 and on: the step where students go wrong)."""
+    hints = _exercise(exercise_id).hints
+    if not 1 <= level <= len(hints):
+        raise ValueError(f"level must be in 1..{len(hints)} for {exercise_id}, got {level!r}")
+    print(f"{exercise_id}, hint {level} of {len(hints)}: {hints[level - 1]}")
+
+
+def check(exercise_id, answer, verbose=True):
+    """Check `answer` for exercise `exercise_id`; print the verdict (unless not verbose) and return it."""
+    exercise = _exercise(exercise_id)
     diagnosis, message = _judge(exercise, answer)
     result = CheckResult(exercise_id, diagnosis == "ok", diagnosis, message)
     if verbose:

@@ -17,9 +17,11 @@ same inputs):
 from typing import NamedTuple
 
 import numpy as np
+from numba import cuda, float32
 
-from attention_lib import reference
-from attention_lib.checks.engine import Exercise, register
+from attention_lib import reference, sanitizer
+from attention_lib.checks.engine import Diagnosed, Exercise, assert_guard_intact, guarded_output, launch, register
+from attention_lib.stages.projection import TILE
 
 
 class Case(NamedTuple):
@@ -92,12 +94,137 @@ register(Exercise(
     # 16-wide tiles, not causal; then two tiles of positions and of d_k, causal. Small, because
     # every stage of the answer is a launch on the simulator: the whole check takes seconds.
     cases=[Case(1, 3, 1, True), Case(5, 8, 5, True), Case(7, 24, 5, False), Case(17, 12, 18, True)],
-    hint=("q = projection.project(x, w_q), and k, v the same way; s = mask.causal_scores(q, k) if causal "
-          "else scores.scores(q, k); then weighted_sum.weighted_sum(softmax.softmax(s), v)"),
+    hint=("follow the formula stage by stage, one library function per stage: the three projections, "
+          "the scaled scores (masked when causal), the row softmax, the weighted sum of the values"),
+    more_hints=("where answers go wrong: the scores of notebook 02 take the queries first and the keys "
+                "second, the causal flag must choose between the masked and the plain scores, and each "
+                "library function already applies its own scale",),
     # Four float32 stages, each a sum of at most 24 terms of order 1, against float64: errors
     # around 1e-6 (measured up to 4e-7); 1e-4 leaves room and still tells every mistake apart.
     rtol=1e-4,
     atol=1e-4,
     diagnose=_diagnose,
     diagnoses=("missing_scale", "scaled_by_d_k", "mask_not_applied", "transposed", "softmax_wrong_axis"),
+))
+
+
+# --- The main exercise: A . V that skips the zero tiles above the diagonal ----------------------
+# The answer has weighted_sum_kernel_v2's signature ``(a, v, out)``: a (BH, T_q, T_k) causal
+# weights (zero for every key j > i + T_k - T_q: the queries are the last positions), v (BH, T_k,
+# d_v), out (BH, T_q, d_v), launched on weighted_sum_grid. It calls tile_matmul_until (given)
+# with the number of keys its block must visit: every key tile wholly above the diagonal of
+# the block's TILE queries is skipped, never loaded. Besides the engine's diagnoses:
+#
+# - ``no_tiles_skipped``: right values, but weights above the diagonal tiles were loaded
+#   (counted by the sanitizer);
+# - ``diagonal_tile_skipped``: the tile on the diagonal was skipped too: it holds weights that
+#   are not zero;
+# - ``mask_ignores_offset``: with T_q < T_k the bound ignored that the queries are the last
+#   positions (query i sees keys up to i + T_k - T_q).
+
+@cuda.jit(device=True)
+def tile_matmul_until(x, w, row, col, k_end):
+    """x[row, :k_end] . w[:k_end, col] for thread (row, col), the whole block walking TILE-wide tiles.
+
+    As projection.tile_matmul, but stops after key k_end - 1: later tiles are never loaded.
+    Every thread of the block must call it with the same k_end (it waits at barriers).
+    """
+    x_tile = cuda.shared.array((TILE, TILE), float32)
+    w_tile = cuda.shared.array((TILE, TILE), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    acc = float32(0.0)
+    for start in range(0, k_end, TILE):
+        inside = row < x.shape[0] and start + tx < k_end
+        x_tile[ty, tx] = x[row, start + tx] if inside else float32(0.0)
+        inside = start + ty < k_end and col < w.shape[1]
+        w_tile[ty, tx] = w[start + ty, col] if inside else float32(0.0)
+        cuda.syncthreads()                      # wait until the whole tile pair is loaded
+        for j in range(TILE):
+            acc += x_tile[ty, j] * w_tile[j, tx]
+        cuda.syncthreads()                      # wait until everyone is done before the next load
+    return acc
+
+
+class CausalCase(NamedTuple):
+    """One size tried: BH heads of causal weights (T_q, T_k) times values (T_k, d_v)."""
+
+    BH: int
+    T_q: int
+    T_k: int
+    d_v: int
+
+    def __str__(self):
+        return f"(BH {self.BH}, T_q {self.T_q}, T_k {self.T_k}, d_v {self.d_v})"
+
+
+def _visible_keys(block_row, t_q, t_k):
+    """Keys the queries of block row `block_row` may see: up to its last query + T_k - T_q."""
+    return min(t_k, (block_row + 1) * TILE + t_k - t_q)
+
+
+def _run_causal_av(kernel, case, rng):
+    from attention_lib.stages import weighted_sum
+    bh, t_q, t_k, d_v = case
+    s = reference.apply_causal_mask(rng.standard_normal((bh, t_q, t_k)))
+    a = reference.softmax(s).astype(np.float32)                      # zero above the diagonal
+    v = rng.standard_normal((bh, t_k, d_v)).astype(np.float32)
+    full, flat = guarded_output(bh * t_q * d_v, TILE * (d_v + 1))
+    out = flat.reshape(bh, t_q, d_v)
+    grid, block = weighted_sum.weighted_sum_grid(bh, t_q, d_v)
+    launch(kernel, grid, block, cuda.to_device(a), cuda.to_device(v), out)
+    assert_guard_intact(full, bh * t_q * d_v)
+    got, expected = out.copy_to_host(), a.astype(np.float64) @ v
+    if np.allclose(got, expected, rtol=1e-5, atol=1e-5):            # right: were the zero tiles read?
+        loads = sanitizer.count_memory(kernel, grid, block, a, v, np.zeros((bh, t_q, d_v), np.float32)).loads("a")
+        for block_row in range(-(-t_q // TILE)):
+            rows = slice(block_row * TILE, (block_row + 1) * TILE)
+            wasted = int(loads[:, rows, _visible_keys(block_row, t_q, t_k):].sum())
+            if wasted:
+                raise Diagnosed("no_tiles_skipped", (
+                    f"the values are right, but {wasted} loads of weights lie in key tiles wholly above the "
+                    f"diagonal of query block {block_row} (all zero): stop the block's walk along the keys "
+                    "after the tile that holds its last query's last visible key"))
+    return got, expected, a, v
+
+
+def _diagnose_causal_av(got, expected, a, v):
+    close = dict(rtol=1e-5, atol=1e-5)
+    bh, t_q, t_k = a.shape
+    def up_to(bound):                                               # A . V over the first bound(r) keys of each block row
+        result = np.zeros_like(expected)
+        for r in range(-(-t_q // TILE)):
+            rows, k_end = slice(r * TILE, (r + 1) * TILE), max(0, min(t_k, bound(r)))
+            result[:, rows] = a[:, rows, :k_end].astype(np.float64) @ v[:, :k_end]
+        return result
+    if np.allclose(got, up_to(lambda r: r * TILE + t_k - t_q), **close):
+        return "diagonal_tile_skipped", ("the key tile on the diagonal was skipped too: it holds the weights of "
+                                        "each query's nearest keys, itself included, which are not zero")
+    if t_q != t_k and np.allclose(got, up_to(lambda r: (r + 1) * TILE), **close):
+        return "mask_ignores_offset", (f"with T_q = {t_q} < T_k = {t_k} the queries are the last positions: "
+                                       f"query i sees keys up to i + {t_k - t_q}, so the block's walk goes "
+                                       f"{t_k - t_q} keys further")
+    return None
+
+
+register(Exercise(
+    exercise_id="05_causal_av",
+    title="A . V for causal weights, skipping the key tiles wholly above the diagonal",
+    kind="kernel",
+    run=_run_causal_av,
+    # One weight first; then heads of 7 (one tile); 33 queries (three block rows, the last
+    # partly used: tiles above the diagonal exist); T_q < T_k with an offset that is no multiple
+    # of the tile; d_v not a multiple of it either.
+    cases=[CausalCase(1, 1, 1, 1), CausalCase(2, 7, 7, 5), CausalCase(1, 33, 33, 18), CausalCase(1, 17, 40, 7)],
+    describe_case=str,
+    hint=("the queries of one block share one stopping point along the keys: the last key the block's "
+          "last query may see; every tile after it is all zeros, for every query of the block"),
+    more_hints=("where answers go wrong: stopping before the tile on the diagonal (it is not all zeros), "
+                "forgetting that with fewer queries than keys the queries are the last positions, and "
+                "computing the stopping point per thread: every thread of a block must take as many steps, "
+                "since each step waits at barriers",),
+    # float32 sums of at most 40 products of order 1 against float64: errors around 1e-7.
+    rtol=1e-5,
+    atol=1e-5,
+    diagnose=_diagnose_causal_av,
+    diagnoses=("no_tiles_skipped", "diagonal_tile_skipped", "mask_ignores_offset"),
 ))

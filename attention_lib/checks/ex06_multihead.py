@@ -73,11 +73,96 @@ register(Exercise(
     # a batch of 2 with T 17 (a partly used second block down); d_k 20 (a second block across).
     # Every case after the first has several heads, so an interleaved split differs from the right one.
     cases=[Case(1, 1, 1, 1), Case(1, 7, 3, 5), Case(2, 17, 4, 6), Case(1, 5, 2, 20)],
-    hint=("c, t = cuda.grid(2); bh = cuda.blockIdx.z; n_head, d_k = out.shape[1], out.shape[3]; "
-          "b, h = bh // n_head, bh % n_head; if t < out.shape[2] and c < d_k: "
-          "out[b, h, t, c] = x[b, t, h * d_k + c]"),
+    hint=("one thread per output element: the grid's x and y cover a head's components and positions, its "
+          "z axis every (sequence, head) pair; head h owns the h-th block of d_k columns of x"),
+    more_hints=("where answers go wrong: taking a head's columns one every n_head (the wrong reshape order), "
+                "splitting the z index into sequence and head the wrong way round, and threads of the edge "
+                "blocks that fall outside the output",),
     rtol=0.0,   # a split moves values, it computes none: every entry must be exact
     atol=0.0,
     diagnose=_diagnose,
     diagnoses=('heads_interleaved',),
+))
+
+
+# --- The main exercise: the three splits of the fused projection in one launch -------------------
+# launch_layer splits Q, K and V out of the fused projection's (B, T, 3 * d_model) result with
+# three launches of split_heads_kernel on strided views. The answer does all three at once:
+# signature ``(qkv, out)``, qkv (B, T, 3 * d_model) = [Q | K | V] along the last axis, out
+# (3, B, n_head, T, d_k), out[p, b, h, t, c] = qkv[b, t, p * d_model + h * d_k + c] (p = 0, 1, 2
+# for Q, K, V), launched on head_grid(3 * B * n_head, T, d_k): grid layer z = (p * B + b) * n_head + h.
+# Besides the engine's diagnoses:
+#
+# - ``heads_interleaved``: within each part, head h took every n_head-th column;
+# - ``parts_not_offset``: the part p was not used to offset the column (Q three times);
+# - ``qkv_per_head_layout``: read the per-head layout [q_h | k_h | v_h] (column h * 3 d_k + p * d_k + c)
+#   that some checkpoints use, not the [Q | K | V] layout of the fused projection.
+
+def _expected_qkv(qkv, n_head, column):
+    """out (3, B, n_head, T, d_k) with out[p, b, h, t, c] = qkv[b, t, column(p, h, c)]."""
+    B, T, width = qkv.shape
+    d_k = width // (3 * n_head)
+    p, h, c = np.meshgrid(np.arange(3), np.arange(n_head), np.arange(d_k), indexing="ij")
+    picked = qkv[:, :, column(p, h, c, d_k, n_head)]                  # (B, T, 3, n_head, d_k)
+    return picked.transpose(2, 0, 3, 1, 4)
+
+
+def _fused_layout(p, h, c, d_k, n_head):
+    return p * n_head * d_k + h * d_k + c
+
+
+def _run_split_qkv(kernel, case, rng):
+    B, T, n_head, d_k = case
+    d_model = n_head * d_k
+    qkv = rng.standard_normal((B, T, 3 * d_model)).astype(np.float32)
+    tx, ty = multihead.BLOCK
+    # Guard zones as for the plain split: an unguarded thread reaches fewer than ty rows plus tx
+    # columns past the end of either array.
+    d_in_full = cuda.to_device(np.concatenate([qkv.ravel(), np.zeros(ty * (3 * d_model + 1) + tx, np.float32)]))
+    d_in = d_in_full[:qkv.size].reshape(B, T, 3 * d_model)
+    full, flat = guarded_output(qkv.size, ty * (d_k + 1) + tx)
+    out = flat.reshape(3, B, n_head, T, d_k)                          # NaN until written
+    grid, block = multihead.head_grid(3 * B * n_head, T, d_k)
+    launch(kernel, grid, block, d_in, out)
+    assert_guard_intact(full, qkv.size)
+    return out.copy_to_host(), _expected_qkv(qkv, n_head, _fused_layout), qkv, n_head
+
+
+def _diagnose_split_qkv(got, expected, qkv, n_head):
+    alternatives = [
+        ("heads_interleaved", lambda p, h, c, d_k, n: p * n * d_k + c * n + h,
+         "within Q, K and V head h got every n_head-th column; head h is the contiguous block of d_k "
+         "columns that starts at h * d_k inside its part"),
+        ("parts_not_offset", lambda p, h, c, d_k, n: h * d_k + c,
+         "the three parts all came from the first d_model columns (Q): part p starts p * d_model columns "
+         "further along the last axis"),
+        ("qkv_per_head_layout", lambda p, h, c, d_k, n: h * 3 * d_k + p * d_k + c,
+         "the columns were read as [q_h | k_h | v_h] head by head; the fused projection's layout is "
+         "[Q | K | V], each part d_model wide and holding every head"),
+    ]
+    for code, column, message in alternatives:
+        if np.array_equal(got, _expected_qkv(qkv, n_head, column)):
+            return code, message
+    return None
+
+
+register(Exercise(
+    exercise_id="06_split_qkv",
+    title="out[p, b, h, t, c] = qkv[b, t, p*d_model + h*d_k + c]: Q, K and V split in one launch",
+    kind="kernel",
+    run=_run_split_qkv,
+    # One element of each part first; then sizes that are no multiple of the 16 x 16 block, a
+    # batch of 2 (the grid's z then mixes part, sequence and head), and a head two blocks wide.
+    cases=[Case(1, 1, 1, 1), Case(1, 7, 3, 5), Case(2, 17, 4, 6), Case(1, 5, 2, 20)],
+    describe_case=str,
+    hint=("one thread per output element, as in the plain split; the grid's z axis now carries three "
+          "things, the part (Q, K or V), the sequence and the head, and the column of the fused result "
+          "adds one offset per thing"),
+    more_hints=("where answers go wrong: recovering part, sequence and head from the grid layer in a "
+                "different order than the launch built it, forgetting the part's offset of d_model columns, "
+                "and threads of the edge blocks that fall outside the output",),
+    rtol=0.0,   # a split moves values, it computes none: every entry must be exact
+    atol=0.0,
+    diagnose=_diagnose_split_qkv,
+    diagnoses=("heads_interleaved", "parts_not_offset", "qkv_per_head_layout"),
 ))

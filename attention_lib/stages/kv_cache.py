@@ -44,7 +44,9 @@ from attention_lib.validation import as_float32, require, require_finite_result
 
 # Cached positions per chunk of the split-K kernel, and threads per block (one position each).
 # On a GPU 64 (two warps): ANDREA-120M's T = 1024 is 16 chunks per head, 12 heads x 16 = 192
-# blocks, enough to put every SM of a large GPU to work for one sequence. On the simulator 8:
+# blocks for one sequence, 1.45 per SM of an H200's 132: 2 or 4 warps of an SM's 64 (3 to 6 %
+# occupancy, from the grid). A fixed chunk keeps the kernel simple; production split-decoding
+# picks the number of splits from batch x heads and the SM count. On the simulator 8:
 # ANDREA-sim's T = 32 is 4 chunks, and every barrier costs tens of milliseconds per block.
 KEYS_PER_CHUNK = 8 if SIMULATOR_SHAPES else 64
 # Largest head width the kernels accept: q is staged in arrays of MAX_D_K float32, whose size
@@ -111,8 +113,6 @@ def decode_layer_numpy(x, w_q, w_k, w_v, w_o, n_head):
 
     x: (T, d_model) the layer's input at each position; w_*: (d_model, d_model)
     -> (T, d_model), equal to reference.multi_head_attention(x, ..., causal=True) up to rounding.
-    Step t projects only x[t], appends its k and v to the cache, and attends with its query
-    to positions 0 .. t (itself included).
     """
     T, d_model = x.shape
     k_cache = np.zeros((n_head, T, d_model // n_head))            # (n_head, capacity, d_k)
@@ -137,27 +137,35 @@ def _positive_int(name, value):
     return int(value)
 
 
-class KVCache:
-    """The keys and values of every position so far, for the heads of ONE attention layer of ONE sequence.
+class CacheBookkeeping:
+    """What a KVCache needs besides storing and appending: its sizes checked, its shape, copies.
 
-    Two float32 device arrays ``k_device`` and ``v_device`` of shape (n_head, capacity, d_k),
-    allocated once (no copy, no reallocation as the sequence grows); positions 0 .. length - 1
-    are filled, the rest is whatever memory held. A model keeps one cache per layer. For a batch
-    of sequences of the same length, fold the batch into the head axis (n_head = B * heads):
-    the kernels treat every (sequence, head) row alike.
-
-    ``append(k_new, v_new)`` adds t_new positions; ``keys`` and ``values`` are NumPy copies of
-    the filled part, (n_head, length, d_k).
+    A mixin for KVCache (which notebook 08 shows): the one-line errors of the constructor and
+    of append, the properties n_head, capacity, d_k, nbytes, keys and values, and __repr__.
     """
 
-    def __init__(self, n_head, capacity, d_k):
-        n_head = _positive_int("n_head", n_head)
-        capacity = _positive_int("capacity", capacity)
-        d_k = _positive_int("d_k", d_k)
-        require(d_k <= MAX_D_K, f"d_k must be at most MAX_D_K = {MAX_D_K}, got {d_k}")
-        self.k_device = cuda.device_array((n_head, capacity, d_k), np.float32)
-        self.v_device = cuda.device_array((n_head, capacity, d_k), np.float32)
-        self.length = 0                                            # positions filled
+    @staticmethod
+    def _check_sizes(n_head, capacity, d_k):
+        """(n_head, capacity, d_k) as ints; TypeError or ValueError naming the argument otherwise."""
+        sizes = tuple(_positive_int(name, value) for name, value in
+                      (("n_head", n_head), ("capacity", capacity), ("d_k", d_k)))
+        require(sizes[2] <= MAX_D_K, f"d_k must be at most MAX_D_K = {MAX_D_K}, got {sizes[2]}")
+        return sizes
+
+    def _check_new(self, k_new, v_new):
+        """k_new, v_new as float32 (n_head, t_new, d_k) arrays that fit after the filled positions."""
+        hint = f"(n_head, t_new, d_k) = ({self.n_head}, t_new, {self.d_k})"
+        k_new = as_float32("k_new", k_new, hint, ndim=3)
+        v_new = as_float32("v_new", v_new, hint, ndim=3)
+        for name, a in (("k_new", k_new), ("v_new", v_new)):
+            require(a.shape[0] == self.n_head and a.shape[2] == self.d_k,
+                    f"{name} must have shape {hint}, got {a.shape}")
+        require(v_new.shape == k_new.shape,
+                f"v_new must have the shape of k_new {k_new.shape}, got {v_new.shape}")
+        require(self.length + k_new.shape[1] <= self.capacity,
+                f"KVCache is full: capacity {self.capacity}, length {self.length}, "
+                f"cannot append {k_new.shape[1]} more position(s)")
+        return k_new, v_new
 
     @property
     def n_head(self):
@@ -176,28 +184,6 @@ class KVCache:
         """Device memory held by the cache (K and V, the whole capacity)."""
         return 2 * self.k_device.size * 4
 
-    def append(self, k_new, v_new):
-        """Store the keys and values of t_new new positions after the filled ones.
-
-        k_new, v_new: (n_head, t_new, d_k) float. Raises ValueError, and changes nothing, when
-        the cache has no room for them.
-        """
-        hint = f"(n_head, t_new, d_k) = ({self.n_head}, t_new, {self.d_k})"
-        k_new = as_float32("k_new", k_new, hint, ndim=3)
-        v_new = as_float32("v_new", v_new, hint, ndim=3)
-        for name, a in (("k_new", k_new), ("v_new", v_new)):
-            require(a.shape[0] == self.n_head and a.shape[2] == self.d_k,
-                    f"{name} must have shape {hint}, got {a.shape}")
-        require(v_new.shape == k_new.shape,
-                f"v_new must have the shape of k_new {k_new.shape}, got {v_new.shape}")
-        start, t_new = self.length, k_new.shape[1]
-        require(start + t_new <= self.capacity,
-                f"KVCache is full: capacity {self.capacity}, length {start}, "
-                f"cannot append {t_new} more position(s)")
-        self.k_device[:, start:start + t_new] = k_new              # (n_head, t_new, d_k) slots
-        self.v_device[:, start:start + t_new] = v_new
-        self.length = start + t_new
-
     @property
     def keys(self):
         """The cached keys, (n_head, length, d_k) float32: a NumPy copy."""
@@ -211,6 +197,27 @@ class KVCache:
     def __repr__(self):
         return (f"KVCache(n_head={self.n_head}, capacity={self.capacity}, d_k={self.d_k}, "
                 f"length={self.length})")
+
+
+class KVCache(CacheBookkeeping):
+    """The K and V of every position so far, for all heads of ONE attention layer of ONE sequence.
+
+    Float32 device arrays (n_head, capacity, d_k), allocated once; positions 0 .. length - 1 filled.
+    """
+
+    def __init__(self, n_head, capacity, d_k):
+        n_head, capacity, d_k = self._check_sizes(n_head, capacity, d_k)   # one-line errors
+        self.k_device = cuda.device_array((n_head, capacity, d_k), np.float32)
+        self.v_device = cuda.device_array((n_head, capacity, d_k), np.float32)
+        self.length = 0                                            # positions filled
+
+    def append(self, k_new, v_new):
+        """Store t_new positions after the filled ones: k_new, v_new (n_head, t_new, d_k) float."""
+        k_new, v_new = self._check_new(k_new, v_new)               # refuses what does not fit
+        start, t_new = self.length, k_new.shape[1]
+        self.k_device[:, start:start + t_new] = k_new              # (n_head, t_new, d_k) slots
+        self.v_device[:, start:start + t_new] = v_new
+        self.length = start + t_new
 
 
 # --- Kernels -------------------------------------------------------------------------------
@@ -304,22 +311,19 @@ def decode_partial_kernel(q, k_cache, v_cache, length, scale, m_part, l_part, ac
 
 @cuda.jit
 def decode_merge_kernel(m_part, l_part, acc_part, out):
-    """Split-K decoding, step 2: merge each head's chunks with log-sum-exp.
+    """Split-K decoding, step 2: out[h, e] = sum_c w_c acc_part[h, c, e] / sum_c w_c l_part[h, c].
 
-    m_part, l_part: (n_head, n_chunks); acc_part: (n_head, n_chunks, d_k); out: (n_head, d_k),
-    written: out[h, e] = sum_c w_c acc_part[h, c, e] / sum_c w_c l_part[h, c] with
-    w_c = exp(m_part[h, c] - max_c m_part[h, c]). Grid: x over e, y over heads (MERGE_BLOCK).
+    w_c = exp(m_part[h, c] - max_c m_part[h, c]); m_part, l_part: (n_head, n_chunks); acc_part:
+    (n_head, n_chunks, d_k); out: (n_head, d_k). Grid: x over e, y over heads (MERGE_BLOCK).
     """
     e, h = cuda.grid(2)
     if h >= out.shape[0] or e >= out.shape[1]:          # edge blocks hang past the output
         return
-    n_chunks = m_part.shape[1]
     m = np.float32(-math.inf)
-    for c in range(n_chunks):
+    for c in range(m_part.shape[1]):                    # over the head's chunks
         m = max(m, m_part[h, c])
-    l = np.float32(0.0)
-    o = np.float32(0.0)
-    for c in range(n_chunks):
+    l, o = np.float32(0.0), np.float32(0.0)
+    for c in range(m_part.shape[1]):
         w = math.exp(m_part[h, c] - m)                  # chunk c was summed against m_c, not m
         l += w * l_part[h, c]
         o += w * acc_part[h, c, e]
@@ -501,17 +505,12 @@ def decode_traffic(length, n_head, d_k, version=2):
 def token_cost(t, d_model, cached=True, bytes_per_value=4):
     """FLOPs and main-memory bytes for one attention layer to produce its output at position t.
 
-    t: positions so far, the new one included (t >= 1); d_model: model width (d = d_model)
-    -> (flops, bytes). A multiply-add is 2 FLOPs. Bytes: every stage reads its inputs once and
-    writes its outputs once (ideal kernels, attention fused as in notebook 07).
-    With the cache: project the new token to q, k, v (6 d^2 FLOPs) and its merged heads
-    through W_O (2 d^2); score one query against t keys and mix t values (4 t d). Traffic: the
-    four weight matrices (4 d^2 values), the t cached keys and values (2 t d), and 8 d for x,
-    the new q, k, v, the heads and the output.
-    Without it the model reruns the causal pass over all t positions to get the last one:
-    every projection on t rows (8 t d^2), t (t + 1) / 2 causal (query, key) pairs per head,
-    each scored and mixed (2 t (t + 1) d). Traffic: weights (4 d^2), then x, Q, K, V (written
-    and read), the heads (written and read) and the output, t rows each (10 t d).
+    t: positions so far, the new one included (t >= 1); d_model = d -> (flops, bytes); a
+    multiply-add is 2 FLOPs; every stage reads its inputs and writes its outputs once (fused).
+    Cached: q, k, v and W_O for one row (8 d^2), one query against t keys and values (4 t d);
+    traffic: the weights (4 d^2 values), the t cached keys and values (2 t d), 8 d for the rest.
+    Without: every projection on t rows (8 t d^2), t (t + 1) / 2 causal pairs scored and mixed
+    (2 t (t + 1) d); traffic: the weights, then x, Q, K, V, heads (written and read), output (10 t d).
     """
     d = d_model
     if cached:
