@@ -112,12 +112,13 @@ def _flash(version):
     return lambda kern: flash.flash_attention(q, k, v, version=version, kernel=kern)
 
 
-def _weighted_sum():
+def _weighted_sum(causal=False):
     from attention_lib import reference
     from attention_lib.stages import weighted_sum
-    a = reference.softmax(_rng().standard_normal((2, 19, 21)))   # 2 heads, T_q 19, T_k 21
+    s = _rng().standard_normal((2, 19, 21))                       # 2 heads, T_q 19, T_k 21
+    a = reference.softmax(reference.apply_causal_mask(s) if causal else s)
     v = _rng().standard_normal((2, 21, 6))
-    return lambda kern: weighted_sum.weighted_sum(a, v, version=2, kernel=kern)
+    return lambda kern: weighted_sum.weighted_sum(a, v, version=2, kernel=kern, causal=causal)
 
 
 # kernel name -> a function that launches it, given the recorder standing in for the kernel
@@ -129,6 +130,7 @@ CASES = {
     "projection.projection_kernel_v1": _projection(1),
     "projection.projection_kernel_v2": _projection(2),
     "projection.projection_kernel_v3": _projection(3),     # (19, 18): one 32 x 32 block, partly used
+    "projection.projection_kernel_v4": _projection(4),     # one 128 x 128 block, 3 steps of 8 (the last partial)
     "softmax.softmax_kernel_v1": _softmax(1),
     "softmax.softmax_kernel_v2": _softmax(2),
     "scores.scores_kernel_v1": _scores(1),
@@ -136,6 +138,7 @@ CASES = {
     "mask.mask_kernel_v1": _mask("mask_kernel_v1"),
     "mask.mask_kernel_v2": _mask("mask_kernel_v2"),
     "weighted_sum.weighted_sum_kernel_v2": _weighted_sum(),
+    "weighted_sum.weighted_sum_causal_kernel": _weighted_sum(causal=True),   # blocks stopping at keys 18 and 21
     "multihead.split_heads_kernel": _multihead("split_heads_kernel"),
     "multihead.merge_heads_kernel": _multihead("merge_heads_kernel"),
     "flash.flash_attention_kernel_v1": _flash(1),

@@ -90,7 +90,7 @@ def test_cost_formulas_at_full_size():
     assert projection.flops(1024, 768, 2304) == 3_623_878_656
     assert projection.global_reads(1024, 2304, 1) == (2304, 1024)
     assert projection.global_reads(1024, 2304, 2) == (144, 64)
-    with pytest.raises(ValueError, match=r"^version must be one of \[1, 2, 3\], got 0$"):
+    with pytest.raises(ValueError, match=r"^version must be one of \[1, 2, 3, 4\], got 0$"):
         projection.global_reads(1024, 2304, 0)
 
 
@@ -119,8 +119,8 @@ def test_the_grid_has_one_thread_per_output_and_partly_used_edge_blocks():
      r"^w must have shape \(4, d_out\) \(d_model = the last axis of x\), got \(5, 4\)$"),
     (lambda x, w, b: projection.project(x, w, b[:3]), ValueError,
      r"^b must have shape \(5,\) \(the last axis of w\), got \(3,\)$"),
-    (lambda x, w, b: projection.project(x, w, version=4), ValueError,
-     r"^version must be one of \[1, 2, 3\], got 4$"),
+    (lambda x, w, b: projection.project(x, w, version=5), ValueError,
+     r"^version must be one of \[1, 2, 3, 4\], got 5$"),
     (lambda x, w, b: projection.project(x * 1j, w), TypeError,
      r"^x must be a float array of shape \(\.\.\., T, d_model\), got dtype complex64$"),
     (lambda x, w, b: projection.project(np.where(x > 0, np.nan, x), w), ValueError,
@@ -303,3 +303,146 @@ def test_v3_cost_at_full_size():
     # ceil(1024 / 32) = 32 times: half of v2's (144, 64).
     assert projection.global_reads(1024, 2304, 3) == (72, 32)
 
+
+
+# --- projection_kernel_v4: 128 x 128 per block, 8 x 8 outputs per thread, double-buffered ----
+
+BIG = projection.BIG_TILE
+
+
+# Sizes around the 128-wide block: one row; 7 rows and a partial step of 8 along d_model;
+# 33 rows and d_out 130 (two blocks across, the second with 2 columns); 129 and 130 rows (two
+# blocks down, the second with 1 or 2 rows). Kept to one step or a few along d_model: the
+# simulator runs each of the 256 threads' 64 multiply-adds per k in Python (a few s per block).
+@pytest.mark.parametrize("T, d_model, d_out, with_bias", [
+    (1, 5, 3, False), (7, 11, 20, True), (33, 17, 130, True), (129, 3, 7, False), (130, 8, 129, True)])
+def test_v4_matches_reference(rng, T, d_model, d_out, with_bias):
+    x, w, b = random_problem(rng, T, d_model, d_out)
+    b = b if with_bias else None
+    got = projection.project(x, w, b, version=4)
+    assert got.dtype == np.float32 and got.shape == (T, d_out)
+    tol = tolerance(d_model)
+    assert np.allclose(got, reference.project(x, w, b), rtol=tol, atol=tol)
+
+
+def test_v4_grid_covers_128_by_128_outputs_per_block():
+    grid, block = projection.big_launch_shape(130, 129)
+    assert block == (projection.THREADS_V4,) == (256,) and BIG == 128
+    assert grid == (2, 2)            # ceil(129 / 128) across, ceil(130 / 128) down
+    assert projection.version_launch_shape(4, 130, 129) == (grid, block)
+    # one barrier per step of 8 along d_model, plus the one after the first tiles
+    assert projection.barrier_rounds(4, 17) == 3 + 1 and projection.barrier_rounds(2, 17) == 4
+
+
+def test_v4_global_and_shared_reads_are_exact(rng):
+    from attention_lib import sanitizer
+    T, d_model, d_out = 7, 11, 130               # two blocks across, two steps (the second partial)
+    x, w, b = random_problem(rng, T, d_model, d_out)
+    x_reads, w_reads = ceil_div(d_out, BIG), ceil_div(T, BIG)
+    assert projection.global_reads(T, d_out, 4) == (x_reads, w_reads) == (2, 1)
+    out = np.full((T, d_out), np.nan, np.float32)
+    grid, block = projection.big_launch_shape(T, d_out)
+    report = sanitizer.count_memory(projection.projection_kernel_v4, grid, block, x, w, b, out)
+    assert np.all(report.loads("x") == x_reads) and np.all(report.loads("w") == w_reads)
+    assert np.all(report.loads("b") == T) and np.all(report.stores("out") == 1)
+    assert np.allclose(out, reference.project(x, w, b), rtol=tolerance(d_model), atol=tolerance(d_model))
+    # Shared memory: per k a thread reads 8 + 8 numbers for its 64 multiply-adds: a quarter of
+    # a load per multiply-add (v3: one, v2: two); each thread stores 4 + 4 numbers per step.
+    steps = ceil_div(d_model, projection.BIG_STEP)
+    madds = report.threads * steps * projection.BIG_STEP * projection.MICRO_V4 ** 2
+    assert report.total("loads", space="shared") / madds == 0.25
+    assert report.total("stores", space="shared") == report.threads * steps * 2 * projection.LOADS_V4
+
+
+class IndexRecorder:
+    """Stands in for a shared array: records the flat offset of every element read or written,
+    for the shape it is given (the layout of the kernel's real shared array)."""
+
+    def __init__(self, shape):
+        self.shape, self.offsets = shape, []
+
+    def _offset(self, index):
+        return int(np.ravel_multi_index(tuple(int(i) for i in index), self.shape))
+
+    def __getitem__(self, index):
+        self.offsets.append(self._offset(index))
+        return np.float32(0.0)
+
+    def __setitem__(self, index, value):
+        self.offsets.append(self._offset(index))
+
+
+def banks(offsets):
+    """The shared-memory bank of each 4-byte word: 32 banks, word i in bank i % 32."""
+    return [o % 32 for o in offsets]
+
+
+def store_offsets(width, tids):
+    """Per store instruction of store_tiles, the offsets into xs (width `width`) of `tids`."""
+    xs_shape = (2, projection.BIG_STEP, width)
+    per_thread = []
+    for tid in tids:
+        xs, ws = IndexRecorder(xs_shape), IndexRecorder((2, projection.BIG_STEP, BIG))
+        regs = np.zeros(projection.LOADS_V4, np.float32)
+        projection.store_tiles.py_func(xs, ws, np.uint32(0), np.uint32(tid), regs, regs)
+        per_thread.append((xs.offsets, ws.offsets))
+    return per_thread
+
+
+@pytest.mark.parametrize("warp", [0, 5])
+def test_v4_tile_stores_hit_32_banks_per_warp(warp):
+    # Address arithmetic of the kernel's own store_tiles, for the 32 threads of one warp.
+    tids = range(32 * warp, 32 * warp + 32)
+    padded, unpadded = store_offsets(projection.XS_WIDTH, tids), store_offsets(BIG, tids)
+    for i in range(projection.LOADS_V4):       # the i-th store of every thread: one instruction
+        assert len(set(banks(t[0][i] for t in padded))) == 32       # x^T: conflict-free with X_PAD
+        assert len(set(banks(t[1][i] for t in padded))) == 32       # w: conflict-free
+        # without the padding the 32 stores of x^T fall into 4 banks: an 8-way conflict
+        assert len(set(banks(t[0][i] for t in unpadded))) == 4
+
+
+def test_v4_fragments_are_aligned_16_byte_loads_without_conflict():
+    # A 16-byte load is served a quarter-warp (8 threads) at a time; it is conflict-free when
+    # those 8 threads read 8 different 16-byte pieces covering all 32 banks, or the same piece.
+    width = projection.XS_WIDTH
+    assert (width * 4) % 16 == 0               # every row of x^T starts 16-byte aligned
+    for which, first in (("x", lambda tid: tid // 16 * 4), ("w", lambda tid: tid % 16 * 4)):
+        for quarter in range(4):
+            pieces = []
+            for tid in range(8 * quarter, 8 * quarter + 8):
+                tile = IndexRecorder((2, projection.BIG_STEP, width))
+                frag = np.zeros(projection.MICRO_V4, np.float32)
+                projection.load_fragment.py_func(tile, np.uint32(1), np.uint32(3),
+                                                 np.uint32(first(tid)), frag)
+                offs = tile.offsets                # frag[i] and frag[4 + i], i = 0..3
+                lo, hi = sorted(offs[0::2]), sorted(offs[1::2])
+                assert lo == list(range(lo[0], lo[0] + 4)) and lo[0] % 4 == 0, which
+                assert hi[0] - lo[0] == 64 and hi == list(range(hi[0], hi[0] + 4)), which
+                pieces.append(lo[0])
+            if which == "x":                       # one row of the thread square: a broadcast
+                assert len(set(pieces)) == 1
+            else:
+                assert sorted(set(banks(p + c for p in pieces for c in range(4)))) == list(range(32))
+
+
+def test_v4_cost_at_full_size():
+    # ANDREA-120M's fused QKV: each x element read ceil(2304 / 128) = 18 times, each W_qkv
+    # element ceil(1024 / 128) = 8 times: a quarter of v3's (72, 32).
+    assert projection.global_reads(1024, 2304, 4) == (18, 8)
+    assert projection.FAST == {"projection_kernel_v4": {"max_stack_bytes": 0, "min_ffma_fraction": 0.6}}
+
+
+def test_the_layers_use_v4_on_a_gpu_and_v1_on_the_simulator():
+    from attention_lib.runtime import SIMULATOR_SHAPES
+    from attention_lib.stages import kv_cache, multihead
+    assert projection.layer_version(gpu=True) == 4 and projection.layer_version(gpu=False) == 1
+    assert projection.layer_version() == (1 if SIMULATOR_SHAPES else 4)
+    assert multihead.PROJECTION_VERSION == kv_cache.PROJECTION_VERSION == projection.layer_version()
+
+
+@pytest.mark.parametrize("version", [1, 4])
+def test_launch_version_runs_each_kernel_on_its_own_grid(rng, version):
+    x, w, b = random_problem(rng, 19, 21, 18)
+    out = cuda.device_array((19, 18), np.float32)
+    projection.launch_version(version, cuda.to_device(x), cuda.to_device(w), cuda.to_device(b), out)
+    assert np.allclose(out.copy_to_host(), reference.project(x, w, b), rtol=tolerance(21), atol=tolerance(21))

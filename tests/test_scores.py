@@ -77,6 +77,41 @@ def test_the_tiled_kernel_reads_q_and_k_once_per_tile_not_once_per_score(rng):
     assert (tiled.stores("s") == 1).all()
 
 
+def shared_accesses(kernel, name, grid, block, *args):
+    """{(block, barrier interval, warp, kind): [flat element of `name`, ...]} of one launch,
+    from the sanitizer's trace (the shared array's real shape, padding included)."""
+    launch = sanitizer._launch(kernel, grid, block, args, sanitizer._TRACE)
+    groups = {}
+    for element, kind, (blk, (tx, ty, _)), interval, _site in launch.targets[name].trace:
+        warp = (tx + ty * block[0]) // 32
+        groups.setdefault((blk, interval, warp, kind), []).append(element)
+    return groups
+
+
+def test_the_transposed_k_tile_is_stored_and_read_without_bank_conflicts(rng):
+    t_q, t_k, d_k = 5, 19, 20                # two tiles of keys, two steps along d_k
+    q = rng.standard_normal((1, t_q, d_k)).astype(np.float32)
+    k = rng.standard_normal((1, t_k, d_k)).astype(np.float32)
+    grid, block = scores.score_grid(1, t_q, t_k)
+    groups = shared_accesses(scores.scores_kernel_v2, "kt_tile", grid, block, q, k, np.float32(1),
+                             np.zeros((1, t_q, t_k), np.float32))
+    stores = [g for key, g in groups.items() if key[3] == sanitizer.STORE]
+    assert len(stores) == 2 * 2 * 8          # 2 blocks x 2 steps x 8 warps, one store per thread
+    for elements in stores:                  # 32 stores of one warp: 32 different banks
+        assert len(elements) == 32 and len({e % 32 for e in elements}) == 32
+    reads = [g for key, g in groups.items() if key[3] == sanitizer.LOAD]
+    for elements in reads:                   # per step 16 reads per thread: group them by row cc
+        by_row = {}
+        for e in elements:
+            by_row.setdefault(e // scores.KT_WIDTH, set()).add(e)
+        for words in by_row.values():        # distinct words never share a bank (equal ones broadcast)
+            assert len(words) == 16 and len({e % 32 for e in words}) == 16
+    # The unpadded layout, rows of TILE words, would put a warp's 32 stores into 4 banks.
+    tx, ty = np.meshgrid(np.arange(16), np.arange(2))
+    assert len(np.unique((tx * scores.TILE + ty) % 32)) == 4
+    assert len(np.unique((tx * scores.KT_WIDTH + ty) % 32)) == 32
+
+
 @pytest.mark.parametrize("call, error, message", [
     (lambda q: scores.scores(q[0, 0], q), ValueError,
      r"^q must have shape \(\.\.\., T_q, d_k\) \(at least 2 axes\), got shape \(4,\)$"),
@@ -177,3 +212,8 @@ def test_planted_mistakes_get_their_diagnosis(answer, diagnosis, says):
     assert not result.passed
     assert (result.diagnosis, says in result.message) == (diagnosis, True), result.message
     assert "\n" not in str(result)
+
+
+def test_the_grid_at_full_size_is_the_gpus_on_either_backend():
+    # ANDREA-120M: batch 8 x 12 heads, T 1024: 64 x 64 tiles of 16 x 16 per head
+    assert scores.score_grid(96, 1024, 1024) == ((64, 64, 96), (16, 16))

@@ -167,3 +167,70 @@ def test_the_simulator_refuses_a_full_size_weighted_sum(monkeypatch):
     # ANDREA-120M, one sequence: 12 heads of (1024, 1024) @ (1024, 64). Checked before any copy.
     with pytest.raises(ValueError, match=r"^weighted_sum: 786,432 CUDA threads would take about"):
         weighted_sum.weighted_sum(np.zeros((12, 1024, 1024), np.float32), np.zeros((12, 1024, 64), np.float32))
+
+
+# --- Causal weights: the tiles above the diagonal are skipped --------------------------------
+
+@pytest.mark.parametrize("lead, t_q, t_k, d_v", [((), 1, 1, 1), ((2,), 33, 33, 5), ((), 7, 35, 17),
+                                                 ((), 35, 19, 3)], ids=str)
+def test_causal_weighted_sum_matches_the_reference(rng, lead, t_q, t_k, d_v):
+    # T_q < T_k: the queries are the last positions; T_q > T_k: the first queries see no key
+    a, v = weights_and_values(rng, lead, t_q, t_k, d_v, causal=True)
+    got = weighted_sum.weighted_sum(a, v, causal=True)
+    assert got.dtype == np.float32 and got.shape == (*lead, t_q, d_v)
+    assert np.allclose(got, reference.weighted_sum(a, v), rtol=tolerance(t_k), atol=tolerance(t_k))
+
+
+@pytest.mark.parametrize("bh, t_q, t_k, d_v", [(1, 35, 35, 5), (2, 20, 37, 17), (1, 37, 20, 3)])
+def test_causal_kernel_skips_the_tiles_the_formula_counts(rng, bh, t_q, t_k, d_v):
+    a, v = weights_and_values(rng, (bh,), t_q, t_k, d_v, causal=True)
+    out = np.full((bh, t_q, d_v), np.nan, np.float32)
+    report = sanitizer.count_memory(weighted_sum.weighted_sum_causal_kernel,
+                                    *weighted_sum.weighted_sum_grid(bh, t_q, d_v), a, v, out)
+    assert np.allclose(out, reference.weighted_sum(a, v), rtol=tolerance(t_k), atol=tolerance(t_k))
+    loads = report.loads("a")                                   # (bh, t_q, t_k)
+    across = ceil_div(d_v, TILE)                                # blocks that read each loaded tile
+    loaded = skipped = 0
+    for h in range(bh):
+        for r in range(0, t_q, TILE):
+            # a block of queries reads the keys its last query sees, and nothing after them
+            last_query = min(r + TILE, t_q) - 1 + (t_k - t_q)
+            sees = np.arange(t_k) <= last_query
+            assert np.all(loads[h, r:r + TILE][:, sees] == across) and np.all(loads[h, r:r + TILE][:, ~sees] == 0)
+            for c in range(0, t_k, TILE):
+                read = loads[h, r:r + TILE, c:c + TILE].any()
+                loaded, skipped = loaded + read, skipped + (not read)
+    assert (loaded * across, skipped * across) == weighted_sum.causal_tile_counts(bh, t_q, t_k, d_v)
+    # nothing it skips carries weight: every nonzero weight was read
+    assert np.all(loads[a != 0] == across)
+
+
+def test_causal_tile_counts_at_full_size():
+    # ANDREA-120M, one head: T 1024 = 64 tiles of 16; 64 * 63 / 2 = 2016 of 4096 tiles skipped,
+    # for each of the 4 blocks across d_k 64 and each of the 96 heads of a batch of 8.
+    n = 1024 // TILE
+    assert weighted_sum.causal_tile_counts(1, 1024, 1024, 16) == (n * (n + 1) // 2, n * (n - 1) // 2)
+    assert weighted_sum.causal_tile_counts(96, 1024, 1024, 64) == (96 * 4 * 2080, 96 * 4 * 2016)
+
+
+def test_causal_needs_zero_weights_above_the_diagonal(rng):
+    a, v = weights_and_values(rng, (), 5, 6, 2)                  # not causal: a[0, 1] > 0
+    with pytest.raises(ValueError, match=r"^a must be 0 where j > i \+ \(T_k - T_q\) when causal=True; "
+                                         r"got 0\.\d+ at \(head 0, i 0, j 2\)$"):
+        weighted_sum.weighted_sum(a, v, causal=True)
+    with pytest.raises(ValueError, match=r"^causal=True needs version 2 \(version 1 has no tile to skip\)$"):
+        weighted_sum.weighted_sum(a, v, version=1, causal=True)
+    with pytest.raises(ValueError, match=r"^causal must be True or False, got 'yes'$"):
+        weighted_sum.weighted_sum(a, v, causal="yes")
+
+
+def test_causal_kernel_has_no_race(rng):
+    a, v = weights_and_values(rng, (2,), 20, 37, 3, causal=True)     # blocks stopping at different steps
+    out = np.zeros((2, 20, 3), np.float32)
+    assert sanitizer.find_races(weighted_sum.weighted_sum_causal_kernel,
+                                *weighted_sum.weighted_sum_grid(2, 20, 3), a, v, out) == []
+
+
+def test_the_grid_at_full_size_is_the_gpus_on_either_backend():
+    # ANDREA-120M: 96 heads, T 1024, d_k 64: 4 x 64 blocks of 16 x 16 per head
+    assert weighted_sum.weighted_sum_grid(96, 1024, 64) == ((4, 64, 96), (16, 16))

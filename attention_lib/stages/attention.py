@@ -9,7 +9,8 @@ launches:
    fused in, tiles above the diagonal skipped), ``scores.scores_kernel_v2`` when not;
 2. the row softmax: ``softmax.softmax_kernel_v2`` on a GPU, ``softmax_kernel_v1`` on the
    simulator (see SOFTMAX_VERSION);
-3. the weighted sum: ``weighted_sum.weighted_sum_kernel_v2``.
+3. the weighted sum: ``weighted_sum.weighted_sum_causal_kernel`` when causal (the zero tiles of
+   the weights above the diagonal skipped), ``weighted_sum.weighted_sum_kernel_v2`` when not.
 
 Only q, k and v are copied to the device and only the output comes back: the (BH, T_q, T_k)
 scores and weights stay in device memory between the launches (the stage launchers, NumPy in
@@ -35,14 +36,14 @@ from numba import cuda
 
 from attention_lib.stages import mask, scores, softmax, weighted_sum
 from attention_lib.launch import barrier_seconds, check_simulator_budget
-from attention_lib.runtime import ON_SIMULATOR
+from attention_lib.runtime import SIMULATOR_SHAPES
 from attention_lib.validation import as_float32, require, require_finite_result
 
 # Softmax kernel of the pipeline. On a GPU version 2 (a block per row, coalesced reads). On the
 # simulator version 1 (a thread per row): version 2 waits at a dozen barriers per row and each
 # costs tens of milliseconds there, 7 s for ANDREA-sim's 4 x 32 rows against 0.2 s. Both give
 # the same weights to float32 rounding (tests/test_attention.py runs the pipeline with each).
-SOFTMAX_VERSION = 1 if ON_SIMULATOR else 2
+SOFTMAX_VERSION = 1 if SIMULATOR_SHAPES else 2
 
 
 # --- The pipeline on device arrays -------------------------------------------------------
@@ -67,7 +68,7 @@ def launch_attention(q, k, v, causal):
     float32 -> a new device array (BH, T_q, d_v) float32."""
     a = launch_weights(q, k, causal)                             # (BH, T_q, T_k), on the device
     out = cuda.device_array((q.shape[0], q.shape[1], v.shape[2]), np.float32)
-    weighted_sum.launch_weighted_sum(a, v, out)                  # (BH, T_q, T_k) @ (BH, T_k, d_v)
+    weighted_sum.launch_weighted_sum(a, v, out, causal=causal)   # (BH, T_q, T_k) @ (BH, T_k, d_v)
     return out
 
 

@@ -30,7 +30,6 @@ from numba import cuda
 
 from attention_lib.stages import attention, projection, scores, softmax, weighted_sum
 from attention_lib.launch import ceil_div, check_simulator_budget
-from attention_lib.runtime import ON_SIMULATOR
 from attention_lib.validation import as_float32, require, require_finite_result
 
 # Blocks of 16 x 16 threads: x along c (a head's d_k columns), y along t. 16 consecutive
@@ -39,10 +38,9 @@ from attention_lib.validation import as_float32, require, require_finite_result
 BLOCK = (16, 16)
 # CUDA's limit on gridDim.z, which carries batch x heads.
 MAX_GRID_Z = 65535
-# The projections inside multi_head_attention: the tiled kernel on a GPU (fewer global reads,
-# notebook 01); the naive one on the simulator, where every barrier of the tiled kernel costs
-# tens of milliseconds per block (3 to 4 times slower there, the same values within float32 rounding).
-PROJECTION_KERNEL = projection.projection_kernel_v1 if ON_SIMULATOR else projection.projection_kernel_v2
+# The projections inside multi_head_attention: the 128 x 128 kernel v4 on a GPU, the naive v1 on
+# the simulator, where every barrier costs tens of milliseconds per block (projection.layer_version).
+PROJECTION_VERSION = projection.layer_version()
 
 
 # --- NumPy: the output projection as a sum over heads ------------------------------------
@@ -182,7 +180,7 @@ def launch_layer(x, w_qkv, b_qkv, w_o, b_o, n_head, causal):
     d_k = d_model // n_head
     rows = x.reshape(B * T, d_model)                               # (B * T, d_model): positions as rows
     qkv = cuda.device_array((B * T, 3 * d_model), np.float32)
-    projection.launch_projection(PROJECTION_KERNEL, rows, w_qkv, b_qkv, qkv)   # one fused matmul
+    projection.launch_version(PROJECTION_VERSION, rows, w_qkv, b_qkv, qkv)   # one fused matmul
     qkv = qkv.reshape(B, T, 3 * d_model)                           # (B, T, 3 * d_model) = [Q | K | V]
     heads = []
     for i in range(3):                                             # Q, K, V: column blocks of qkv
@@ -194,7 +192,7 @@ def launch_layer(x, w_qkv, b_qkv, w_o, b_o, n_head, causal):
     merged = cuda.device_array((B, T, d_model), np.float32)
     launch_heads(merge_heads_kernel, out.reshape(B, n_head, T, d_k), merged, (B, n_head, T, d_k))
     result = cuda.device_array((B * T, d_model), np.float32)
-    projection.launch_projection(PROJECTION_KERNEL, merged.reshape(B * T, d_model), w_o, b_o, result)
+    projection.launch_version(PROJECTION_VERSION, merged.reshape(B * T, d_model), w_o, b_o, result)
     return result.reshape(B, T, d_model)
 
 
@@ -202,7 +200,8 @@ def layer_threads(B, T, d_model, n_head):
     """CUDA threads launch_layer starts, all launches together (for the simulator's budget)."""
     d_k = d_model // n_head
     projections = sum(math.prod(grid) * math.prod(block) for grid, block in
-                      (projection.launch_shape(B * T, 3 * d_model), projection.launch_shape(B * T, d_model)))
+                      (projection.version_launch_shape(PROJECTION_VERSION, B * T, 3 * d_model),
+                       projection.version_launch_shape(PROJECTION_VERSION, B * T, d_model)))
     copies = 4 * math.prod(head_grid(B * n_head, T, d_k)[0]) * math.prod(BLOCK)   # 3 splits, 1 merge
     bh = B * n_head
     heads = (math.prod(scores.score_grid(bh, T, T)[0]) * scores.TILE ** 2

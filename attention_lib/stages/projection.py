@@ -18,6 +18,16 @@ The NumPy reference is ``attention_lib.reference.project``.
   from shared memory for 4 multiply-adds (v2: 2 for 1), and each x and w element is read from
   global memory half as often as in v2 (ceil(d_out / 32), ceil(T / 32)). Its grid is
   ``wide_launch_shape``; ``project(..., version=3)`` picks it.
+- ``projection_kernel_v4``: a 128 x 128 tile of out per block of 256 threads, 8 x 8 outputs per
+  thread (64 sums in registers), in the structure of CUTLASS's SGEMM: x's (128, 8) tile stored
+  transposed so that a thread's four neighbouring rows are one 16-byte shared load, fragments
+  split 4 + 4 so that a half-warp's loads touch every bank once, two shared buffers with the
+  next tiles waiting in registers (one barrier per step of 8), bias added in the epilogue. It
+  is composed of device functions: ``load_tiles`` (global to registers), ``store_tiles``
+  (registers to shared), ``load_fragment`` and ``multiply_tile`` (the hot loop),
+  ``store_micro_tile`` (the epilogue). Its grid is ``big_launch_shape``. ``FAST`` declares the
+  floors the kernel report checks for it (no stack frame, FFMA >= 60 % of the hot loop). Each
+  x and w element is read ceil(d_out / 128) and ceil(T / 128) times.
 - Biases: ``b`` is always passed; an empty one, shape (0,), means "no bias". Numba kernels
   cannot take ``None``, and a separate bias kernel would read and write the whole output again;
   ``b.shape[0] > 0`` costs one comparison per thread and nothing is read when there is no bias.
@@ -26,15 +36,21 @@ The NumPy reference is ``attention_lib.reference.project``.
   axis. ``project_qkv`` does that and splits the result.
 - ``flops`` and ``global_reads``: the work and the global-memory reads of one launch, by
   formula; the sanitizer (``attention_lib.sanitizer.count_memory``) measures the same reads.
+  Tiles and blocks are the same on both backends, so these and the grids at ANDREA-120M sizes
+  are the GPU's figures; only the version the layers use differs, and ``layer_version(gpu=True)``
+  gives the GPU's on either backend.
 - Launchers ``project`` and ``project_qkv`` validate, copy, pick the grid (``launch_shape``) and
   return NumPy float32; ``launch_projection`` is the launch itself, on device arrays, which the
   exercise check uses to run a student's kernel exactly as the library runs its own.
 """
 
+import math
+
 import numpy as np
 from numba import cuda, float32
 
 from attention_lib.launch import barrier_seconds, ceil_div, check_simulator_budget
+from attention_lib.runtime import ON_SIMULATOR, SIMULATOR_SHAPES
 from attention_lib.validation import as_float32, require
 
 # Side of the square tiles of projection_kernel_v2, and of the thread blocks of both versions:
@@ -185,7 +201,158 @@ def projection_kernel_v3(x, w, b, out):
     store_output(out, b, row0 + TILE, col0 + TILE, acc11)
 
 
-KERNELS = {1: projection_kernel_v1, 2: projection_kernel_v2, 3: projection_kernel_v3}
+# projection_kernel_v4: the structure of a CUTLASS-style SGEMM. A block of THREADS_V4 = 256
+# threads computes a (BM, BN) = 128 x 128 tile of out, walking d_model BK = 8 at a time. Each
+# thread owns an 8 x 8 micro-tile (64 sums in registers), split 4 + 4 in both directions: rows
+# ty*4 .. ty*4+3 and 64 + ty*4 .. 64 + ty*4+3 of the block's tile, the same for columns with tx,
+# for the 16 x 16 threads (tx, ty). A fragment of four neighbours is then one 16-byte shared load,
+# and the 16 threads of a half-warp read 16 consecutive 16-byte pieces: no bank conflict.
+# All indices are uint32 (U): signed ones add negative-index wraparound code to every access,
+# and uint32 mixed with int64 sends Numba through float64.
+BIG_TILE = 128               # rows and columns of out per block
+BIG_STEP = 8                 # step along d_model: one (128, 8) tile of x, one (8, 128) of w
+X_PAD = 4                    # x's tile is stored transposed, (8, 128 + X_PAD): see store_tiles
+XS_WIDTH = BIG_TILE + X_PAD
+U = np.uint32                # the same sizes as uint32, for index arithmetic
+BM = U(BIG_TILE)
+BN = U(BIG_TILE)
+BK = U(BIG_STEP)
+THREADS_V4 = 256
+MICRO_V4 = 8                 # a thread's micro-tile is MICRO_V4 x MICRO_V4
+HALF_MICRO = U(4)            # ... made of 4 x 4 quarters, one fragment load each
+HALF_TILE = U(64)            # the second quarter starts 64 rows (columns) further
+THREADS_ACROSS = U(16)       # threads (tx, ty) form a 16 x 16 square: tx = tid % 16
+LOADS_V4 = 4                 # elements of each tile a thread copies: 128 * 8 / 256
+# 16-byte alignment lets the compiler merge a fragment's four loads into one; the simulator
+# refuses `alignment=` (None is the default there) and `launch_bounds=`, whatever the shapes.
+SHARED_ALIGNMENT = None if ON_SIMULATOR else 16
+V4_OPTIONS = {} if ON_SIMULATOR else {"launch_bounds": (THREADS_V4, 2)}   # <= 128 registers
+# Floors the kernel report checks: no local memory, and FFMA at least 60 % of the hot loop.
+FAST = {"projection_kernel_v4": {"max_stack_bytes": 0, "min_ffma_fraction": 0.6}}
+
+
+@cuda.jit(device=True)
+def load_tiles(x, w, row0, col0, k0, tid, x_regs, w_regs):
+    """Copy the block's next tiles from global memory into registers, 0 past the edges.
+
+    x_regs[i] = x[row0 + tid // 8 + 32 i, k0 + tid % 8]: 8 neighbouring threads read the 8
+    neighbouring floats (32 bytes) of a row of x. w_regs[i] = w[k0 + tid // 32, col0 + tid % 32
+    + 32 i]: a warp reads 32 neighbouring floats of a row of w. x, w float32 2-D; the rest uint32.
+    Shapes are compared as unsigned: uint against int64 makes Numba compare in float64.
+    """
+    k = k0 + tid % BK
+    for i in range(LOADS_V4):
+        row = row0 + tid // BK + U(i) * U(32)
+        x_regs[i] = x[row, k] if row < U(x.shape[0]) and k < U(x.shape[1]) else float32(0.0)
+    k = k0 + tid // U(32)
+    for i in range(LOADS_V4):
+        col = col0 + tid % U(32) + U(i) * U(32)
+        w_regs[i] = w[k, col] if k < U(w.shape[0]) and col < U(w.shape[1]) else float32(0.0)
+
+
+@cuda.jit(device=True)
+def store_tiles(xs, ws, buf, tid, x_regs, w_regs):
+    """Registers to shared buffer `buf`: xs[buf] (BK, BM + X_PAD) holds x's tile transposed,
+    ws[buf] (BK, BN) w's tile as it is. Transposed, a thread's rows of x are neighbours in
+    memory (one fragment load); the X_PAD columns shift each k row by 4 banks, so the 32 stores
+    of a warp (4 rows x 8 k) land in 32 different banks instead of 8-way on 4."""
+    for i in range(LOADS_V4):
+        xs[buf, tid % BK, tid // BK + U(i) * U(32)] = x_regs[i]
+        ws[buf, tid // U(32), tid % U(32) + U(i) * U(32)] = w_regs[i]
+
+
+@cuda.jit(device=True)
+def load_fragment(tile, buf, k, first, frag):
+    """frag[0:4] = tile[buf, k, first : first + 4], frag[4:8] = the 4 at first + 64: two 16-byte
+    shared loads. tile: a shared (2, BK, width) float32 buffer pair; frag: a local (8,) array."""
+    for i in range(HALF_MICRO):
+        frag[i] = tile[buf, k, first + U(i)]
+        frag[HALF_MICRO + i] = tile[buf, k, first + HALF_TILE + U(i)]
+
+
+@cuda.jit(device=True)
+def multiply_tile(xs, ws, buf, tx, ty, a, bw, acc):
+    """acc += the (BM, BK) x (BK, BN) product of shared buffer `buf`, this thread's 8 x 8 part:
+    per k, 8 + 8 numbers from shared memory feed 64 multiply-adds (v3: 4 for 4)."""
+    for k in range(BK):
+        load_fragment(xs, buf, U(k), ty * HALF_MICRO, a)
+        load_fragment(ws, buf, U(k), tx * HALF_MICRO, bw)
+        for i in range(MICRO_V4):                 # constant bounds: unrolled, acc stays in registers
+            for j in range(MICRO_V4):
+                acc[i, j] += a[i] * bw[j]
+
+
+@cuda.jit(device=True)
+def store_micro_tile(out, b, row0, col0, acc):
+    """out[rows, cols] = acc (+ b[cols]) for the micro-tile's rows row0 + (0..3, 64..67) and
+    columns col0 + (0..3, 64..67), skipping those past the edge of out (the epilogue)."""
+    for i in range(MICRO_V4):
+        row = row0 + U(i // 4) * HALF_TILE + U(i % 4)
+        for j in range(MICRO_V4):
+            col = col0 + U(j // 4) * HALF_TILE + U(j % 4)
+            if row < U(out.shape[0]) and col < U(out.shape[1]):
+                out[row, col] = acc[i, j] + b[col] if b.shape[0] > 0 else acc[i, j]
+
+
+@cuda.jit(**V4_OPTIONS)
+def projection_kernel_v4(x, w, b, out):
+    """The same product as v1-v3: a 128 x 128 tile per block, 8 x 8 outputs per thread.
+
+    x: (rows, d_model), w: (d_model, d_out), b: (d_out,) or (0,) for no bias, out: (rows, d_out),
+    all float32. Launch with THREADS_V4 threads on big_launch_shape: block (bx, by) computes
+    out[by * BM : (by + 1) * BM, bx * BN : (bx + 1) * BN]. Double-buffered: while the block
+    multiplies the tiles in one shared buffer, each thread already holds its part of the next
+    tiles in registers, and stores them into the other buffer: one barrier per step of BK.
+    """
+    xs = cuda.shared.array((2, BIG_STEP, XS_WIDTH), float32, alignment=SHARED_ALIGNMENT)  # x^T
+    ws = cuda.shared.array((2, BIG_STEP, BIG_TILE), float32, alignment=SHARED_ALIGNMENT)  # w
+    x_regs = cuda.local.array(LOADS_V4, float32)
+    w_regs = cuda.local.array(LOADS_V4, float32)
+    a = cuda.local.array(MICRO_V4, float32)
+    bw = cuda.local.array(MICRO_V4, float32)
+    acc = cuda.local.array((MICRO_V4, MICRO_V4), float32)
+    for i in range(MICRO_V4):
+        for j in range(MICRO_V4):
+            acc[i, j] = float32(0.0)
+    tid = U(cuda.threadIdx.x)
+    row0, col0 = U(cuda.blockIdx.y) * BM, U(cuda.blockIdx.x) * BN
+    load_tiles(x, w, row0, col0, U(0), tid, x_regs, w_regs)
+    store_tiles(xs, ws, U(0), tid, x_regs, w_regs)
+    cuda.syncthreads()                            # wait until the first tiles are in buffer 0
+    n_steps = (U(x.shape[1]) + BK - U(1)) // BK
+    for step in range(n_steps):
+        buf = U(step) % U(2)
+        more = U(step) + U(1) < n_steps           # the same for every thread: no divergent barrier
+        if more:
+            load_tiles(x, w, row0, col0, (U(step) + U(1)) * BK, tid, x_regs, w_regs)
+        multiply_tile(xs, ws, buf, tid % THREADS_ACROSS, tid // THREADS_ACROSS, a, bw, acc)
+        if more:
+            store_tiles(xs, ws, U(1) - buf, tid, x_regs, w_regs)
+        cuda.syncthreads()                        # wait until the next tiles are stored, and
+                                                  # everyone is done reading this buffer
+    store_micro_tile(out, b, row0 + tid // THREADS_ACROSS * HALF_MICRO,
+                     col0 + tid % THREADS_ACROSS * HALF_MICRO, acc)
+
+
+KERNELS = {1: projection_kernel_v1, 2: projection_kernel_v2, 3: projection_kernel_v3,
+           4: projection_kernel_v4}
+
+# The projection the layers of notebooks 06 and 08 (multihead, kv_cache) launch. On a GPU v4, the
+# fastest. On the simulator v1: it has no barriers, and a decoding step projects one row, which
+# v1 covers with d_out threads and v4 with 256 per 128 columns, each waiting at every barrier.
+# Measured on the simulator (2 shared cores) for ANDREA-sim's fused QKV, (64, 64) @ (64, 192):
+# v1 10.4 s, v2 19.0 s, v3 9.6 s, v4 10.1 s.
+LAYER_VERSION_GPU = 4
+LAYER_VERSION_SIMULATOR = 1
+
+
+def layer_version(gpu=None):
+    """The projection version of the layers: the current configuration's (gpu None; the GPU's
+    on a GPU or with ATTENTION_LIB_SHAPES=gpu), or the GPU's (gpu True) or the simulator's
+    (False) whatever the backend, for figures at ANDREA-120M."""
+    if gpu is None:
+        gpu = not SIMULATOR_SHAPES
+    return LAYER_VERSION_GPU if gpu else LAYER_VERSION_SIMULATOR
 
 
 # --- Launchers ---------------------------------------------------------------------------
@@ -208,6 +375,34 @@ def wide_launch_shape(rows, d_out):
     return (ceil_div(d_out, WIDE_TILE), ceil_div(rows, WIDE_TILE)), BLOCK
 
 
+def big_launch_shape(rows, d_out):
+    """(grid, block) of projection_kernel_v4 for an output of (rows, d_out): 1-D blocks of
+    THREADS_V4 threads, each covering a (128, 128) tile of the output, x along columns."""
+    return (ceil_div(d_out, BIG_TILE), ceil_div(rows, BIG_TILE)), (THREADS_V4,)
+
+
+def version_launch_shape(version, rows, d_out):
+    """(grid, block) of the library's kernel `version` for an output of (rows, d_out)."""
+    if version == 4:
+        return big_launch_shape(rows, d_out)
+    return (wide_launch_shape if version == 3 else launch_shape)(rows, d_out)
+
+
+def barrier_rounds(version, d_model):
+    """syncthreads rounds per block: two per step of TILE along d_model for v2 and v3, one per
+    step of BIG_STEP plus the first load for v4 (double-buffered), none for v1."""
+    if version == 4:
+        return ceil_div(d_model, BIG_STEP) + 1
+    return 0 if version == 1 else 2 * ceil_div(d_model, TILE)
+
+
+def launch_version(version, x, w, b, out):
+    """Launch the library's kernel `version` on its own grid, on device arrays (shapes as in
+    launch_projection). The composites (multihead, kv_cache) call it with their chosen version."""
+    grid, block = version_launch_shape(version, out.shape[0], out.shape[1])
+    KERNELS[version][grid, block](x, w, b, out)
+
+
 def _bias(b, d_out, name, w_name="w"):
     """b as a float32 (d_out,) array, or an empty (0,) one for no bias."""
     if b is None:
@@ -228,9 +423,9 @@ def project(x, w, b=None, version=2, kernel=None):
     """x @ w (+ b) on the device.
 
     x: (..., T, d_model) float; w: (d_model, d_out) float; b: (d_out,) float or None
-    -> (..., T, d_out) float32. version 1, 2 or 3 picks the library kernel; `kernel`, if given,
+    -> (..., T, d_out) float32. version 1 to 4 picks the library kernel; `kernel`, if given,
     replaces it (same signature as projection_kernel_v1) and is launched on that version's grid
-    (one thread per output for 1 and 2, one per 2 x 2 outputs for 3).
+    (one thread per output for 1 and 2, per 2 x 2 outputs for 3, per 8 x 8 for 4).
     """
     kernel = _check_version(version, kernel)
     x = as_float32("x", x, "(..., T, d_model)", min_ndim=2)
@@ -241,18 +436,12 @@ def project(x, w, b=None, version=2, kernel=None):
     d_out = w.shape[1]
     b = _bias(b, d_out, "b")
     rows = x.reshape(-1, d_model)                             # (B * T, d_model): batch axes become rows
-    wide = version == 3                                       # v3: a thread per 2 x 2 outputs
-    grid, block = (wide_launch_shape if wide else launch_shape)(rows.shape[0], d_out)
-    # v2 and v3 wait at two barriers per step of TILE along d_model.
-    barrier_s = barrier_seconds(grid[0] * grid[1], block[0] * block[1], 2 * ceil_div(d_model, TILE))
-    check_simulator_budget("project", grid[0] * grid[1] * block[0] * block[1],
-                           barrier_s if version in (2, 3) else 0.0)
+    grid, block = version_launch_shape(version, rows.shape[0], d_out)
+    blocks, block_threads = math.prod(grid), math.prod(block)
+    barrier_s = barrier_seconds(blocks, block_threads, barrier_rounds(version, d_model))
+    check_simulator_budget("project", blocks * block_threads, barrier_s)
     result = cuda.device_array((rows.shape[0], d_out), np.float32)
-    args = (cuda.to_device(rows), cuda.to_device(w), cuda.to_device(b), result)
-    if wide:
-        kernel[grid, block](*args)
-    else:
-        launch_projection(kernel, *args)
+    kernel[grid, block](cuda.to_device(rows), cuda.to_device(w), cuda.to_device(b), result)
     return result.copy_to_host().reshape(*lead, T, d_out)     # (..., T, d_out)
 
 
@@ -292,11 +481,12 @@ def global_reads(T, d_out, version):
     v2: a block loads each tile once into shared memory, so each x element is read once per
     block across (ceil(d_out / TILE)) and each w element once per block down (ceil(T / TILE)).
     v3: the same with blocks covering WIDE_TILE x WIDE_TILE outputs: ceil(d_out / WIDE_TILE)
-    and ceil(T / WIDE_TILE).
+    and ceil(T / WIDE_TILE). v4: blocks of BIG_TILE x BIG_TILE outputs, ceil(d_out / 128) and
+    ceil(T / 128); its edge threads store 0 instead of reading past x or w.
     Counted as the sanitizer counts: every request as if it went to memory (no caches).
     """
     require(version in KERNELS, f"version must be one of {sorted(KERNELS)}, got {version!r}")
     if version == 1:
         return d_out, T
-    tile = WIDE_TILE if version == 3 else TILE
+    tile = {2: TILE, 3: WIDE_TILE, 4: BIG_TILE}[version]
     return ceil_div(d_out, tile), ceil_div(T, tile)

@@ -17,6 +17,8 @@ division, and no thread recomputes a square root.
 Heads ride on the grid's z axis: q (..., T_q, d_k) is flattened to (BH, T_q, d_k), where BH is
 the product of the leading axes (batch x heads), and block z handles head h = blockIdx.z.
 ``mask.py`` reuses ``tile_dot``, ``score_grid`` and ``flatten_qk`` for its fused kernel.
+The tile is the same on a GPU and on the simulator, so ``score_grid`` at ANDREA-120M sizes gives
+the GPU's grid on either backend.
 """
 
 import math
@@ -30,6 +32,12 @@ from attention_lib.validation import as_float32, require
 # Side of a square tile of S: a block of TILE x TILE threads computes TILE x TILE scores.
 # 16 x 16 = 256 threads per block (8 warps) on a GPU; on the simulator T 32 is 2 x 2 tiles.
 TILE = 16
+# Row length of the transposed K tile in shared memory: TILE + 2 words. A warp is two rows ty of
+# 16 threads, and thread (tx, ty) stores to word tx * KT_WIDTH + ty. With rows of 16 words those
+# 32 stores fall into 4 banks (an 8-way conflict: 8 rounds instead of 1); with 17, 31 banks (tx 15,
+# ty 1 meets tx 0, ty 0); with 18, 2 * (9 tx mod 16) + ty takes each of the 32 banks once.
+# The reads kt_tile[cc, tx] stay conflict-free: 16 neighbouring words, the same for both rows.
+KT_WIDTH = TILE + 2
 
 
 # --- Kernels -----------------------------------------------------------------------------
@@ -60,10 +68,11 @@ def tile_dot(q, k, h, i, j):
     lies past the edge of s: they help load and get a meaningless 0.
     Each step along d_k copies a TILE x TILE piece of the block's TILE rows of q and of its
     TILE rows of k into shared memory (one element per thread, zero past the edges), then
-    every thread does TILE multiply-adds from shared memory.
+    every thread does TILE multiply-adds from shared memory. The K piece is stored transposed
+    in rows of KT_WIDTH words: the padding keeps the transposing stores free of bank conflicts.
     """
     q_tile = cuda.shared.array((TILE, TILE), np.float32)   # [query row in tile, column c]
-    kt_tile = cuda.shared.array((TILE, TILE), np.float32)  # [column c, key in tile]: K^T
+    kt_tile = cuda.shared.array((TILE, KT_WIDTH), np.float32)  # [column c, key in tile]: K^T, padded
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     key = cuda.blockIdx.x * TILE + ty      # the key row this thread copies (not its own j)
     d_k = q.shape[2]

@@ -19,8 +19,14 @@ for both stages.
   each block runs ``projection.tile_matmul``, the shared-memory tile loop of
   ``projection_kernel_v2``, on its head's slices. Launching projection_kernel_v2 per head would
   have reused the same loop but kept the BH small launches.
+- ``weighted_sum_causal_kernel``: version 2 for causal weights (``causal=True``). The upper
+  triangle of causal A is 0; each block stops at its last query's last visible key, so the
+  tiles of A above the diagonal are never loaded (``causal_tile_counts``: almost half for
+  T much larger than TILE, as for the fused mask of notebook 03). ``attention.py`` uses it.
 - Cost: ``projection.flops(T_q, T_k, d_v)`` is the work per head (2 T_q T_k d_v) and
   ``projection.global_reads(T_q, d_v, version)`` how often each element of A and of V is read.
+- The tile is the same on both backends: ``weighted_sum_grid`` and ``causal_tile_counts`` at
+  ANDREA-120M sizes are the GPU's figures on either.
 - Launchers: ``launch_weighted_sum`` on device arrays (``attention.py`` keeps its weights on the
   device and calls it) and ``weighted_sum(a, v, version=2, kernel=None)``, NumPy in and out.
 """
@@ -30,7 +36,9 @@ import math
 import numpy as np
 from numba import cuda
 
+from attention_lib import reference
 from attention_lib.launch import barrier_seconds, ceil_div, check_simulator_budget
+from attention_lib.stages import mask
 from attention_lib.stages.projection import BLOCK, TILE, launch_projection, projection_kernel_v1, tile_matmul
 from attention_lib.validation import as_float32, require
 
@@ -47,6 +55,26 @@ def weighted_sum_kernel_v2(a, v, out):
     col, row = cuda.grid(2)                    # col: a feature of the values, row: a query
     h = cuda.blockIdx.z                        # one head per grid layer
     acc = tile_matmul(a[h], v[h], row, col)    # called by every thread: it contains barriers
+    if row < out.shape[1] and col < out.shape[2]:
+        out[h, row, col] = acc
+
+
+@cuda.jit
+def weighted_sum_causal_kernel(a, v, out):
+    """weighted_sum_kernel_v2 for causal weights, skipping the tiles of a above the diagonal.
+
+    Same arguments, grid and block as weighted_sum_kernel_v2; a must be 0 wherever the causal
+    mask hides a key: a[h, i, j] = 0 for j > i + (T_k - T_q) (the queries are the last T_q
+    positions). The block's last query sees keys 0 .. k_end - 1 at most, so the block multiplies
+    the slices a[h, :, :k_end] and v[h, :k_end] only: the steps of TILE keys past k_end, whose
+    weights are all 0, are neither loaded nor multiplied (as mask_kernel_v2 skips its tiles).
+    """
+    col, row = cuda.grid(2)
+    h = cuda.blockIdx.z
+    t_q, t_k = a.shape[1], a.shape[2]
+    last_row = min((cuda.blockIdx.y + 1) * TILE, t_q) - 1    # the block's last real query
+    k_end = max(0, min(t_k, last_row + (t_k - t_q) + 1))    # the same for the whole block
+    acc = tile_matmul(a[h, :, :k_end], v[h, :k_end], row, col)   # every thread: barriers inside
     if row < out.shape[1] and col < out.shape[2]:
         out[h, row, col] = acc
 
@@ -70,15 +98,31 @@ def launch_per_head(kernel, a, v, out):
         launch_projection(kernel, a[h], v[h], no_bias, out[h])   # (T_q, T_k) @ (T_k, d_v)
 
 
-def launch_weighted_sum(a, v, out, version=2, kernel=None):
+def launch_weighted_sum(a, v, out, version=2, kernel=None, causal=False):
     """a @ v into out, on device arrays: a (BH, T_q, T_k), v (BH, T_k, d_v), out (BH, T_q, d_v),
     float32. No checks: ``weighted_sum`` makes them. version 1 launches per head, version 2 once;
-    `kernel` replaces that version's library kernel and is launched the same way."""
+    causal (version 2): a is 0 above the causal diagonal, and weighted_sum_causal_kernel skips
+    those tiles. `kernel` replaces that version's library kernel and is launched the same way."""
     if version == 1:
         launch_per_head(projection_kernel_v1 if kernel is None else kernel, a, v, out)
     else:
         grid, block = weighted_sum_grid(*out.shape)
-        (weighted_sum_kernel_v2 if kernel is None else kernel)[grid, block](a, v, out)
+        if kernel is None:
+            kernel = weighted_sum_causal_kernel if causal else weighted_sum_kernel_v2
+        kernel[grid, block](a, v, out)
+
+
+def causal_tile_counts(bh, t_q, t_k, d_v):
+    """(loaded, skipped) (TILE, TILE) tiles of a, counted once per block that needs them, by
+    weighted_sum_causal_kernel on (bh, t_q, t_k) weights and d_v columns of values.
+
+    A block of query rows stops at its last visible key, so the tiles skipped in each row of
+    blocks are the tiles of S that mask_kernel_v2 skips: mask.causal_tile_counts, once per
+    head and per block across d_v. For T_q = T_k = n TILE that is n (n - 1) / 2 of n^2.
+    """
+    computed, skipped = mask.causal_tile_counts(t_q, t_k, TILE)
+    blocks_across = bh * ceil_div(d_v, TILE)
+    return computed * blocks_across, skipped * blocks_across
 
 
 def tiled_barrier_seconds(bh, t_q, t_k, d_v):
@@ -109,18 +153,34 @@ def flatten_av(a, v, what, tiled=False):
     return a.reshape(-1, t_q, t_k), v.reshape(-1, t_k, d_v), lead     # (BH, T, ...)
 
 
-def weighted_sum(a, v, version=2, kernel=None):
+def _require_causal(a3):
+    """Refuse weights said to be causal that are not 0 where the mask hides a key: a3 (BH, T_q, T_k)."""
+    hidden = ~reference.causal_mask(*a3.shape[1:])              # (T_q, T_k), True above the diagonal
+    bad = np.argwhere((a3 != 0) & hidden)
+    if bad.size:
+        h, i, j = (int(n) for n in bad[0])
+        raise ValueError(f"a must be 0 where j > i + (T_k - T_q) when causal=True; got {a3[h, i, j]} "
+                         f"at (head {h}, i {i}, j {j})")
+
+
+def weighted_sum(a, v, version=2, kernel=None, causal=False):
     """Each output row a mix of the value rows: a @ v, on the device.
 
     a: (..., T_q, T_k) float weights; v: (..., T_k, d_v) float values, the same leading axes
     -> (..., T_q, d_v) float32. version 1: projection_kernel_v1 once per head; version 2:
-    weighted_sum_kernel_v2 once for all heads. kernel: replaces the version's kernel (for
-    version 1 any kernel with projection_kernel_v1's signature, for version 2 any with
-    weighted_sum_kernel_v2's) and is launched on the same grid.
+    weighted_sum_kernel_v2 once for all heads. causal (version 2): the weights are causal, 0
+    for j > i + (T_k - T_q), which is checked; weighted_sum_causal_kernel skips the tiles above
+    the diagonal. kernel: replaces the version's kernel (for version 1 any kernel with
+    projection_kernel_v1's signature, for version 2 any with weighted_sum_kernel_v2's) and is
+    launched on the same grid.
     """
     require(version in KERNELS, f"version must be one of {sorted(KERNELS)}, got {version!r}")
+    require(isinstance(causal, (bool, np.bool_)), f"causal must be True or False, got {causal!r}")
+    require(not (causal and version == 1), "causal=True needs version 2 (version 1 has no tile to skip)")
     a3, v3, lead = flatten_av(a, v, "weighted_sum", tiled=version == 2)
+    if causal:
+        _require_causal(a3)
     (bh, t_q, _), d_v = a3.shape, v3.shape[2]
     d_out = cuda.device_array((bh, t_q, d_v), np.float32)
-    launch_weighted_sum(cuda.to_device(a3), cuda.to_device(v3), d_out, version, kernel)
+    launch_weighted_sum(cuda.to_device(a3), cuda.to_device(v3), d_out, version, kernel, causal)
     return d_out.copy_to_host().reshape(*lead, t_q, d_v)              # (..., T_q, d_v)
