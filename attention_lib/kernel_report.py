@@ -379,8 +379,10 @@ def table(rows):
              + [f"{row['hot_loop'][k]:,}" for k, _ in LOOP_COLUMNS] + [f"{row['hot_loop']['ffma_fraction']:.2f}"]
              for name, row in rows.items()]
     widths = [max(len(r[i]) for r in [header] + lines) for i in range(len(header))]
-    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-    return "\n".join([fmt(header)] + [fmt(r) for r in lines])
+
+    def line(cells):                     # names left-aligned, figures right-aligned
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join(line(cells) for cells in [header] + lines)
 
 
 def declared_floors():

@@ -446,3 +446,36 @@ def test_launch_version_runs_each_kernel_on_its_own_grid(rng, version):
     out = cuda.device_array((19, 18), np.float32)
     projection.launch_version(version, cuda.to_device(x), cuda.to_device(w), cuda.to_device(b), out)
     assert np.allclose(out.copy_to_host(), reference.project(x, w, b), rtol=tolerance(21), atol=tolerance(21))
+
+
+# What the compiler makes of v4 on a GPU (no GPU needed: PTX for sm_90 in a process with the
+# simulator off). The kernel report checks registers, stack and the hot loop's FFMA share.
+PTX_PROGRAM = """
+import os
+os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
+from numba import cuda
+from numba.cuda import types
+from attention_lib.numba_patches import compile_for
+from attention_lib.stages import projection
+assert not projection.ON_SIMULATOR and projection.SHARED_ALIGNMENT == 16
+compile_for((9, 0))
+f2, f1 = types.float32[:, ::1], types.float32[::1]
+ptx, _ = cuda.compile_ptx(projection.projection_kernel_v4.py_func, (f2, f2, f1, f2), cc=(9, 0),
+                          **projection.V4_OPTIONS)
+print(ptx.count(".f64"), ptx.count("ld.shared.v4.f32"), ptx.count("ld.local") + ptx.count("st.local"),
+      ".maxntid 256, 1, 1" in ptx, ".minnctapersm 2" in ptx)
+"""
+
+
+def test_v4_compiles_to_16_byte_shared_loads_without_float64_or_local_memory():
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "ATTENTION_LIB_BACKEND"}
+    done = subprocess.run([sys.executable, "-c", PTX_PROGRAM], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    f64, vector_loads, local, max_threads, min_blocks = done.stdout.split()
+    assert f64 == "0"                    # uint32 indices: no comparison or index goes through float64
+    assert vector_loads == "4"           # per k: the two fragments of x^T and the two of w
+    assert local == "0" and max_threads == "True" and min_blocks == "True"

@@ -196,7 +196,8 @@ def test_causal_kernel_skips_the_tiles_the_formula_counts(rng, bh, t_q, t_k, d_v
             # a block of queries reads the keys its last query sees, and nothing after them
             last_query = min(r + TILE, t_q) - 1 + (t_k - t_q)
             sees = np.arange(t_k) <= last_query
-            assert np.all(loads[h, r:r + TILE][:, sees] == across) and np.all(loads[h, r:r + TILE][:, ~sees] == 0)
+            block = loads[h, r:r + TILE]
+            assert np.all(block[:, sees] == across) and np.all(block[:, ~sees] == 0)
             for c in range(0, t_k, TILE):
                 read = loads[h, r:r + TILE, c:c + TILE].any()
                 loaded, skipped = loaded + read, skipped + (not read)

@@ -21,13 +21,14 @@ The NumPy reference is ``attention_lib.reference.project``.
 - ``projection_kernel_v4``: a 128 x 128 tile of out per block of 256 threads, 8 x 8 outputs per
   thread (64 sums in registers), in the structure of CUTLASS's SGEMM: x's (128, 8) tile stored
   transposed so that a thread's four neighbouring rows are one 16-byte shared load, fragments
-  split 4 + 4 so that a half-warp's loads touch every bank once, two shared buffers with the
-  next tiles waiting in registers (one barrier per step of 8), bias added in the epilogue. It
-  is composed of device functions: ``load_tiles`` (global to registers), ``store_tiles``
-  (registers to shared), ``load_fragment`` and ``multiply_tile`` (the hot loop),
-  ``store_micro_tile`` (the epilogue). Its grid is ``big_launch_shape``. ``FAST`` declares the
-  floors the kernel report checks for it (no stack frame, FFMA >= 60 % of the hot loop). Each
-  x and w element is read ceil(d_out / 128) and ceil(T / 128) times.
+  split 4 + 4 so that the loads of a quarter-warp touch every bank once, two shared buffers with
+  the next tiles waiting in registers (one barrier per step of 8), bias added in the epilogue.
+  Composed of device functions: ``load_tiles`` (global to registers), ``store_tiles`` (registers
+  to shared), ``load_fragment`` and ``multiply_tile`` (the hot loop), ``walk_d_model`` (the
+  double-buffered main loop), ``store_micro_tile`` (the epilogue). Its grid is
+  ``big_launch_shape``. ``FAST`` declares the floors the kernel report checks for it (no stack
+  frame, FFMA >= 60 % of the hot loop). Each x and w element is read ceil(d_out / 128) and
+  ceil(T / 128) times.
 - Biases: ``b`` is always passed; an empty one, shape (0,), means "no bias". Numba kernels
   cannot take ``None``, and a separate bias kernel would read and write the whole output again;
   ``b.shape[0] > 0`` costs one comparison per thread and nothing is read when there is no bias.
@@ -205,10 +206,12 @@ def projection_kernel_v3(x, w, b, out):
 # threads computes a (BM, BN) = 128 x 128 tile of out, walking d_model BK = 8 at a time. Each
 # thread owns an 8 x 8 micro-tile (64 sums in registers), split 4 + 4 in both directions: rows
 # ty*4 .. ty*4+3 and 64 + ty*4 .. 64 + ty*4+3 of the block's tile, the same for columns with tx,
-# for the 16 x 16 threads (tx, ty). A fragment of four neighbours is then one 16-byte shared load,
-# and the 16 threads of a half-warp read 16 consecutive 16-byte pieces: no bank conflict.
-# All indices are uint32 (U): signed ones add negative-index wraparound code to every access,
-# and uint32 mixed with int64 sends Numba through float64.
+# for the 16 x 16 threads (tx, ty). A fragment of four neighbours is then one 16-byte shared load;
+# such a load is served 8 threads (a quarter-warp) at a time, and 8 neighbouring tx read 8
+# neighbouring pieces of w's row, 128 bytes, each bank once, while their x fragment is one piece
+# (a broadcast): no bank conflict. All indices are uint32 (U): signed ones add negative-index
+# wraparound code to every access. Numba widens uint32 arithmetic to uint64, and compares uint64
+# with int64 in float64, so shapes are taken as U(shape) before a comparison.
 BIG_TILE = 128               # rows and columns of out per block
 BIG_STEP = 8                 # step along d_model: one (128, 8) tile of x, one (8, 128) of w
 X_PAD = 4                    # x's tile is stored transposed, (8, 128 + X_PAD): see store_tiles
@@ -238,7 +241,6 @@ def load_tiles(x, w, row0, col0, k0, tid, x_regs, w_regs):
     x_regs[i] = x[row0 + tid // 8 + 32 i, k0 + tid % 8]: 8 neighbouring threads read the 8
     neighbouring floats (32 bytes) of a row of x. w_regs[i] = w[k0 + tid // 32, col0 + tid % 32
     + 32 i]: a warp reads 32 neighbouring floats of a row of w. x, w float32 2-D; the rest uint32.
-    Shapes are compared as unsigned: uint against int64 makes Numba compare in float64.
     """
     k = k0 + tid % BK
     for i in range(LOADS_V4):
@@ -255,7 +257,7 @@ def store_tiles(xs, ws, buf, tid, x_regs, w_regs):
     """Registers to shared buffer `buf`: xs[buf] (BK, BM + X_PAD) holds x's tile transposed,
     ws[buf] (BK, BN) w's tile as it is. Transposed, a thread's rows of x are neighbours in
     memory (one fragment load); the X_PAD columns shift each k row by 4 banks, so the 32 stores
-    of a warp (4 rows x 8 k) land in 32 different banks instead of 8-way on 4."""
+    of a warp (4 rows x 8 k) land in 32 different banks; unpadded, in 4 (an 8-way conflict)."""
     for i in range(LOADS_V4):
         xs[buf, tid % BK, tid // BK + U(i) * U(32)] = x_regs[i]
         ws[buf, tid // U(32), tid % U(32) + U(i) * U(32)] = w_regs[i]
@@ -277,7 +279,8 @@ def multiply_tile(xs, ws, buf, tx, ty, a, bw, acc):
     for k in range(BK):
         load_fragment(xs, buf, U(k), ty * HALF_MICRO, a)
         load_fragment(ws, buf, U(k), tx * HALF_MICRO, bw)
-        for i in range(MICRO_V4):                 # constant bounds: unrolled, acc stays in registers
+        for i in range(MICRO_V4):                 # constant bounds: unrolled, so acc is registers
+                                                  # (ptxas: no stack frame)
             for j in range(MICRO_V4):
                 acc[i, j] += a[i] * bw[j]
 
@@ -294,31 +297,11 @@ def store_micro_tile(out, b, row0, col0, acc):
                 out[row, col] = acc[i, j] + b[col] if b.shape[0] > 0 else acc[i, j]
 
 
-@cuda.jit(**V4_OPTIONS)
-def projection_kernel_v4(x, w, b, out):
-    """The same product as v1-v3: a 128 x 128 tile per block, 8 x 8 outputs per thread.
-
-    x: (rows, d_model), w: (d_model, d_out), b: (d_out,) or (0,) for no bias, out: (rows, d_out),
-    all float32. Launch with THREADS_V4 threads on big_launch_shape: block (bx, by) computes
-    out[by * BM : (by + 1) * BM, bx * BN : (bx + 1) * BN]. Double-buffered: while the block
-    multiplies the tiles in one shared buffer, each thread already holds its part of the next
-    tiles in registers, and stores them into the other buffer: one barrier per step of BK.
-    """
-    xs = cuda.shared.array((2, BIG_STEP, XS_WIDTH), float32, alignment=SHARED_ALIGNMENT)  # x^T
-    ws = cuda.shared.array((2, BIG_STEP, BIG_TILE), float32, alignment=SHARED_ALIGNMENT)  # w
-    x_regs = cuda.local.array(LOADS_V4, float32)
-    w_regs = cuda.local.array(LOADS_V4, float32)
-    a = cuda.local.array(MICRO_V4, float32)
-    bw = cuda.local.array(MICRO_V4, float32)
-    acc = cuda.local.array((MICRO_V4, MICRO_V4), float32)
-    for i in range(MICRO_V4):
-        for j in range(MICRO_V4):
-            acc[i, j] = float32(0.0)
-    tid = U(cuda.threadIdx.x)
-    row0, col0 = U(cuda.blockIdx.y) * BM, U(cuda.blockIdx.x) * BN
-    load_tiles(x, w, row0, col0, U(0), tid, x_regs, w_regs)
-    store_tiles(xs, ws, U(0), tid, x_regs, w_regs)
-    cuda.syncthreads()                            # wait until the first tiles are in buffer 0
+@cuda.jit(device=True)
+def walk_d_model(x, w, xs, ws, row0, col0, tid, x_regs, w_regs, a, bw, acc):
+    """The main loop, double-buffered: buffer `step % 2` holds this step's tiles (stored and
+    waited for before), the next ones come from global memory into registers meanwhile and go
+    to the other buffer afterwards, so one barrier per step suffices. Called by every thread."""
     n_steps = (U(x.shape[1]) + BK - U(1)) // BK
     for step in range(n_steps):
         buf = U(step) % U(2)
@@ -330,6 +313,29 @@ def projection_kernel_v4(x, w, b, out):
             store_tiles(xs, ws, U(1) - buf, tid, x_regs, w_regs)
         cuda.syncthreads()                        # wait until the next tiles are stored, and
                                                   # everyone is done reading this buffer
+
+
+@cuda.jit(**V4_OPTIONS)
+def projection_kernel_v4(x, w, b, out):
+    """The same product as v1-v3, 128 x 128 outputs per block, 8 x 8 per thread (shapes as v1).
+
+    Launch with THREADS_V4 threads on big_launch_shape: block (bx, by) computes
+    out[by * BM : (by + 1) * BM, bx * BN : (bx + 1) * BN].
+    """
+    xs = cuda.shared.array((2, BIG_STEP, XS_WIDTH), float32, alignment=SHARED_ALIGNMENT)  # x^T
+    ws = cuda.shared.array((2, BIG_STEP, BIG_TILE), float32, alignment=SHARED_ALIGNMENT)  # w
+    x_regs = cuda.local.array(LOADS_V4, float32)  # the next tiles, on their way to shared memory
+    w_regs = cuda.local.array(LOADS_V4, float32)
+    a = cuda.local.array(MICRO_V4, float32)       # this k's fragments of x^T and of w
+    bw = cuda.local.array(MICRO_V4, float32)
+    acc = cuda.local.array((MICRO_V4, MICRO_V4), float32)
+    acc[:, :] = float32(0.0)
+    tid = U(cuda.threadIdx.x)
+    row0, col0 = U(cuda.blockIdx.y) * BM, U(cuda.blockIdx.x) * BN
+    load_tiles(x, w, row0, col0, U(0), tid, x_regs, w_regs)
+    store_tiles(xs, ws, U(0), tid, x_regs, w_regs)
+    cuda.syncthreads()                            # wait until the first tiles are in buffer 0
+    walk_d_model(x, w, xs, ws, row0, col0, tid, x_regs, w_regs, a, bw, acc)
     store_micro_tile(out, b, row0 + tid // THREADS_ACROSS * HALF_MICRO,
                      col0 + tid % THREADS_ACROSS * HALF_MICRO, acc)
 
