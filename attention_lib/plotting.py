@@ -205,3 +205,44 @@ def plot_bench_roofline(results, ax=None, counted=True, only=None, title=None):
     return plot_roofline(bench_roofline_points(results, counted), limits.fp32_flop_per_s, limits.bytes_per_s,
                          roof_label=limits.name + (" (reference)" if reference else ""), ax=ax, title=title,
                          tensor_flop_per_s=limits.tensor_flop_per_s)
+
+
+def plot_tiled_matmul(T, d_model, d_out, tile, block, step, ax=None):
+    """The classic tiled-matmul figure: out = x @ w, one output tile, the strips it reads.
+
+    T, d_model, d_out: the sizes (drawn to scale); tile: the tile width; block: (bx, by), the
+    output tile drawn; step: which TILE-wide step along d_model is highlighted. x (T, d_model)
+    sits left of out (T, d_out), w (d_model, d_out) above it, so the block's strip of x (its
+    rows) and of w (its columns) line up with its tile. Returns the matplotlib axes.
+    """
+    from matplotlib.patches import Rectangle
+    bx, by = block
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 7 * (T + d_model) / (d_model + d_out)))
+    gap = max(1, d_model // 10)
+    # (x0, y0, width, height, colour, label) in element units; y grows downwards like a matrix
+    boxes = [(0, d_model + gap, d_model, T, "whitesmoke", "x (T, d_model)"),
+             (d_model + gap, 0, d_out, d_model, "whitesmoke", "w (d_model, d_out)"),
+             (d_model + gap, d_model + gap, d_out, T, "whitesmoke", "out (T, d_out)"),
+             (0, d_model + gap + by * tile, d_model, tile, "#cfe3f7", "the block's strip of x"),
+             (d_model + gap + bx * tile, 0, tile, d_model, "#cfe3f7", "the block's strip of w"),
+             (step * tile, d_model + gap + by * tile, tile, tile, "#1f77b4", f"x tile of step {step}"),
+             (d_model + gap + bx * tile, step * tile, tile, tile, "#1f77b4", f"w tile of step {step}"),
+             (d_model + gap + bx * tile, d_model + gap + by * tile, tile, tile, "#ff7f0e", f"out tile {block}")]
+    for x0, y0, width, height, colour, label in boxes:
+        ax.add_patch(Rectangle((x0, y0), width, height, facecolor=colour, edgecolor="black", lw=0.8,
+                               label=label if colour != "whitesmoke" else None))
+    for x0, y0, width, height, _, label in boxes[:3]:
+        ax.text(x0 + 1, y0 - 1, label, ha="left", va="bottom", fontsize=9)      # above the matrix
+    ax.annotate("", xy=((step + 1.9) * tile, d_model + gap + (by + 0.5) * tile),
+                xytext=((step + 1) * tile, d_model + gap + (by + 0.5) * tile),
+                arrowprops=dict(arrowstyle="->", lw=1.5))
+    ax.annotate("", xy=(d_model + gap + (bx + 0.5) * tile, (step + 1.9) * tile),
+                xytext=(d_model + gap + (bx + 0.5) * tile, (step + 1) * tile),
+                arrowprops=dict(arrowstyle="->", lw=1.5))
+    ax.set_xlim(-1, d_model + gap + d_out + 1)
+    ax.set_ylim(T + d_model + gap + 1, -gap)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.legend(loc="upper left", fontsize=8, frameon=False)
+    return ax

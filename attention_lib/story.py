@@ -92,12 +92,12 @@ class Story:
         return [f"{i}:{word}" for i, word in enumerate(self.tokens)]
 
     def head_weights(self, head: int = 0):
-        """(W_Q, W_K, W_V) of one head, each (d_model, d_k) float32."""
+        """(W_Q, W_K, W_V) of one head, each (d_model, d_k) float32, C-contiguous copies."""
         d_k = self.sizes.d_k
         if not 0 <= head < self.sizes.n_head:
             raise ValueError(f"head: must be in 0..{self.sizes.n_head - 1}, got {head}")
         cols = slice(head * d_k, (head + 1) * d_k)
-        return self.w_q[:, cols], self.w_k[:, cols], self.w_v[:, cols]
+        return tuple(np.ascontiguousarray(w[:, cols]) for w in (self.w_q, self.w_k, self.w_v))
 
     def qkv(self, head: int = 0):
         """(Q, K, V) of one head, each (T, d_k) float32: x @ W in float64, rounded once.

@@ -7,7 +7,6 @@ planted and gets its own diagnosis, in one line. Sizes and cases are the exercis
 
 import math
 
-import numpy as np
 import pytest
 from numba import cuda, float32
 
