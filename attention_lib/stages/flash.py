@@ -41,7 +41,7 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.launch import SIMULATOR_THREADS_PER_SECOND, ceil_div, check_simulator_budget
-from attention_lib.runtime import ON_SIMULATOR
+from attention_lib.runtime import SIMULATOR_SHAPES
 from attention_lib.validation import as_float32, require, require_finite_result
 
 # Largest head width the kernels accept: each thread keeps its query row and its output
@@ -55,7 +55,7 @@ ROWS_PER_BLOCK = 32
 # queries, so a larger BLOCK_Q reads them less often. On the simulator 16 and 16: ANDREA-sim's
 # T = 32 is 2 x 2 tiles per head, and every barrier round costs tens of milliseconds per block.
 BLOCK_Q_GPU = 32
-BLOCK_Q = 16 if ON_SIMULATOR else BLOCK_Q_GPU
+BLOCK_Q = 16 if SIMULATOR_SHAPES else BLOCK_Q_GPU
 BLOCK_K = 16
 NEG_INF = np.float32(-np.inf)    # float32: a float64 -inf would pull float64 arithmetic in
 
