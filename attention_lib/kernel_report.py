@@ -217,7 +217,9 @@ def _row(job, arch):
     numba_patches.compile_for(cc)
     kernel = _kernel_for(job)
     signature = tuple(signatures.numba_type(a) for a in job["args"])
-    ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=cc)
+    # The launch bounds the kernel's own dispatcher compiles it with: they cap its registers.
+    ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=cc,
+                              launch_bounds=getattr(kernel, "targetoptions", {}).get("launch_bounds"))
     with tempfile.TemporaryDirectory() as workdir:
         ptxas, sass = _assemble(ptx, arch, workdir, job["name"].replace(".", "_"))
     row = {"signature": [str(t) for t in signature], **parse_ptxas(ptxas),

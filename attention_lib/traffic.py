@@ -19,7 +19,6 @@ with the GPU's tile sizes whatever the backend. tests/test_bench.py checks those
 """
 
 import datetime
-import math
 from dataclasses import asdict
 
 import numpy as np
@@ -83,10 +82,14 @@ def count_pipeline(q, k, v, causal=True):
 
 def count_fused(q, k, v, causal=True, version=2):
     """Run the fused kernel once under count_memory: q (BH, T_q, d_k), k (BH, T_k, d_k),
-    v (BH, T_k, d_v) float32 NumPy arrays -> (MemoryReport, out (BH, T_q, d_v))."""
-    out = np.empty((q.shape[0], q.shape[1], v.shape[2]), np.float32)
-    report = sanitizer.count_memory(flash.KERNELS[version], *flash.flash_grid(q.shape[0], q.shape[1], version),
-                                    q, k, v, np.float32(1.0 / math.sqrt(q.shape[2])), bool(causal), out)
+    v (BH, T_k, d_v) float32 NumPy arrays -> (MemoryReport, out (BH, T_q, d_v)); the report
+    also counts the log-sum-exp `lse` (BH, T_q) the kernel writes."""
+    (bh, t_q, d_k), d_v = q.shape, v.shape[2]
+    out = np.empty((bh, t_q, d_v), np.float32)
+    lse = np.empty((bh, t_q), np.float32)
+    kernel = flash.make_flash_v3(d_k) if version == 3 else flash.KERNELS[version]
+    report = sanitizer.count_memory(kernel, *flash.flash_grid(bh, t_q, version, d_k), q, k, v,
+                                    flash.flash_scale(version, d_k), bool(causal), out, lse)
     return report, out
 
 
@@ -141,7 +144,7 @@ def _weighted_sum(version):
 def _flash(version):
     def formula(m, s):
         per_head = m.flash_traffic(s.T, s.T, s.d_k, causal=True, version=version)
-        return s.BH * (per_head["q"] + per_head["k"] + per_head["v"]), s.BH * per_head["out"]
+        return s.BH * (per_head["q"] + per_head["k"] + per_head["v"]), s.BH * (per_head["out"] + per_head["lse"])
     return formula
 
 
