@@ -274,7 +274,7 @@ def first_query_tile(j0, t_q, t_k, causal):
 def load_own_row(src, h, r, width, row, mine):
     """row[0:width] = src[h, r] for a thread that owns row r; zeros for one that owns none."""
     for c in range(width):
-        row[c] = src[h, r, c] if mine else 0.0
+        row[c] = src[h, r, c] if mine else np.float32(0.0)   # float32 both ways: no float64 in the PTX
 
 
 @cuda.jit(device=True)
