@@ -51,8 +51,8 @@ import numpy as np
 from numba import cuda
 
 from attention_lib import reference, sanitizer
-from attention_lib.stages import attention, flash, scores, weighted_sum
-from attention_lib.launch import ceil_div, check_simulator_budget
+from attention_lib.stages import attention, flash, mask, scores, softmax, weighted_sum
+from attention_lib.launch import SIMULATOR_THREADS_PER_SECOND, ceil_div, check_simulator_budget
 from attention_lib.runtime import ON_SIMULATOR
 from attention_lib.validation import as_float32, require, require_finite_result
 
@@ -405,6 +405,11 @@ def launch_fused_backward(q, k, v, out, lse, d_out, causal, dq, dk, dv):
 
 # --- Costs -----------------------------------------------------------------------------------
 
+def _visible(i, t_q, t_k, causal):
+    """Keys query i sees (flash.visible_keys, on the host)."""
+    return t_k if not causal else max(0, min(t_k, i + (t_k - t_q) + 1))
+
+
 def visible_pairs(t_q, t_k, causal=True):
     """(query, key) pairs of one head that are not masked."""
     return int(reference.causal_mask(t_q, t_k).sum()) if causal else t_q * t_k
@@ -420,7 +425,7 @@ def fused_tile_visits(t_q, t_k, causal=True):
         dkdv[first // BLOCK_Q:, kt] = True
     for qt in range(n_qt):
         last = min((qt + 1) * BLOCK_Q, t_q) - 1
-        dq[qt, :ceil_div(flash._visible(last, t_q, t_k, causal), BLOCK_K)] = True
+        dq[qt, :ceil_div(_visible(last, t_q, t_k, causal), BLOCK_K)] = True
     return {"dkdv": dkdv, "dq": dq}
 
 
@@ -463,25 +468,30 @@ def footprint(bh, t_q, t_k, d_v):
 
 def count_naive(q, k, v, d_out, causal=True):
     """Main-memory traffic of the naive backward's launches under count_memory, on NumPy arrays
-    q (BH, T_q, d_k), k, v (BH, T_k, d), d_out (BH, T_q, d_v) -> {launch: MemoryReport}. The
-    forward's weights P are counted as computed by ``flash.count_pipeline`` (scores, softmax)."""
-    (bh, t_q, d_k), t_k = q.shape, k.shape[1]
-    reports, out = flash.count_pipeline(q, k, v, causal)
-    p = reference.attention_weights(q, k, causal).astype(np.float32)   # the pipeline's P, equal to rounding
-    d_rows, dp, d_raw = (np.empty(s, np.float32) for s in ((bh, t_q), (bh, t_q, t_k), (bh, t_q, t_k)))
+    q (BH, T_q, d_k), k, v (BH, T_k, d), d_out (BH, T_q, d_v) -> ({launch: MemoryReport},
+    (dq, dk, dv)). The same kernels and grids as launch_naive_backward, except the softmax,
+    version 1 on every backend (attention.SOFTMAX_VERSION on the simulator: no barriers)."""
+    (bh, t_q, d_k), (t_k, d_v) = q.shape, v.shape[1:]
+    s, p, dp, d_raw = (np.empty((bh, t_q, t_k), np.float32) for _ in range(4))
     p_t, d_raw_t = np.empty((bh, t_k, t_q), np.float32), np.empty((bh, t_k, t_q), np.float32)
-    outs = {n: np.empty(s, np.float32) for n, s in (("dv", v.shape), ("dq", q.shape), ("dk", k.shape))}
-    grid = scores.score_grid(bh, t_q, t_k)
-    ws = weighted_sum.weighted_sum_kernel_v2
-    reports["row sums"] = sanitizer.count_memory(row_dot_kernel, *row_grid(bh, t_q), d_out, out, d_rows)
-    reports["P^T"] = sanitizer.count_memory(transpose_kernel, *grid, p, p_t)
-    reports["dV"] = sanitizer.count_memory(ws, *weighted_sum.weighted_sum_grid(bh, t_k, v.shape[2]), p_t, d_out, outs["dv"])
-    reports["dP"] = sanitizer.count_memory(scores.scores_kernel_v2, *grid, d_out, v, np.float32(1.0), dp)
-    reports["dS"] = sanitizer.count_memory(score_grad_kernel, *grid, p, dp, d_rows, scores.scale_factor(d_k), d_raw)
-    reports["dQ"] = sanitizer.count_memory(ws, *weighted_sum.weighted_sum_grid(bh, t_q, d_k), d_raw, k, outs["dq"])
-    reports["dS^T"] = sanitizer.count_memory(transpose_kernel, *scores.score_grid(bh, t_q, t_k), d_raw, d_raw_t)
-    reports["dK"] = sanitizer.count_memory(ws, *weighted_sum.weighted_sum_grid(bh, t_k, d_k), d_raw_t, q, outs["dk"])
-    return reports, (outs["dq"], outs["dk"], outs["dv"])
+    out, d_rows = np.empty(d_out.shape, np.float32), np.empty((bh, t_q), np.float32)
+    dq, dk, dv = (np.empty(a.shape, np.float32) for a in (q, k, v))
+    grid, scale = scores.score_grid(bh, t_q, t_k), scores.scale_factor(d_k)
+    count, ws, ws_grid = sanitizer.count_memory, weighted_sum.weighted_sum_kernel_v2, weighted_sum.weighted_sum_grid
+    return {
+        "S": count(mask.mask_kernel_v2 if causal else scores.scores_kernel_v2, *grid, q, k, scale, s),
+        "P": count(softmax.softmax_kernel_v1, *softmax.softmax_grid(bh * t_q, 1),
+                   s.reshape(bh * t_q, t_k), p.reshape(bh * t_q, t_k)),
+        "O": count(ws, *ws_grid(bh, t_q, d_v), p, v, out),
+        "row sums": count(row_dot_kernel, *row_grid(bh, t_q), d_out, out, d_rows),
+        "P^T": count(transpose_kernel, *grid, p, p_t),
+        "dV": count(ws, *ws_grid(bh, t_k, d_v), p_t, d_out, dv),
+        "dP": count(scores.scores_kernel_v2, *grid, d_out, v, np.float32(1.0), dp),
+        "dS": count(score_grad_kernel, *grid, p, dp, d_rows, scale, d_raw),
+        "dQ": count(ws, *ws_grid(bh, t_q, d_k), d_raw, k, dq),
+        "dS^T": count(transpose_kernel, *grid, d_raw, d_raw_t),
+        "dK": count(ws, *ws_grid(bh, t_k, d_k), d_raw_t, q, dk),
+    }, (dq, dk, dv)
 
 
 def count_fused(q, k, v, out, lse, d_out, causal=True):
@@ -505,7 +515,8 @@ def count_fused(q, k, v, out, lse, d_out, causal=True):
 
 def _flatten(what, q, k, v, d_out, causal, extra=()):
     """Validate q, k, v, d_out (and `extra`: (name, array, hint, shape, allow_neg_inf) tuples);
-    returns (q3, k3, v3, d_out3, [extra3...], lead), each flattened to (BH, ...) float32."""
+    returns (q3, k3, v3, d_out3, [extra3...], lead), each flattened to (BH, ...) float32. The
+    simulator budget counts the multiply-adds of the fused backward's two passes."""
     q3, k3, v3, lead = attention._flatten(q, k, v, causal, what)
     (bh, t_q, d_k), (t_k, d_v) = q3.shape, v3.shape[1:]
     require(max(d_k, d_v) <= MAX_D, f"q and v must have d_k, d_v <= {MAX_D} (MAX_D); got d_k {d_k}, d_v {d_v}")
@@ -518,7 +529,7 @@ def _flatten(what, q, k, v, d_out, causal, extra=()):
         require(array.shape == (*lead, *shape), f"{name} must have shape {(*lead, *shape)}; got shape {array.shape}")
         flat.append(array.reshape(bh, *shape))
     madds = bh * visible_pairs(t_q, t_k, causal) * (3 * d_k + 3 * d_v)
-    check_simulator_budget(what, madds * 6000 // flash.SIMULATOR_MADDS_PER_SECOND)
+    check_simulator_budget(what, madds * SIMULATOR_THREADS_PER_SECOND // flash.SIMULATOR_MADDS_PER_SECOND)
     return (q3, k3, v3, d_out.reshape(bh, t_q, d_v), *flat, lead)
 
 
