@@ -41,8 +41,9 @@ query tile and its key block, a partial dQ of the tile (BLOCK_Q x d_k) that has 
 main memory shared with every other key block. Atomic adds would do that with one atomic per
 element and visited tile (``dq_strategies``), in an order that changes from run to run (float
 addition is not associative: the result is not reproducible bit for bit), and the simulator runs
-atomics one at a time. The second pass recomputes S, P and dP once more (``backward_flops``) and
-writes dQ once, deterministically; at d_k 64 that is a third more multiply-adds.
+atomics one at a time. The second pass recomputes S, P and dP once more (``backward_flops``: 1.75
+times the FLOPs of a backward given P, against 1.25 with atomics, at d_k = d_v) and writes dQ
+once, deterministically.
 """
 
 import math
