@@ -250,3 +250,32 @@ def test_a_lse_that_does_not_match_the_forward_is_caught(rng):
         warnings.simplefilter("ignore", RuntimeWarning)   # the simulator's NumPy scalars warn of the inf
         attention_lib.flash_attention_backward(q, k, v, out, lse, d_out)
     assert math.isfinite(float(backward.log_sum_exp(q, k)[0, 0]))
+
+
+# --- The toy model ------------------------------------------------------------------------------
+
+def test_the_toy_model_gradients_equal_finite_differences():
+    from attention_lib.stages import toy_model
+    rng = np.random.default_rng(5)
+    params = toy_model.init_params(rng, vocab=5, t=8, d_model=8)
+    tokens, scored, _ = toy_model.induction_batch(rng, 3, t=8, vocab=5, segment=(2, 3))
+    _, grads, _ = toy_model.loss_and_grads(params, tokens, scored)
+    for name in ("embed", "pos", "w_q0", "w_k1", "w_v0", "w_o1", "unembed"):
+        def loss(x, name=name):
+            return toy_model.loss_and_grads({**params, name: x}, tokens, scored)[0]
+        numeric = backward.numerical_gradient(loss, params[name].copy())
+        assert np.allclose(grads[name], numeric, rtol=1e-6, atol=1e-8), name
+
+
+def test_the_toy_model_trains_reproducibly_and_the_shipped_weights_solve_the_task():
+    from attention_lib.stages import toy_model
+    first, history = toy_model.train(steps=2, batch=4)
+    again, _ = toy_model.train(steps=2, batch=4)
+    assert all(np.array_equal(first[n], again[n]) for n in first) and history[0][0] == 1
+    params, shipped_history = toy_model.load_trained()
+    assert set(params) == set(first) and shipped_history[-1, 1] < shipped_history[0, 1] / 10
+    tokens, scored, lengths = toy_model.induction_batch(np.random.default_rng(99), 256)
+    assert toy_model.accuracy(params, tokens, scored) > 0.95
+    _, saved, _ = toy_model.forward(params, tokens)
+    assert toy_model.induction_score(saved[1]["weights"], lengths).max() > 0.9           # an induction head
+    assert toy_model.previous_token_score(saved[0]["weights"]).max() > 0.3               # a previous-token head
