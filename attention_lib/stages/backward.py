@@ -71,11 +71,8 @@ ROWS_PER_BLOCK = 32
 # --- NumPy ---------------------------------------------------------------------------------
 
 def backward_loops(q, k, v, d_out, causal=True):
-    """The gradients of one head, entry by entry, as derived; float64.
-
-    q: (T_q, d_k); k: (T_k, d_k); v: (T_k, d_v); d_out: (T_q, d_v) -> (dq, dk, dv) with the
-    shapes of q, k, v. Slow (Python loops over every pair): for small sizes only.
-    """
+    """The gradients of one head, entry by entry, as derived; float64. q: (T_q, d_k); k: (T_k, d_k);
+    v: (T_k, d_v); d_out: (T_q, d_v) -> (dq, dk, dv), shapes of q, k, v. Python loops: small sizes."""
     q, k, v, d_out = (np.asarray(a, dtype=np.float64) for a in (q, k, v, d_out))
     p = reference.attention_weights(q, k, causal)           # (T_q, T_k)
     o = p @ v                                               # (T_q, d_v)
@@ -229,19 +226,31 @@ def launch_naive_backward(q, k, v, d_out, causal, dq, dk, dv, kernel=None):
 # --- Fused kernels: S and P recomputed tile by tile, nothing T x T stored ------------------
 
 @cuda.jit(device=True)
-def load_rows(src, h, r0, n, width, tile, tid, threads):
-    """Copy rows r0 .. r0 + n - 1 of src[h] (width columns) into tile[0:n]; every thread of the
-    block calls it. Element e goes to thread e % threads: neighbours read neighbouring addresses."""
-    for e in range(tid, n * width, threads):
+def load_rows(src, h, r0, n, width, tile, threads):
+    """Copy rows r0 .. r0 + n - 1 of src[h] (width columns) into tile[0:n]; every one of the
+    block's `threads` threads calls it. Element e goes to thread e % threads: neighbours read
+    neighbouring addresses."""
+    for e in range(cuda.threadIdx.x, n * width, threads):
         r = e // width
         tile[r, e - r * width] = src[h, r0 + r, e - r * width]
 
 
 @cuda.jit(device=True)
-def load_entries(src, h, r0, n, vec, tid, threads):
-    """Copy src[h, r0 .. r0 + n - 1] into vec[0:n] (one number per row: lse or D)."""
-    for r in range(tid, n, threads):
-        vec[r] = src[h, r0 + r]
+def load_entries(src, h, r0, n, stats, which, threads):
+    """Copy src[h, r0 .. r0 + n - 1] (one number per row: lse or D) into stats[which, 0:n]."""
+    for r in range(cuda.threadIdx.x, n, threads):
+        stats[which, r] = src[h, r0 + r]
+
+
+@cuda.jit(device=True)
+def load_query_tiles(q, d_out, lse, d_rows, h, i0, q_tile, do_tile, stats):
+    """The dK/dV pass's copy of queries i0 .. i0 + n - 1 of head h into shared memory: their q
+    and dO rows, and their lse and D in stats[0] and stats[1]; n = BLOCK_Q but at the end."""
+    n = min(BLOCK_Q, q.shape[1] - i0)
+    load_rows(q, h, i0, n, q.shape[2], q_tile, BLOCK_K)
+    load_rows(d_out, h, i0, n, d_out.shape[2], do_tile, BLOCK_K)
+    load_entries(lse, h, i0, n, stats, 0, BLOCK_K)
+    load_entries(d_rows, h, i0, n, stats, 1, BLOCK_K)
 
 
 @cuda.jit(device=True)
@@ -286,15 +295,36 @@ def zero_row(row, width):
 
 
 @cuda.jit(device=True)
-def dkdv_tile(q_tile, do_tile, lse_tile, dr_tile, n, i0, j, k_row, v_row, dk_acc, dv_acc, scale,
-              offset, causal, d_k, d_v):
-    """Fold one tile of n queries (from query i0) into key j's dK and dV accumulators;
-    offset = T_k - T_q (query i sits at position i + offset)."""
+def start_rows(a, b, h, r, a_row, b_row, acc_a, acc_b):
+    """A thread's rows a[h, r] and b[h, r] (zeros for a thread past the end) and accumulators of
+    their widths, zeroed (acc_b may be acc_a when only one is needed)."""
+    mine = r < a.shape[1]
+    load_own_row(a, h, r, a.shape[2], a_row, mine)
+    load_own_row(b, h, r, b.shape[2], b_row, mine)
+    zero_row(acc_a, a.shape[2])
+    zero_row(acc_b, b.shape[2])
+
+
+@cuda.jit(device=True)
+def store_row(dst, h, r, acc, factor):
+    """dst[h, r] = acc[0:width] * factor, for a thread that owns row r (r < dst.shape[1])."""
+    if r < dst.shape[1]:
+        for c in range(dst.shape[2]):
+            dst[h, r, c] = acc[c] * factor
+
+
+@cuda.jit(device=True)
+def dkdv_tile(q_tile, do_tile, stats, i0, j, k_row, v_row, dk_acc, dv_acc, scale, causal, q, v):
+    """Fold the tile of queries from i0 into key j's dK and dV accumulators (q and v for sizes)."""
+    (t_q, d_k), (t_k, d_v) = q.shape[1:], v.shape[1:]
+    if j >= t_k:                                            # a thread past the last key: nothing to add
+        return
+    n = min(BLOCK_Q, t_q - i0)
     for r in range(n):
-        if causal and j > i0 + r + offset:                  # query i0 + r cannot see key j
+        if causal and j > i0 + r + (t_k - t_q):             # query i0 + r cannot see key j
             continue
         s = row_dot(k_row, q_tile, r, d_k) * scale
-        p, ds = recompute_pair(s, lse_tile[r], row_dot(v_row, do_tile, r, d_v), dr_tile[r])
+        p, ds = recompute_pair(s, stats[0, r], row_dot(v_row, do_tile, r, d_v), stats[1, r])
         for c in range(d_v):
             dv_acc[c] += p * do_tile[r, c]                  # dV_j += P_ij dO_i
         for c in range(d_k):
@@ -303,48 +333,41 @@ def dkdv_tile(q_tile, do_tile, lse_tile, dr_tile, n, i0, j, k_row, v_row, dk_acc
 
 @cuda.jit
 def flash_backward_dkdv_kernel(q, k, v, d_out, lse, d_rows, scale, causal, dk, dv):
-    """dK and dV, fused: a block of BLOCK_K threads owns BLOCK_K keys of head blockIdx.y.
-
-    q, d_out: (BH, T_q, d) float32; k, v: (BH, T_k, d); lse, d_rows: (BH, T_q) float32;
-    scale: float32 1/sqrt(d_k); causal: bool; dk, dv: (BH, T_k, d) float32, written. Grid
-    (ceil(T_k / BLOCK_K), BH). Thread tid keeps key j = blockIdx.x * BLOCK_K + tid, its value and
-    its two accumulators in registers; the block walks the query tiles that see any of its keys.
-    """
-    q_tile = cuda.shared.array((BLOCK_Q, MAX_D), np.float32)  # the tile's queries
-    do_tile = cuda.shared.array((BLOCK_Q, MAX_D), np.float32) # and their output gradients
-    lse_tile = cuda.shared.array(BLOCK_Q, np.float32)
-    dr_tile = cuda.shared.array(BLOCK_Q, np.float32)
+    """dk, dv (BH, T_k, d) float32, written; q, d_out (BH, T_q, d), k, v (BH, T_k, d), lse, d_rows
+    (BH, T_q) float32; scale 1/sqrt(d_k). Block (x, h): BLOCK_K keys of head h, one per thread."""
+    q_tile = cuda.shared.array((BLOCK_Q, MAX_D), np.float32)   # the tile's queries
+    do_tile = cuda.shared.array((BLOCK_Q, MAX_D), np.float32)  # and their output gradients
+    stats = cuda.shared.array((2, BLOCK_Q), np.float32)        # and their lse (row 0) and D (row 1)
     k_row, v_row = cuda.local.array(MAX_D, np.float32), cuda.local.array(MAX_D, np.float32)
     dk_acc, dv_acc = cuda.local.array(MAX_D, np.float32), cuda.local.array(MAX_D, np.float32)
-    tid, h, j0 = cuda.threadIdx.x, cuda.blockIdx.y, cuda.blockIdx.x * BLOCK_K
-    (t_q, d_k), (t_k, d_v) = q.shape[1:], v.shape[1:]
-    j = j0 + tid
-    mine = j < t_k                                          # the last block may have fewer keys
-    load_own_row(k, h, j, d_k, k_row, mine)
-    load_own_row(v, h, j, d_v, v_row, mine)
-    zero_row(dk_acc, d_k)
-    zero_row(dv_acc, d_v)
-    for i0 in range(first_query_tile(j0, t_q, t_k, causal), t_q, BLOCK_Q):
-        n = min(BLOCK_Q, t_q - i0)
-        load_rows(q, h, i0, n, d_k, q_tile, tid, BLOCK_K)
-        load_rows(d_out, h, i0, n, d_v, do_tile, tid, BLOCK_K)
-        load_entries(lse, h, i0, n, lse_tile, tid, BLOCK_K)
-        load_entries(d_rows, h, i0, n, dr_tile, tid, BLOCK_K)
-        cuda.syncthreads()                                  # wait: the four query tiles are complete
-        if mine:
-            dkdv_tile(q_tile, do_tile, lse_tile, dr_tile, n, i0, j, k_row, v_row, dk_acc, dv_acc,
-                      scale, t_k - t_q, causal, d_k, d_v)
-        cuda.syncthreads()                                  # wait: all are done with them before the next copy
-    if mine:
-        for c in range(d_k):
-            dk[h, j, c] = dk_acc[c] * scale
-        for c in range(d_v):
-            dv[h, j, c] = dv_acc[c]
+    h, j0, j = cuda.blockIdx.y, cuda.blockIdx.x * BLOCK_K, cuda.blockIdx.x * BLOCK_K + cuda.threadIdx.x
+    start_rows(k, v, h, j, k_row, v_row, dk_acc, dv_acc)
+    for i0 in range(first_query_tile(j0, q.shape[1], k.shape[1], causal), q.shape[1], BLOCK_Q):
+        load_query_tiles(q, d_out, lse, d_rows, h, i0, q_tile, do_tile, stats)
+        cuda.syncthreads()                                     # wait: the query tiles are complete
+        dkdv_tile(q_tile, do_tile, stats, i0, j, k_row, v_row, dk_acc, dv_acc, scale, causal, q, v)
+        cuda.syncthreads()                                     # wait: all are done with them before the next copy
+    store_row(dk, h, j, dk_acc, scale)                         # dK = scale * sum_i dS_ij Q_i
+    store_row(dv, h, j, dv_acc, np.float32(1.0))
 
 
 @cuda.jit(device=True)
-def dq_tile(k_tile, v_tile, n, q_row, do_row, lse_i, d_i, dq_acc, scale, d_k, d_v):
-    """Fold the first n keys of a shared tile (those query i sees) into its dQ accumulator."""
+def key_range(i, q0, t_q, t_k, causal):
+    """(keys query i sees, 0 for a thread past T_q; keys its block needs, up to the block's last
+    query's last visible key: the same in every thread, so all reach the same barriers)."""
+    last = min(q0 + BLOCK_Q, t_q) - 1
+    mine = flash.visible_keys(i, t_q, t_k, causal) if i < t_q else 0
+    return mine, flash.visible_keys(last, t_q, t_k, causal)
+
+
+@cuda.jit(device=True)
+def dq_tile(k_tile, v_tile, n, q_row, do_row, lse, d_rows, h, i, dq_acc, scale, k, v):
+    """Fold the first n keys of a shared tile (those query i sees; none when n <= 0) into its dQ
+    accumulator (k and v for sizes)."""
+    if n <= 0:
+        return
+    d_k, d_v = k.shape[2], v.shape[2]
+    lse_i, d_i = lse[h, i], d_rows[h, i]
     for r in range(n):
         s = row_dot(q_row, k_tile, r, d_k) * scale
         p, ds = recompute_pair(s, lse_i, row_dot(do_row, v_tile, r, d_v), d_i)
@@ -354,39 +377,23 @@ def dq_tile(k_tile, v_tile, n, q_row, do_row, lse_i, d_i, dq_acc, scale, d_k, d_
 
 @cuda.jit
 def flash_backward_dq_kernel(q, k, v, d_out, lse, d_rows, scale, causal, dq):
-    """dQ, fused, the second pass: a block of BLOCK_Q threads owns BLOCK_Q queries of head blockIdx.y.
-
-    Arguments as flash_backward_dkdv_kernel; dq: (BH, T_q, d_k) float32, written. Grid
-    (ceil(T_q / BLOCK_Q), BH). Thread tid keeps query i, its dO row and its dQ accumulator in
-    registers; the block walks the key tiles up to its last query's last visible key (the
-    forward's causal skipping), staging K and V in shared memory.
-    """
-    k_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)
-    v_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)
+    """dq (BH, T_q, d_k) float32, written; the other arguments as flash_backward_dkdv_kernel's.
+    Block (x, h): BLOCK_Q queries of head h, one per thread, walking the key tiles they see."""
+    k_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)   # the current tile of keys
+    v_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)   # and of their values
     q_row, do_row = cuda.local.array(MAX_D, np.float32), cuda.local.array(MAX_D, np.float32)
     dq_acc = cuda.local.array(MAX_D, np.float32)
-    tid, h, q0 = cuda.threadIdx.x, cuda.blockIdx.y, cuda.blockIdx.x * BLOCK_Q
-    (t_q, d_k), (t_k, d_v) = q.shape[1:], v.shape[1:]
-    n_rows = min(BLOCK_Q, t_q - q0)
-    i = q0 + tid
-    mine = tid < n_rows
-    load_own_row(q, h, i, d_k, q_row, mine)
-    load_own_row(d_out, h, i, d_v, do_row, mine)
-    zero_row(dq_acc, d_k)
-    my_keys = flash.visible_keys(i, t_q, t_k, causal) if mine else 0
-    block_keys = flash.visible_keys(q0 + n_rows - 1, t_q, t_k, causal)   # the same in every thread
+    h, q0, i = cuda.blockIdx.y, cuda.blockIdx.x * BLOCK_Q, cuda.blockIdx.x * BLOCK_Q + cuda.threadIdx.x
+    start_rows(q, d_out, h, i, q_row, do_row, dq_acc, dq_acc)  # one accumulator: dQ
+    my_keys, block_keys = key_range(i, q0, q.shape[1], k.shape[1], causal)
     for k0 in range(0, block_keys, BLOCK_K):
-        n = min(BLOCK_K, block_keys - k0)
-        load_rows(k, h, k0, n, d_k, k_tile, tid, BLOCK_Q)
-        load_rows(v, h, k0, n, d_v, v_tile, tid, BLOCK_Q)
-        cuda.syncthreads()                                  # wait: the K and V tiles are complete
-        if my_keys > k0:
-            dq_tile(k_tile, v_tile, min(n, my_keys - k0), q_row, do_row, lse[h, i], d_rows[h, i],
-                    dq_acc, scale, d_k, d_v)
-        cuda.syncthreads()                                  # wait: all are done with them before the next copy
-    if mine:
-        for c in range(d_k):
-            dq[h, i, c] = dq_acc[c] * scale
+        load_rows(k, h, k0, min(BLOCK_K, block_keys - k0), k.shape[2], k_tile, BLOCK_Q)
+        load_rows(v, h, k0, min(BLOCK_K, block_keys - k0), v.shape[2], v_tile, BLOCK_Q)
+        cuda.syncthreads()                                     # wait: the K and V tiles are complete
+        dq_tile(k_tile, v_tile, min(BLOCK_K, my_keys - k0), q_row, do_row, lse, d_rows, h, i, dq_acc,
+                scale, k, v)
+        cuda.syncthreads()                                     # wait: all are done with them before the next copy
+    store_row(dq, h, i, dq_acc, scale)                         # dQ = scale * sum_j dS_ij K_j
 
 
 def fused_grids(bh, t_q, t_k):
