@@ -40,3 +40,10 @@ clean:
 # Time every kernel version (on a GPU), or count threads and memory traffic (on the simulator).
 bench: $(INSTALLED)
 	$(BIN)/python -m attention_lib.bench
+
+# What the compiler makes of every kernel at GPU block sizes (registers, local memory, shared
+# memory, warps per SM on an H200, the hot loop's instructions), without a GPU. Fails when a
+# kernel declared FAST breaks its floors. E.g. make kernel-report REPORT_FLAGS="--json report.json"
+.PHONY: kernel-report
+kernel-report: $(INSTALLED)
+	$(BIN)/python -m attention_lib.kernel_report $(REPORT_FLAGS)

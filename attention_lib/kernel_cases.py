@@ -109,6 +109,8 @@ def _multihead(name):
 def _flash(version):
     from attention_lib.stages import flash
     q, k, v = _rng().standard_normal((3, 2, 2, 19, 7))   # 2 x 2 heads, T 19: partial query and key tiles
+    if version == 3:                                     # the module's instance is for heads of width 64
+        q, k, v = _rng().standard_normal((3, 2, 19, flash.HEAD))
     return lambda kern: flash.flash_attention(q, k, v, version=version, kernel=kern)
 
 
@@ -172,6 +174,7 @@ CASES = {
     "multihead.merge_heads_kernel": _multihead("merge_heads_kernel"),
     "flash.flash_attention_kernel_v1": _flash(1),
     "flash.flash_attention_kernel_v2": _flash(2),
+    "flash.flash_attention_kernel_v3": _flash(3),        # T 19 of 64 queries, one key tile of 32
     "kv_cache.decode_kernel_v1": _kv_cache("decode_kernel_v1"),
     "kv_cache.decode_partial_kernel": _kv_cache("decode_partial_kernel"),
     "kv_cache.decode_merge_kernel": _kv_cache("decode_merge_kernel"),

@@ -21,10 +21,9 @@ import ctypes
 import ctypes.util
 import os
 import sys
-import threading
 from dataclasses import dataclass
 
-import numpy as np
+from attention_lib import numba_patches
 
 BACKEND_VARIABLE = "ATTENTION_LIB_BACKEND"
 GPU = "gpu"
@@ -146,44 +145,22 @@ def _activate(backend):
         sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL_S)
 
 
-def _lock_simulator_shared_arrays():
-    """Make the simulator create each shared array once per block, whatever the thread timing.
-
-    The simulator's ``cuda.shared.array`` looks its array up by the declaring line and creates
-    it on a miss, with no lock: when the interpreter switches threads between the lookup and
-    the store, two threads of one block get two different "shared" arrays and the kernel
-    silently computes garbage (seen about once in 300 launches of the fused attention kernel
-    with a 1 us switch interval). This is the same lookup, under a lock.
-    """
-    from numba.cuda.simulator import kernelapi
-    from numba.cuda import types
-    from numba.cuda.np import numpy_support
-
-    original = kernelapi.FakeCUDAShared.array
-    lock = threading.Lock()
-
-    def array(self, shape, dtype, alignment=None):
-        if shape == 0 or alignment is not None:    # dynamic shared memory: one buffer, no lookup
-            return original(self, shape, dtype, alignment)
-        if isinstance(dtype, types.Type):
-            dtype = numpy_support.as_dtype(dtype)
-        caller = sys._getframe(1)                  # the kernel line that declares the array
-        site = (caller.f_code.co_filename, caller.f_lineno)
-        with lock:
-            shared = self._allocations.get(site)
-            if shared is None:
-                shared = self._allocations[site] = np.empty(shape, dtype)
-        return shared
-
-    kernelapi.FakeCUDAShared.array = array
-
-
 BACKEND, REASON = _choose()
 _activate(BACKEND)
 if BACKEND == SIMULATOR:
-    _lock_simulator_shared_arrays()
+    numba_patches.lock_simulator_shared_arrays()
 ON_SIMULATOR = BACKEND == SIMULATOR
 SIZES = ANDREA_SIMULATOR if ON_SIMULATOR else ANDREA_120M
+
+# The stage modules' backend-dependent constants (block sizes, the kernel versions a composite
+# uses) read SIMULATOR_SHAPES, not ON_SIMULATOR: ATTENTION_LIB_SHAPES=gpu gives them their GPU
+# values on the simulator too, so the kernel report records the launches a GPU makes and a test
+# runs the GPU configuration at tiny sizes. Model sizes (SIZES) still follow the backend.
+SHAPES_VARIABLE = "ATTENTION_LIB_SHAPES"
+_shapes = os.environ.get(SHAPES_VARIABLE, "auto").strip().lower()
+if _shapes not in ("auto", GPU):
+    raise ValueError(f"{SHAPES_VARIABLE} must be 'auto' or 'gpu', got {_shapes!r}")
+SIMULATOR_SHAPES = ON_SIMULATOR and _shapes != GPU
 
 
 def banner() -> str:

@@ -14,28 +14,12 @@ import os
 import sys
 
 os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
-from numba import cuda, types  # noqa: E402  (before attention_lib: keep the real CUDA target)
+from numba import cuda  # noqa: E402  (before attention_lib: keep the real CUDA target)
 
 import importlib  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
 
-from numba.cuda import dispatcher  # noqa: E402
-
-
-def target(cc):
-    """Compile for `cc` even where no GPU is present.
-
-    numba-cuda compiles a device function called by the kernel for the *current* device's
-    compute capability (dispatcher.compile_device asks the driver), which fails without a GPU;
-    tell it the architecture being compiled for instead.
-    """
-    dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
-
-
-def numba_type(arg):
-    if "scalar" in arg:
-        return getattr(types, arg["scalar"])
-    return types.Array(getattr(types, arg["dtype"]), arg["ndim"], arg["layout"])
+from attention_lib.numba_patches import compile_for  # noqa: E402
+from attention_lib.signatures import numba_type  # noqa: E402
 
 
 def main(path, architectures):
@@ -46,7 +30,7 @@ def main(path, architectures):
         kernel = getattr(importlib.import_module(f"attention_lib.stages.{module_name}"), kernel_name)
         signature = tuple(numba_type(a) for a in args)
         for cc in architectures:
-            target(cc)
+            compile_for(cc)
             try:
                 cuda.compile_ptx(kernel.py_func, signature, cc=cc)
             except Exception as error:  # the compiler's own error, whatever its class

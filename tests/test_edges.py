@@ -150,10 +150,10 @@ def scores_of_1e4(rng, lead, t_q, t_k, d_k=4, d_v=3):
     return q, k, rng.standard_normal((*lead, t_k, d_v)).astype(np.float32)
 
 
-@pytest.mark.parametrize("function", ["attention", "flash v1", "flash v2"])
+@pytest.mark.parametrize("function", ["attention", "flash v1", "flash v2", "flash v3"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_scores_of_1e4_through_attention(rng, function, causal):
-    q, k, v = scores_of_1e4(rng, (2,), 7, 9)
+    q, k, v = scores_of_1e4(rng, (2,), 7, 9, d_v=4 if function == "flash v3" else 3)   # v3: d_v = d_k
     assert np.abs(reference.scores(q, k)).max() > 1e4
     if function == "attention":
         got = attention_lib.attention(q, k, v, causal=causal)
@@ -295,7 +295,7 @@ def test_a_lone_fully_masked_row_gives_zeros(version):
         assert got.dtype == np.float32 and (got == 0).all()
 
 
-@pytest.mark.parametrize("function", ["attention", "attention_weights", "flash v1", "flash v2"])
+@pytest.mark.parametrize("function", ["attention", "attention_weights", "flash v1", "flash v2", "flash v3"])
 def test_a_single_key_hidden_from_the_first_queries(rng, function):
     # T_q 3 > T_k 1, causal: the queries are the last 3 positions, the key is position 2 of 3,
     # so queries 0 and 1 see no key (zeros) and query 2 sees exactly it.
@@ -319,6 +319,7 @@ OVERFLOWING = {   # finite float32 inputs whose scores q . k exceed float32's ra
     "attention_weights": lambda q, k, v: attention_module.attention_weights(q, k),
     "flash v1": lambda q, k, v: attention_lib.flash_attention(q, k, v, version=1),
     "flash v2": lambda q, k, v: attention_lib.flash_attention(q, k, v, version=2),
+    "flash v3": lambda q, k, v: attention_lib.flash_attention(q, k, v, version=3),
     "decode v1": lambda q, k, v: _decode(q[:, 0], k, v, version=1),
     "decode v2": lambda q, k, v: _decode(q[:, 0], k, v, version=2),
 }

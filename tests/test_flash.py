@@ -2,14 +2,20 @@
 the reference and the pipeline, tile skipping, memory traffic (formulas = counts), barriers,
 bad input and the exercise."""
 
+import inspect
+import linecache
 import math
+import re
+import textwrap
+import types
 
 import attention_lib
 import numpy as np
 import pytest
-from attention_lib import reference, sanitizer
+from attention_lib import reference, sanitizer, traffic
 from attention_lib.stages import attention, flash, softmax
 from attention_lib.checks import check
+from attention_lib.stages.flash import MICRO_D, MICRO_M, MICRO_N, NEG_INF
 from numba import cuda
 
 
@@ -74,14 +80,26 @@ SHAPES = [((), 1, 1, 5, 5), ((), 7, 7, 5, 5), ((), 33, 33, 24, 24), ((), 40, 40,
           ((2, 3), 7, 7, 16, 16), ((2,), 7, 20, 5, 5), ((), 20, 7, 5, 5), ((), 17, 17, 5, 9)]
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, (*s[0], *s[1:]))))
 def test_flash_attention_matches_the_reference(rng, version, causal, shape):
     lead, t_q, t_k, d_k, d_v = shape
     q, k, v = qkv(rng, lead, t_q, t_k, d_k, d_v)
-    got = flash.flash_attention(q, k, v, causal, version=version)
+    if version == 3 and d_v != d_k:
+        with pytest.raises(ValueError, match=r"^v must have d_v = d_k"):
+            flash.flash_attention(q, k, v, causal, version=version)
+        return
+    got, lse = flash.flash_attention(q, k, v, causal, version=version, return_lse=True)
     assert_close_float32(got, reference.attention(q, k, v, causal))
+    assert lse.dtype == np.float32 and lse.shape == got.shape[:-1]
+    s = reference.scores(q, k)                                  # (..., T_q, T_k) float64
+    s = reference.apply_causal_mask(s) if causal else s
+    with np.errstate(divide="ignore"):                          # log(0) = -inf: a row with no key
+        want = np.log(np.exp(s).sum(axis=-1))
+    assert np.array_equal(np.isneginf(lse), np.isneginf(want))
+    seen = np.isfinite(want)                                    # float32 sums of up to 40 terms
+    assert np.allclose(lse[seen], want[seen], rtol=1e-5, atol=1e-5)
     if causal and t_q > t_k:
         assert (got[..., :t_q - t_k, :] == 0).all()     # no visible key: zeros, never NaN
 
@@ -94,7 +112,7 @@ def test_flash_attention_equals_the_stage_by_stage_pipeline(rng, causal):
                        rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_a_max_that_grows_in_every_tile_is_rescaled_correctly(rng, version):
     t, d = 40, 5
     q = np.ones((t, d), np.float32)
@@ -106,7 +124,7 @@ def test_a_max_that_grows_in_every_tile_is_rescaled_correctly(rng, version):
     assert_close_float32(got, reference.attention(q, k, v))
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_large_scores_do_not_overflow(rng, version):
     q, k, v = qkv(rng, (), 33, 33, 16)
     q *= 40.0                                   # scores of several hundred: exp would overflow
@@ -121,6 +139,10 @@ def test_the_kernel_argument_is_launched_on_the_versions_grid(rng):
                           flash.flash_attention(q, k, v, version=1))
     assert flash.flash_grid(6, 33, 1) == ((math.ceil(33 / flash.ROWS_PER_BLOCK), 6), flash.ROWS_PER_BLOCK)
     assert flash.flash_grid(6, 33, 2) == ((math.ceil(33 / flash.BLOCK_Q), 6), flash.BLOCK_Q)
+    assert flash.flash_grid(6, 65, 3) == ((2, 6), 128)                  # 64 queries a block at d_k 64
+    assert flash.flash_grid(6, 65, 3, d_k=128) == ((3, 6), 128)         # 32 at d_k 128
+    assert np.array_equal(flash.flash_attention(q, k, v, version=3, kernel=flash.make_flash_v3(5)),
+                          flash.flash_attention(q, k, v, version=3))
 
 
 # --- Tiles skipped and memory traffic ---------------------------------------------------------
@@ -138,22 +160,24 @@ def test_tile_counts(rng):
         assert flash.flash_tile_counts(t_q, t_k)[1] == skipped
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 @pytest.mark.parametrize("t_q, t_k, causal", [(33, 33, True), (7, 20, True), (20, 7, True), (17, 17, False)])
 def test_fused_traffic_formula_equals_the_count(rng, version, t_q, t_k, causal):
-    q, k, v = qkv(rng, (2,), t_q, t_k, 5, 7)
-    report, out = flash.count_fused(q, k, v, causal, version)
+    d_v = 5 if version == 3 else 7                                # v3: d_v = d_k
+    q, k, v = qkv(rng, (2,), t_q, t_k, 5, d_v)
+    report, out = traffic.count_fused(q, k, v, causal, version)
     assert_close_float32(out, reference.attention(q, k, v, causal))
-    want = flash.flash_traffic(t_q, t_k, 5, 7, causal, version)
+    want = flash.flash_traffic(t_q, t_k, 5, d_v, causal, version)
     got = {name: int(report.loads(name).sum()) for name in "qkv"}
-    got["out"] = int(report.stores("out").sum())
+    got.update({name: int(report.stores(name).sum()) for name in ("out", "lse")})
     assert got == {name: 2 * n for name, n in want.items()}        # two heads
     assert (report.loads("q") == 1).all() and (report.stores("out") == 1).all()
+    assert (report.stores("lse") == 1).all()
 
 
 def test_v2_reads_each_key_once_per_block_of_queries_that_sees_it(rng):
     t, b = 33, flash.BLOCK_Q                    # query blocks 0-15, 16-31, 32
-    report, _ = flash.count_fused(*qkv(rng, (1,), t, t, 5), causal=True)
+    report, _ = traffic.count_fused(*qkv(rng, (1,), t, t, 5), causal=True)
     blocks_needing_key = np.array([sum(j <= min(q0 + b, t) - 1 for q0 in range(0, t, b)) for j in range(t)])
     assert np.array_equal(report.loads("k")[0], np.repeat(blocks_needing_key[:, None], 5, axis=1))
     assert report.loads("k")[0, t - 1].sum() == 5                  # the last key: one block, once
@@ -162,9 +186,9 @@ def test_v2_reads_each_key_once_per_block_of_queries_that_sees_it(rng):
 def test_no_array_of_the_fused_kernel_grows_with_t_squared(rng):
     shapes = {}
     for t in (20, 40):
-        report, _ = flash.count_fused(*qkv(rng, (1,), t, t, 5), causal=True)
+        report, _ = traffic.count_fused(*qkv(rng, (1,), t, t, 5), causal=True)
         shapes[t] = {name: a.shape for name, a in report.arrays.items()}
-    assert set(shapes[40]) == {"q", "k", "v", "out", "q_tile", "k_tile", "v_tile"}
+    assert set(shapes[40]) == {"q", "k", "v", "out", "lse", "q_tile", "k_tile", "v_tile"}
     assert shapes[40]["q"] == shapes[40]["out"] == (1, 40, 5)        # T x d_k: linear in T
     for tile in ("q_tile", "k_tile", "v_tile"):                        # shared: fixed sizes
         assert shapes[20][tile] == shapes[40][tile]
@@ -174,10 +198,10 @@ def test_no_array_of_the_fused_kernel_grows_with_t_squared(rng):
 @pytest.mark.parametrize("t_q, t_k, causal", [(16, 16, True), (33, 33, True), (7, 12, False)])
 def test_pipeline_traffic_formula_equals_the_count(rng, t_q, t_k, causal):
     q, k, v = qkv(rng, (1,), t_q, t_k, 16, 5)
-    reports, out = flash.count_pipeline(q, k, v, causal)
+    reports, out = traffic.count_pipeline(q, k, v, causal)
     assert_close_float32(out, reference.attention(q, k, v, causal))
     assert np.allclose(out, attention.attention(q, k, v, causal), rtol=1e-6, atol=1e-6)  # the same kernels
-    want = flash.pipeline_traffic(t_q, t_k, 16, 5, causal)
+    want = traffic.pipeline_traffic(t_q, t_k, 16, 5, causal)
     assert {stage: (r.total("loads"), r.total("stores")) for stage, r in reports.items()} == want
     assert (reports["scores"].stores("s") == 1).all() and (reports["softmax"].loads("s") == 3).all()
 
@@ -186,107 +210,106 @@ def test_the_fused_kernel_moves_less_than_the_pipeline_and_the_gap_grows_with_t(
     ratios = []
     for t in (32, 128, 1024):
         fused = sum(flash.flash_traffic(t, t, 64, block_q=32).values())
-        pipeline = sum(map(sum, flash.pipeline_traffic(t, t, 64).values()))
+        pipeline = sum(map(sum, traffic.pipeline_traffic(t, t, 64).values()))
         ratios.append(pipeline / fused)
     assert ratios[0] > 1 and ratios == sorted(ratios)
 
 
 # --- Barriers -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("version", [1, 2])
+def launch_args(version, q, k, v, causal=True):
+    """The arguments flash_attention passes to a kernel, with out and lse zeroed."""
+    out = np.zeros((q.shape[0], q.shape[1], v.shape[2]), np.float32)
+    return (q, k, v, flash.flash_scale(version, q.shape[2]), causal, out, np.zeros(q.shape[:2], np.float32))
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
 @pytest.mark.parametrize("t_q, t_k", [(33, 33), (20, 7)])
 def test_the_kernels_have_no_race(rng, version, t_q, t_k):
     q, k, v = (a.reshape(2, *a.shape[-2:]) for a in qkv(rng, (2,), t_q, t_k, 5))
-    out = np.zeros((2, t_q, 5), np.float32)
-    grid, block = flash.flash_grid(2, t_q, version)
-    races = sanitizer.find_races(flash.KERNELS[version], grid, block, q, k, v,
-                                 np.float32(1 / math.sqrt(5)), True, out)
+    kernel = flash.make_flash_v3(5) if version == 3 else flash.KERNELS[version]
+    args = launch_args(version, q, k, v)
+    races = sanitizer.find_races(kernel, *flash.flash_grid(2, t_q, version, 5), *args)
     assert races == [], [str(r) for r in races]
-    assert_close_float32(out, reference.attention(q, k, v))
+    assert_close_float32(args[5], reference.attention(q, k, v))
 
 
-@cuda.jit
-def flash_v2_missing_barrier(q, k, v, scale, causal, out, missing):
-    """flash.flash_attention_kernel_v2 with barrier number `missing` left out (0: after the Q
-    tile, 1: after the K and V tiles, 2: before the next K and V tiles)."""
-    q_tile = cuda.shared.array((flash.BLOCK_Q, flash.MAX_D), np.float32)
-    k_tile = cuda.shared.array((flash.BLOCK_K, flash.MAX_D), np.float32)
-    v_tile = cuda.shared.array((flash.BLOCK_K, flash.MAX_D), np.float32)
-    q_row = cuda.local.array(flash.MAX_D, np.float32)
-    acc = cuda.local.array(flash.MAX_D, np.float32)
-    p_row = cuda.local.array(flash.BLOCK_K, np.float32)
-    tid, h, q0 = cuda.threadIdx.x, cuda.blockIdx.y, cuda.blockIdx.x * flash.BLOCK_Q
-    t_q, d_k, t_k, d_v = q.shape[1], q.shape[2], k.shape[1], v.shape[2]
-    n_rows = min(flash.BLOCK_Q, t_q - q0)
-    i = q0 + tid
-    for e in range(tid, n_rows * d_k, flash.BLOCK_Q):
-        r = e // d_k
-        q_tile[r, e - r * d_k] = q[h, q0 + r, e - r * d_k] * scale
-    if missing != 0:
-        cuda.syncthreads()
-    if tid < n_rows:
-        for c in range(d_k):
-            q_row[c] = q_tile[tid, c]
-    for c in range(d_v):
-        acc[c] = 0.0
-    m, l = np.float32(-math.inf), np.float32(0.0)
-    my_keys = flash.visible_keys(i, t_q, t_k, causal) if tid < n_rows else 0
-    block_keys = flash.visible_keys(q0 + n_rows - 1, t_q, t_k, causal)
-    for k0 in range(0, block_keys, flash.BLOCK_K):
-        n = min(flash.BLOCK_K, block_keys - k0)
-        for e in range(tid, n * d_k, flash.BLOCK_Q):
-            r = e // d_k
-            k_tile[r, e - r * d_k] = k[h, k0 + r, e - r * d_k]
-        for e in range(tid, n * d_v, flash.BLOCK_Q):
-            r = e // d_v
-            v_tile[r, e - r * d_v] = v[h, k0 + r, e - r * d_v]
-        if missing != 1:
-            cuda.syncthreads()
-        mine = min(n, my_keys - k0)
-        if mine > 0:
-            tile_max = np.float32(-math.inf)
-            for jj in range(mine):
-                s = np.float32(0.0)
-                for c in range(d_k):
-                    s += q_row[c] * k_tile[jj, c]
-                p_row[jj] = s
-                tile_max = max(tile_max, s)
-            m_new = max(m, tile_max)
-            rescale = math.exp(m - m_new)
-            l *= rescale
-            for c in range(d_v):
-                acc[c] *= rescale
-            for jj in range(mine):
-                p = math.exp(p_row[jj] - m_new)
-                l += p
-                for c in range(d_v):
-                    acc[c] += p * v_tile[jj, c]
-            m = m_new
-        if missing != 2:
-            cuda.syncthreads()
-    if tid < n_rows:
-        for c in range(d_v):
-            out[h, i, c] = acc[c] / l
+# Barrier mutants, generated from the library's source: the n-th cuda.syncthreads() of a
+# function becomes `pass`, and the kernel is rebuilt around the mutated function.
+BARRIER = "cuda.syncthreads()"
+
+
+def without_barrier(function, n):
+    """function's source with its n-th barrier removed (none when n is None), compiled in
+    flash's namespace with v3's sizes for d_k 5 -> that namespace."""
+    source = textwrap.dedent(inspect.getsource(function.py_func))
+    if n is not None:
+        at = [m.start() for m in re.finditer(re.escape(BARRIER), source)][n]
+        source = source[:at] + "pass" + source[at + len(BARRIER):]
+    names = {**vars(flash), **flash.v3_sizes(5)}
+    filename = f"<{function.__name__} without barrier {n}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)   # names shared arrays
+    exec(compile(source, filename, "exec"), names)
+    return names
+
+
+def v2_without_barrier(n):
+    return without_barrier(flash.flash_attention_kernel_v2, n)["flash_attention_kernel_v2"]
+
+
+def v3_without_barrier(function, n):
+    """flash v3 for d_k 5 with barrier n of the v3 part `function` removed."""
+    mutant = without_barrier(function, n)[function.py_func.__name__]
+    return flash.build_flash_v3(5, {function.py_func.__name__: mutant})
+
+
+def test_the_mutants_remove_every_barrier_of_the_source():
+    assert inspect.getsource(flash.flash_attention_kernel_v2.py_func).count(BARRIER) == 3
+    assert inspect.getsource(flash.v3_key_tile.py_func).count(BARRIER) == 3
+    assert inspect.getsource(flash.v3_row_reduce_shared.py_func).count(BARRIER) == 1
+    assert all(BARRIER not in inspect.getsource(p.py_func) for p in flash.V3_PARTS
+               if p not in (flash.v3_key_tile, flash.v3_row_reduce_shared))
+
+
+@pytest.fixture
+def zeroed_shared(monkeypatch):
+    """The race finder's shared arrays start as zeros, not np.empty's leftovers: a mutant reads
+    a tile before it is written, and leftover bits can be NaN or 1e38, which the simulator's
+    math.exp2 answers with OverflowError (a GPU returns inf). Races are found all the same:
+    they are decided from the accesses, not the values."""
+    monkeypatch.setattr(sanitizer, "np", types.SimpleNamespace(**{**vars(np), "empty": np.zeros}))
+
+
+def races_of(kernel, version, t):
+    q, k, v = (a.reshape(1, t, 5) for a in qkv(np.random.default_rng(3), (), t, t, 5))
+    args = launch_args(version, q, k, v)
+    return sanitizer.find_races(kernel, *flash.flash_grid(1, t, version, 5), *args), args[5], (q, k, v)
 
 
 @pytest.mark.parametrize("missing, arrays", [(0, {"q_tile"}), (1, {"k_tile", "v_tile"}), (2, {"k_tile", "v_tile"})],
                          ids=["after-q-tile", "after-kv-tiles", "before-next-kv-tiles"])
-def test_every_barrier_is_needed(rng, missing, arrays):
-    t = 33                                      # three key tiles for the second block of queries
-    q, k, v = (a.reshape(1, t, 5) for a in qkv(rng, (), t, t, 5))
-    out = np.zeros((1, t, 5), np.float32)
-    races = sanitizer.find_races(flash_v2_missing_barrier, flash.flash_grid(1, t, 2)[0], flash.BLOCK_Q,
-                                 q, k, v, np.float32(1 / math.sqrt(5)), True, out, missing)
+def test_every_barrier_of_v2_is_needed(zeroed_shared, missing, arrays):
+    races, _, _ = races_of(v2_without_barrier(missing), 2, 33)   # three key tiles for the second block
     assert races and {r.array for r in races} == arrays, [str(r) for r in races]
     assert all(r.space == "shared" for r in races)
 
 
-def test_the_copy_with_every_barrier_is_race_free_and_right(rng):
-    t = 33
-    q, k, v = (a.reshape(1, t, 5) for a in qkv(rng, (), t, t, 5))
-    out = np.zeros((1, t, 5), np.float32)
-    races = sanitizer.find_races(flash_v2_missing_barrier, flash.flash_grid(1, t, 2)[0], flash.BLOCK_Q,
-                                 q, k, v, np.float32(1 / math.sqrt(5)), True, out, -1)
+# V is first read after the P barrier, so dropping the first barrier races on Q and K only;
+# dropping the last races on V only: the next tile's K and P are written after barriers that
+# follow the last reads of this tile's K (the P barrier) and P (the next K and V barrier).
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")    # a mutant may multiply stale memory
+@pytest.mark.parametrize("function, missing, arrays", [
+    ("v3_key_tile", 0, {"k_tile", "q_tile"}), ("v3_key_tile", 1, {"p_tile"}),
+    ("v3_key_tile", 2, {"v_tile"}), ("v3_row_reduce_shared", 0, {"red"})],
+    ids=["after-kv-tiles", "after-p-tile", "before-next-tiles", "row-reduction"])
+def test_every_barrier_of_v3_is_needed(zeroed_shared, function, missing, arrays):
+    races, _, _ = races_of(v3_without_barrier(getattr(flash, function), missing), 3, 40)   # two key tiles
+    assert races and {r.array for r in races} == arrays, [str(r) for r in races]
+    assert all(r.space == "shared" for r in races)
+
+
+def test_a_rebuilt_v3_with_every_barrier_is_race_free_and_right():
+    races, out, (q, k, v) = races_of(v3_without_barrier(flash.v3_key_tile, None), 3, 40)
     assert races == []
     assert_close_float32(out, reference.attention(q, k, v))
 
@@ -314,7 +337,9 @@ GOOD = np.zeros((2, 4, 5), np.float32)
     ((GOOD, GOOD.astype(bool), GOOD), {}, TypeError,
      r"^k must be a float array of shape \(\.\.\., T_k, d_k\), got dtype bool$"),
     ((GOOD, GOOD, np.zeros((2, 0, 5))), {}, ValueError, r"^v must not be empty, got shape \(2, 0, 5\)$"),
-    ((GOOD, GOOD, GOOD), {"version": 3}, ValueError, r"^version must be 1 or 2, got 3$"),
+    ((GOOD, GOOD, GOOD), {"version": 4}, ValueError, r"^version must be 1, 2 or 3, got 4$"),
+    ((GOOD, GOOD, np.zeros((2, 4, 6))), {"version": 3}, ValueError,
+     r"^v must have d_v = d_k = 5 for version 3; got shape \(2, 4, 6\)$"),
     ((GOOD, GOOD, GOOD), {"causal": "yes"}, ValueError, r"^causal must be True or False, got 'yes'$"),
 ])
 def test_bad_inputs_are_one_line_errors_naming_the_argument(args, kwargs, error, message):
@@ -398,7 +423,7 @@ NO_RESCALE, NO_SCALE, SCALED_BY_D_K, MISSES_OWN_KEY, NO_MASK, IGNORES_OFFSET, NO
 def kernel_with_mistake(mistake):
     """flash_attention_kernel_v1 with one typical mistake planted (an int, compiled in)."""
     @cuda.jit
-    def planted(q, k, v, scale, causal, out):
+    def planted(q, k, v, scale, causal, out, lse):
         i, h = cuda.grid(2)
         t_q, d_k, t_k, d_v = q.shape[1], q.shape[2], k.shape[1], v.shape[2]
         if mistake != NO_GUARD and i >= t_q:
@@ -437,7 +462,7 @@ def kernel_with_mistake(mistake):
 
 
 @cuda.jit
-def inner_stub(q, k, v, scale, causal, out):
+def inner_stub(q, k, v, scale, causal, out, lse):
     raise NotImplementedError()
 
 
@@ -466,3 +491,58 @@ def test_planted_kernel_mistakes_get_their_diagnosis(mistake, diagnosis, says):
 
 def test_the_kernel_exercise_stub_is_not_implemented():
     assert check("07_flash_inner", inner_stub, verbose=False).diagnosis == "not_implemented"
+
+
+# --- The main exercise: v3's online update, planted mistakes --------------------------------
+
+def planted_update(mistake):
+    """flash.v3_online_update with one typical mistake (a string, compiled in)."""
+    @cuda.jit(device=True)
+    def update(s, m, l, o, tile_max):
+        for a in range(MICRO_M):
+            m_new = max(m[a], tile_max[a])
+            shift = m_new if m_new != NEG_INF else np.float32(0.0)
+            rescale = math.exp2(m[a] - shift)
+            if mistake == "natural_exp":
+                rescale = math.exp(m[a] - shift)
+            if mistake not in ("no_rescale", "o_only"):
+                l[a] *= rescale
+            for e in range(MICRO_D):
+                if mistake not in ("no_rescale", "l_only"):
+                    o[a * MICRO_D + e] *= rescale
+            for b in range(MICRO_N):
+                p = math.exp(s[a * MICRO_N + b] - shift) if mistake == "natural_exp" else \
+                    math.exp2(s[a * MICRO_N + b] - shift)
+                s[a * MICRO_N + b] = p
+                l[a] += p
+            if mistake != "max_kept":
+                m[a] = m_new
+    return update
+
+
+@cuda.jit(device=True)
+def update_stub(s, m, l, o, tile_max):
+    raise NotImplementedError()
+
+
+def test_the_library_update_passes_the_main_exercise():
+    result = check("07_online_update", flash.v3_online_update, verbose=False)
+    assert result.passed and result.diagnosis == "ok", result.message
+
+
+@pytest.mark.parametrize("mistake, diagnosis, says", [
+    ("no_rescale", "online_softmax_no_rescale", "neither l nor o was rescaled"),
+    ("l_only", "rescale_l_only", "o was not"),
+    ("o_only", "rescale_o_only", "l was not"),
+    ("max_kept", "max_not_updated", "never stored"),
+    ("natural_exp", "natural_exp", "exp2, not exp"),
+])
+def test_planted_update_mistakes_get_their_diagnosis(mistake, diagnosis, says):
+    result = check("07_online_update", planted_update(mistake), verbose=False)
+    assert not result.passed
+    assert (result.diagnosis, says in result.message) == (diagnosis, True), result.message
+    assert "\n" not in str(result)
+
+
+def test_the_update_stub_is_not_implemented():
+    assert check("07_online_update", update_stub, verbose=False).diagnosis == "not_implemented"

@@ -125,8 +125,9 @@ def assert_within(got, want, bound, what):
 # --- The whole attention ------------------------------------------------------------------
 
 @st.composite
-def qkv_cases(draw, max_t=20):
+def qkv_cases(draw, max_t=20, same_width=False):
     lead, d_k, d_v = draw(leads), draw(widths), draw(widths)
+    d_v = d_k if same_width else d_v                           # flash v3 needs d_v = d_k
     t_q, t_k = draw(st.integers(1, max_t)), draw(st.integers(1, max_t))
     e_q, e_k = draw(qk_exponents())
     rng = np.random.default_rng(draw(seeds))
@@ -152,6 +153,14 @@ def test_flash_attention_equals_the_reference(case, version):
     assert_within(got, reference.attention(q, k, v, causal), attention_bound(q, k, v), "flash_attention")
 
 
+@examples(15)
+@given(qkv_cases(same_width=True))
+def test_flash_attention_v3_equals_the_reference(case):
+    q, k, v, causal = case
+    got = attention_lib.flash_attention(q, k, v, causal=causal, version=3)
+    assert_within(got, reference.attention(q, k, v, causal), attention_bound(q, k, v), "flash_attention v3")
+
+
 @examples(10)
 @given(qkv_cases())
 def test_attention_weights_equal_the_reference_and_rows_sum_to_one(case):
@@ -171,9 +180,9 @@ def test_attention_weights_equal_the_reference_and_rows_sum_to_one(case):
 
 
 @st.composite
-def future_changes(draw):
+def future_changes(draw, same_width=False):
     """A causal case and a first key j0 from which k and v are replaced by other numbers."""
-    q, k, v, _ = draw(qkv_cases())
+    q, k, v, _ = draw(qkv_cases(same_width=same_width))
     j0 = draw(st.integers(0, k.shape[-2] - 1))
     rng = np.random.default_rng(draw(seeds))
     k2, v2 = k.copy(), v.copy()
@@ -205,6 +214,16 @@ def test_flash_attention_never_leaks_the_future(case, version):
     q, k, v, k2, v2, n = case
     before, after = both_in_one_call(attention_lib.flash_attention, q, k, v, k2, v2, version=version)
     # Exactly equal: the fused kernels never score a key after the query's position.
+    assert np.array_equal(before[..., :n, :], after[..., :n, :])
+
+
+@examples(10)
+@given(future_changes(same_width=True))
+def test_flash_attention_v3_never_leaks_the_future(case):
+    q, k, v, k2, v2, n = case
+    before, after = both_in_one_call(attention_lib.flash_attention, q, k, v, k2, v2, version=3)
+    # Exactly equal: v3 scores a diagonal tile's future keys, but masks them to -inf before the
+    # max, so each weighs exactly 0 and 0 * v adds nothing.
     assert np.array_equal(before[..., :n, :], after[..., :n, :])
 
 

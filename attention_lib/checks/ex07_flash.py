@@ -19,8 +19,14 @@ Besides the engine's diagnoses:
 Other wrong values are reported as ``wrong_values`` naming the part (m, l or acc[i]) that
 differs, or saying that l or acc overflowed (a rescale factor exp(m_new - m_old), inverted).
 
+``07_online_update`` (main): ``update(s, m, l, o, tile_max)``, a ``@cuda.jit(device=True)``
+function with the contract of ``flash.v3_online_update``; the check builds flash v3 with it in
+that function's place (``flash.build_flash_v3``) and compares the fused kernel's output with
+the reference. Diagnoses: ``online_softmax_no_rescale``, ``rescale_l_only``,
+``rescale_o_only``, ``max_not_updated``, ``natural_exp`` (exp of base-2 scores).
+
 ``07_flash_inner`` (optional, harder): a kernel with flash_attention_kernel_v1's signature
-``(q, k, v, scale, causal, out)``, launched on version 1's grid (one thread per query). Its
+``(q, k, v, scale, causal, out, lse)`` (lse is not checked), launched on version 1's grid (one thread per query). Its
 output is prefilled with UNWRITTEN (NaN for the engine when left there; a NaN the kernel computed
 reaches the engine as inf). Besides the engine's diagnoses: ``online_softmax_no_rescale``,
 ``missing_scale``, ``scaled_by_d_k``, ``mask_not_applied``, ``mask_includes_diagonal``,
@@ -138,8 +144,8 @@ register(Exercise(
     # future masked (two blocks wholly -inf, and a partial last block); scores around 1000.
     cases=[Case(1, 1, 1, "normal"), Case(7, 5, 3, "rising"), Case(33, 24, 8, "masked"),
            Case(16, 4, 5, "large")],
-    hint=("m_new = max(m, s_block.max()); multiply l and acc by exp(m - m_new) (0 for the first block, "
-          "1 when the max stayed); then add p.sum() and p @ v_block with p = exp(s_block - m_new)"),
+    hint=("the new maximum first; l and acc were summed against the old maximum, so bring them to "
+          "the new one (a factor between 0 and 1) before the block's own terms join them"),
     # float64 throughout: the answer and the direct formula differ only by rounding in the order
     # of the additions and the rescalings, around 1e-15 relative; any real mistake is far larger.
     rtol=1e-7,
@@ -184,7 +190,8 @@ def _run_kernel(kernel, case, rng):
         # diagnosis says it once.
         warnings.simplefilter("ignore", RuntimeWarning)
         launch(kernel, grid, block, cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
-               np.float32(1.0 / np.sqrt(case.d_k)), case.causal, out)
+               np.float32(1.0 / np.sqrt(case.d_k)), case.causal, out,
+               cuda.device_array((case.BH, case.T_q), np.float32))
     assert_guard_intact(full, n)
     raw = out.copy_to_host()
     got = np.where(raw == UNWRITTEN, np.nan, np.where(np.isnan(raw), np.inf, raw))
@@ -261,13 +268,127 @@ register(Exercise(
            KernelCase(1, 33, 33, 24, 16, True), KernelCase(2, 5, 12, 5, 5, True),
            KernelCase(1, 9, 9, 5, 5, False)],
     describe_case=str,
-    hint=("for j in range(visible_keys(i, t_q, t_k, causal)): s = sum of q_row[c] * k[h, j, c]; "
-          "m_new = max(m, s); rescale = math.exp(m - m_new); p = math.exp(s - m_new); "
-          "l = l * rescale + p; acc[c] = acc[c] * rescale + p * v[h, j, c]; m = m_new"),
+    hint=("walk only the keys query i sees (visible_keys counts them); score each against the "
+          "scaled query and fold it into (m, l, acc) as online_update folds a block: whenever the "
+          "max grows, the sums so far were taken against the old max and must shrink to match"),
     # float32 scores, exp and sums of up to 33 terms against float64: errors around 1e-6.
     rtol=1e-5,
     atol=1e-5,
     diagnose=_diagnose_kernel,
     diagnoses=('online_softmax_no_rescale', 'missing_scale', 'scaled_by_d_k', 'mask_not_applied',
                'mask_includes_diagonal', 'mask_ignores_offset'),
+))
+
+
+# --- 07_online_update (main): v3's online update, a device function inside the fused kernel --
+
+class UpdateCase(NamedTuple):
+    """One launch of flash v3 with the answer as its online update: BH heads of T_q queries
+    against T_k keys of width d_k; q times `gain` (gain 30: scores near 100, whose exp alone
+    overflows float32)."""
+
+    BH: int
+    T_q: int
+    T_k: int
+    d_k: int
+    causal: bool
+    gain: float
+
+    def __str__(self):
+        return (f"(BH {self.BH}, T_q {self.T_q}, T_k {self.T_k}, d_k {self.d_k}, "
+                f"{'causal' if self.causal else 'not causal'}{', large scores' if self.gain > 1 else ''})")
+
+
+def _run_update_kernel(update, case, rng):
+    q, k, v = (rng.standard_normal((case.BH, t, case.d_k)).astype(np.float32)
+               for t in (case.T_q, case.T_k, case.T_k))
+    q *= np.float32(case.gain)
+    kernel = flash.build_flash_v3(case.d_k, {"v3_online_update": update})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)    # a wrong update's overflows: said once
+        got = flash.flash_attention(q, k, v, case.causal, version=3, kernel=kernel)
+    got = np.where(np.isnan(got), np.inf, got)             # NaN is the engine's "never written"
+    return got, reference.attention(q, k, v, case.causal), q, k, v, case.causal
+
+
+def _masked_scores(q, k, causal):
+    s = (q.astype(np.float64) @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[2])   # (BH, T_q, T_k)
+    return np.where(reference.causal_mask(q.shape[1], k.shape[1]), s, -np.inf) if causal else s
+
+
+def _rescaled_partly(q, k, v, causal, rescale_l, rescale_o):
+    """v3's tile-by-tile result when l and/or o keep terms against the max of their own tile."""
+    s = _masked_scores(q, k, causal)
+    tile = flash.v3_sizes(q.shape[2])["TILE_N"]
+    starts = range(0, k.shape[1], tile)
+    running = np.maximum.accumulate(np.stack([s[..., j:j + tile].max(-1) for j in starts]), axis=0)
+    safe = lambda m: np.where(np.isneginf(m), 0.0, m)[..., None]
+    num = den = 0.0
+    for n, j in enumerate(starts):
+        own, final = np.exp(s[..., j:j + tile] - safe(running[n])), np.exp(s[..., j:j + tile] - safe(running[-1]))
+        num = num + (final if rescale_o else own) @ v[:, j:j + tile]
+        den = den + (final if rescale_l else own).sum(-1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        return num / den
+
+
+def _last_tile_only(q, k, v, causal):
+    """v3's result when the running max is never stored: every tile restarts the row (its
+    rescale is 2^(-inf) = 0), so a row keeps only the last tile its block loads."""
+    s = _masked_scores(q, k, causal)
+    sizes = flash.v3_sizes(q.shape[2])
+    t_q, t_k = s.shape[1:]
+    out = np.zeros((q.shape[0], t_q, v.shape[2]))
+    for i in range(t_q):
+        last = min((i // sizes["TILE_M"] + 1) * sizes["TILE_M"], t_q) - 1
+        j = (-(-flash.visible_count(last, t_q, t_k, causal) // sizes["TILE_N"]) - 1) * sizes["TILE_N"]
+        seen = s[:, i, j:j + sizes["TILE_N"]]
+        if j >= 0 and np.isfinite(seen).any():
+            out[:, i] = reference.softmax(seen) @ v[:, j:j + sizes["TILE_N"]]
+    return out
+
+
+def _diagnose_update(got, expected, q, k, v, causal):
+    candidates = [
+        ("online_softmax_no_rescale", _rescaled_partly(q, k, v, causal, False, False),
+         "neither l nor o was rescaled when a tile raised a row's max: the sums so far were taken "
+         "against the old max and must shrink to the new one"),
+        ("rescale_l_only", _rescaled_partly(q, k, v, causal, True, False),
+         "l was rescaled but o was not: the output's sums were taken against the same old max"),
+        ("rescale_o_only", _rescaled_partly(q, k, v, causal, False, True),
+         "o was rescaled but l was not: l's sum was taken against the same old max"),
+        ("max_not_updated", _last_tile_only(q, k, v, causal),
+         "each row kept only its last tile of keys: the running max m was never stored, so every "
+         "tile's rescale against it wiped what came before"),
+        ("natural_exp", reference.softmax(_masked_scores(q, k, causal) * flash.LOG2E) @ v,
+         "the weights are too sharp by a factor log2(e): the scores arrive in base 2 (Q carries "
+         "log2(e)), so their exponential is exp2, not exp"),
+    ]
+    for code, wrong, message in candidates:
+        seen = np.isfinite(wrong)
+        if seen.any() and np.allclose(got[seen], wrong[seen], rtol=1e-4, atol=1e-4):
+            return code, message
+    if not np.isfinite(got).all():
+        return "wrong_values", ("the output has inf or NaN: a rescale above 1 overflows (the new max "
+                                "is the larger one), and a row with no key yet must keep l and o at 0")
+    return None
+
+
+register(Exercise(
+    exercise_id="07_online_update",
+    title="flash v3's online update: fold a tile of base-2 scores into the rows' running max, sums and output",
+    kind="function",
+    run=_run_update_kernel,
+    # One key; fewer queries than keys over three key tiles (the causal offset, rows whose max
+    # grows); two heads, not causal; scores near 100 (exp without the max overflows).
+    cases=[UpdateCase(1, 1, 1, 5, True, 1.0), UpdateCase(1, 19, 70, 8, True, 1.0),
+           UpdateCase(2, 40, 40, 5, False, 1.0), UpdateCase(1, 33, 33, 7, True, 30.0)],
+    hint=("every thread of a row sees the same row-wide tile max, so all of them can bring their "
+          "partial sums to the new max by the same factor before the tile's own terms join them"),
+    # float32 scores, exp2 and sums of up to 70 terms against float64: errors near 1e-6.
+    rtol=1e-5,
+    atol=1e-5,
+    diagnose=_diagnose_update,
+    diagnoses=("online_softmax_no_rescale", "rescale_l_only", "rescale_o_only", "max_not_updated",
+               "natural_exp"),
 ))

@@ -35,14 +35,14 @@ from numba import cuda
 
 from attention_lib.stages import mask, scores, softmax, weighted_sum
 from attention_lib.launch import barrier_seconds, check_simulator_budget
-from attention_lib.runtime import ON_SIMULATOR
+from attention_lib.runtime import SIMULATOR_SHAPES
 from attention_lib.validation import as_float32, require, require_finite_result
 
 # Softmax kernel of the pipeline. On a GPU version 2 (a block per row, coalesced reads). On the
 # simulator version 1 (a thread per row): version 2 waits at a dozen barriers per row and each
 # costs tens of milliseconds there, 7 s for ANDREA-sim's 4 x 32 rows against 0.2 s. Both give
 # the same weights to float32 rounding (tests/test_attention.py runs the pipeline with each).
-SOFTMAX_VERSION = 1 if ON_SIMULATOR else 2
+SOFTMAX_VERSION = 1 if SIMULATOR_SHAPES else 2
 
 
 # --- The pipeline on device arrays -------------------------------------------------------

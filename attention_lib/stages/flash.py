@@ -20,9 +20,10 @@ output stays unnormalised until a single division by l at the end.
 - ``flash_attention_kernel_v2``: a block of BLOCK_Q threads per tile of BLOCK_Q queries; Q, K
   and V tiles staged in shared memory; causal key tiles wholly after the block's last query
   are skipped.
-- ``flash_tile_counts``, ``flash_traffic``, ``pipeline_traffic``: the work and the main-memory
-  traffic, as formulas; ``count_fused`` and ``count_pipeline`` count the same traffic with
-  ``sanitizer.count_memory`` (tests/test_flash.py checks that formulas and counts agree).
+- ``visible_count`` and ``block_key_tiles``: the causal mask's key counts and tile skipping on
+  the host, for every tiled kernel; ``flash_tile_counts`` and ``flash_traffic``: the fused
+  kernel's work and main-memory traffic, as formulas. ``attention_lib.traffic`` counts the same
+  traffic with the sanitizer, and the pipeline's (tests/test_flash.py checks that they agree).
 - Launcher ``flash_attention(q, k, v, causal=True, version=2, kernel=None)``.
 
 The scale 1/sqrt(d_k) is folded into Q as it is loaded: (q / sqrt(d_k)) . k = (q . k) / sqrt(d_k),
@@ -31,15 +32,16 @@ its T_k scores (64 against 1024 at ANDREA-120M). Heads ride on the grid's y axis
 (..., T_q, d_k) is flattened to (BH, T_q, d_k), and block y handles head h = blockIdx.y.
 """
 
+import functools
 import math
+import types
 
 import numpy as np
 from numba import cuda
 
-from attention_lib import reference, sanitizer
-from attention_lib.stages import mask, scores, softmax, weighted_sum
+from attention_lib import reference
 from attention_lib.launch import SIMULATOR_THREADS_PER_SECOND, ceil_div, check_simulator_budget
-from attention_lib.runtime import ON_SIMULATOR
+from attention_lib.runtime import SIMULATOR_SHAPES
 from attention_lib.validation import as_float32, require, require_finite_result
 
 # Largest head width the kernels accept: each thread keeps its query row and its output
@@ -53,8 +55,9 @@ ROWS_PER_BLOCK = 32
 # queries, so a larger BLOCK_Q reads them less often. On the simulator 16 and 16: ANDREA-sim's
 # T = 32 is 2 x 2 tiles per head, and every barrier round costs tens of milliseconds per block.
 BLOCK_Q_GPU = 32
-BLOCK_Q = 16 if ON_SIMULATOR else BLOCK_Q_GPU
+BLOCK_Q = 16 if SIMULATOR_SHAPES else BLOCK_Q_GPU
 BLOCK_K = 16
+NEG_INF = np.float32(-np.inf)    # float32: a float64 -inf would pull float64 arithmetic in
 
 
 # --- NumPy: attention computed one block of keys at a time ---------------------------------
@@ -109,11 +112,12 @@ def visible_keys(i, t_q, t_k, causal):
 
 
 @cuda.jit
-def flash_attention_kernel_v1(q, k, v, scale, causal, out):
+def flash_attention_kernel_v1(q, k, v, scale, causal, out, lse):
     """Fused attention, one thread per query, reading K and V straight from global memory.
 
     q: (BH, T_q, d_k), k: (BH, T_k, d_k), v: (BH, T_k, d_v) float32, d_k and d_v <= MAX_D;
-    scale: float32, 1/sqrt(d_k); causal: bool; out: (BH, T_q, d_v) float32, written.
+    scale: float32, 1/sqrt(d_k); causal: bool; out: (BH, T_q, d_v) float32, written;
+    lse: (BH, T_q) float32, written: log sum_j exp(s_ij) per row, -inf for a row seeing no key.
     Grid: x over queries i (ROWS_PER_BLOCK to a block), y over heads h. Thread i walks its
     visible keys one by one: score, online-softmax update of (m, l, acc), next key. Nothing
     is shared between threads, so every thread reads all of K and V it needs by itself.
@@ -123,7 +127,7 @@ def flash_attention_kernel_v1(q, k, v, scale, causal, out):
     t_k, d_v = k.shape[1], v.shape[2]
     if i >= t_q:                                 # the last block may hang past T_q
         return
-    q_row = cuda.local.array(MAX_D, np.float32)  # private to the thread: registers
+    q_row = cuda.local.array(MAX_D, np.float32)  # indexed by a run-time c: local memory
     acc = cuda.local.array(MAX_D, np.float32)
     for c in range(d_k):
         q_row[c] = q[h, i, c] * scale            # the scale, folded into q once
@@ -145,10 +149,11 @@ def flash_attention_kernel_v1(q, k, v, scale, causal, out):
     inv_l = np.float32(1.0) / l if l > 0 else np.float32(0.0)  # l = 0: no visible key
     for c in range(d_v):
         out[h, i, c] = acc[c] * inv_l
+    lse[h, i] = m + math.log(l) if l > 0 else NEG_INF
 
 
 @cuda.jit
-def flash_attention_kernel_v2(q, k, v, scale, causal, out):
+def flash_attention_kernel_v2(q, k, v, scale, causal, out, lse):
     """Fused, tiled attention: a block of BLOCK_Q threads owns BLOCK_Q queries of head blockIdx.y.
 
     Same arguments as flash_attention_kernel_v1. Grid (ceil(T_q / BLOCK_Q), BH), block BLOCK_Q.
@@ -162,6 +167,8 @@ def flash_attention_kernel_v2(q, k, v, scale, causal, out):
     q_tile = cuda.shared.array((BLOCK_Q, MAX_D), np.float32)  # the block's queries, scaled
     k_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)  # the current tile of keys
     v_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)  # and of their values
+    # Per thread, indexed by run-time loop counters: local memory (device DRAM, cached), not
+    # registers; v3 below keeps its per-thread arrays in registers.
     q_row = cuda.local.array(MAX_D, np.float32)               # this thread's query
     acc = cuda.local.array(MAX_D, np.float32)                 # this thread's output, unnormalised
     p_row = cuda.local.array(BLOCK_K, np.float32)             # its scores against one tile
@@ -180,7 +187,7 @@ def flash_attention_kernel_v2(q, k, v, scale, causal, out):
     cuda.syncthreads()                           # wait: the whole Q tile is in shared memory
     if tid < n_rows:
         for c in range(d_k):
-            q_row[c] = q_tile[tid, c]            # each thread keeps its own row in registers
+            q_row[c] = q_tile[tid, c]            # each thread copies its own row (local memory)
     for c in range(d_v):
         acc[c] = 0.0
     m = np.float32(-math.inf)
@@ -223,13 +230,363 @@ def flash_attention_kernel_v2(q, k, v, scale, causal, out):
         inv_l = np.float32(1.0) / l if l > 0 else np.float32(0.0)  # l = 0: no visible key
         for c in range(d_v):
             out[h, i, c] = acc[c] * inv_l
+        lse[h, i] = m + math.log(l) if l > 0 else NEG_INF
 
 
-# --- Counting the work and the traffic -----------------------------------------------------
+# Floors the kernel report holds v3 to at d_k 64 (ptxas -v and nvdisasm for sm_90 measured 0
+# bytes of stack, 128 registers, 43,392 bytes of shared memory: 16 warps per SM on an H200,
+# and a hot loop of 128 FFMA in 206 instructions).
+FAST = {"flash_attention_kernel_v3": {"max_stack_bytes": 0, "min_warps_per_sm": 16, "min_ffma_fraction": 0.5}}
 
-def _visible(i, t_q, t_k, causal):
-    """visible_keys on the host: keys query i sees."""
+
+# --- Kernel 3: FlashAttention-2's forward, micro-tiles in registers --------------------------
+#
+# 128 threads per block: 16 row groups of 8 column groups; a warp is 4 row groups, and the 8
+# lanes of a row group share its rows. Thread (rg, cg) owns rows rg + 16 a of the block's queries
+# (a < MICRO_M), keys cg + 8 b of each key tile (b < MICRO_N) and output columns cg + 8 e
+# (e < MICRO_D). Its pieces of S and O live in cuda.local.arrays that every loop over a
+# compile-time constant indexes with constants once unrolled: registers, not local memory.
+# The sizes below are those of head width 64; make_flash_v3 rebinds them for another d_k.
+
+THREADS_V3 = 128
+ROW_GROUPS = 16
+COL_GROUPS = 8
+USE_SHUFFLES = not ON_SIMULATOR  # the simulator has no warp shuffles: a shared-memory fallback
+LOG2E = 1.4426950408889634       # exp(x) = 2 ** (x log2(e)); math.exp2 is one instruction
+LN2 = np.float32(math.log(2.0))
+# 4 blocks of 128 threads, 16 warps, per SM: ptxas must fit a thread in 65,536 / 512 = 128
+# registers (163 if left to choose). The simulator's jit takes no launch bounds.
+V3_JIT = {} if ON_SIMULATOR else {"launch_bounds": (THREADS_V3, 4)}
+
+
+def v3_sizes(d_k):
+    """Compile-time sizes of flash v3 for head width d_k (1 .. MAX_D): a dict of HEAD (d_k),
+    HEAD_PAD (d_k rounded up to 8 column groups), TILE_M queries and TILE_N keys per tile,
+    MICRO_M, MICRO_N, MICRO_D (rows, keys and output columns per thread), and the products
+    Numba needs as plain numbers for array sizes: S_SIZE, O_SIZE (per-thread arrays),
+    ROW_STRIDE = HEAD_PAD + 1 and P_STRIDE = TILE_N + 8 (shared rows, padded against bank
+    conflicts). Up to d_k 64 the tiles are 64 x 32 (45 KB of shared memory at 64); wider heads
+    halve them to stay under the 48 KB a block may declare statically."""
+    head_pad = ceil_div(d_k, COL_GROUPS) * COL_GROUPS
+    tile_m, tile_n = (64, 32) if head_pad <= 64 else (32, 16)
+    micro_m, micro_n, micro_d = tile_m // ROW_GROUPS, tile_n // COL_GROUPS, head_pad // COL_GROUPS
+    return {"HEAD": d_k, "HEAD_PAD": head_pad, "TILE_M": tile_m, "TILE_N": tile_n,
+            "MICRO_M": micro_m, "MICRO_N": micro_n, "MICRO_D": micro_d,
+            "S_SIZE": micro_m * micro_n, "O_SIZE": micro_m * micro_d,
+            "ROW_STRIDE": head_pad + 1, "P_STRIDE": tile_n + 8}
+
+
+HEAD = 64
+HEAD_PAD = 64
+TILE_M = 64
+TILE_N = 32
+MICRO_M = 4
+MICRO_N = 4
+MICRO_D = 8
+S_SIZE = 16
+O_SIZE = 32
+ROW_STRIDE = 65
+P_STRIDE = 40
+
+
+@cuda.jit(device=True)
+def v3_load_tile(tile, src, h, r0, n, scale):
+    """Copy rows r0 .. r0 + n - 1 of src[h] ((T, HEAD) float32), times scale, into the shared
+    tile ((rows, >= HEAD_PAD)); its other rows and columns HEAD .. HEAD_PAD - 1 become 0, so a
+    padded key scores 0 and a padded value adds 0 (stale memory could hold NaN: 0 * NaN = NaN).
+    Consecutive threads copy consecutive columns: coalesced reads."""
+    for e in range(cuda.threadIdx.x, tile.shape[0] * HEAD_PAD, THREADS_V3):
+        r = e // HEAD_PAD                    # a compile-time power of two for most heads
+        c = e - r * HEAD_PAD
+        x = np.float32(0.0)
+        if r < n and c < HEAD:
+            x = src[h, r0 + r, c] * scale
+        tile[r, c] = x
+
+
+@cuda.jit(device=True)
+def v3_scores_step(s, q_tile, k_tile, rg, cg, d):
+    """s[a * MICRO_N + b] += q[row rg + 16 a, d] * k[key cg + 8 b, d]: an outer product of
+    MICRO_M query values and MICRO_N key values, MICRO_M + MICRO_N shared loads for
+    MICRO_M * MICRO_N multiply-adds. The 8 lanes of a row group read 8 different keys (the
+    padded row stride puts them in 8 banks), the 4 row groups of a warp the same ones (broadcast)."""
+    qa = cuda.local.array(MICRO_M, np.float32)
+    kb = cuda.local.array(MICRO_N, np.float32)
+    for a in range(MICRO_M):
+        qa[a] = q_tile[rg + ROW_GROUPS * a, d]
+    for b in range(MICRO_N):
+        kb[b] = k_tile[cg + COL_GROUPS * b, d]
+    for a in range(MICRO_M):
+        for b in range(MICRO_N):
+            s[a * MICRO_N + b] += qa[a] * kb[b]
+
+
+@cuda.jit(device=True)
+def v3_scores(s, q_tile, k_tile, rg, cg):
+    """This thread's micro-tile of S = Q K^T: s (S_SIZE,) float32 registers, s[a * MICRO_N + b]
+    = row rg + 16 a . key cg + 8 b. Four steps a trip, written out: NVVM leaves a loop body
+    this large rolled and Numba has no #pragma unroll. The step index is unsigned: Numba checks
+    every signed index for a negative value (Python's a[-1]); unsigned, the four steps' loads
+    are one address and four constant offsets."""
+    for x in range(S_SIZE):
+        s[x] = 0.0
+    for d in range(0, HEAD_PAD, 4):            # HEAD_PAD is a multiple of 8
+        v3_scores_step(s, q_tile, k_tile, rg, cg, np.uint32(d))
+        v3_scores_step(s, q_tile, k_tile, rg, cg, np.uint32(d + 1))
+        v3_scores_step(s, q_tile, k_tile, rg, cg, np.uint32(d + 2))
+        v3_scores_step(s, q_tile, k_tile, rg, cg, np.uint32(d + 3))
+
+
+@cuda.jit(device=True)
+def v3_mask(s, q0, k0, rg, cg, t_q, t_k, causal):
+    """Set to -inf the scores of keys a row does not see: after it (causal) or past T_k. The
+    kernel calls it only for a tile that holds such a key: the diagonal tiles and the last."""
+    for a in range(MICRO_M):
+        seen = visible_keys(q0 + rg + ROW_GROUPS * a, t_q, t_k, causal)
+        for b in range(MICRO_N):
+            if k0 + cg + COL_GROUPS * b >= seen:
+                s[a * MICRO_N + b] = NEG_INF
+
+
+@cuda.jit(device=True)
+def v3_row_reduce_shuffle(x, take_max):
+    """x (MICRO_M,): each thread's partial value per row -> the row's max (take_max) or sum over
+    its 8 column groups, in every lane of the row group. Lanes cg and cg ^ w swap values: after
+    w = 1, 2, 4 each lane has combined all 8. No shared memory, no barrier."""
+    for a in range(MICRO_M):
+        y = x[a]
+        for w in (1, 2, 4):
+            other = cuda.shfl_xor_sync(0xFFFFFFFF, y, w)
+            y = max(y, other) if take_max else y + other
+        x[a] = y
+
+
+@cuda.jit(device=True)
+def v3_row_reduce_shared(x, red, rg, cg, take_max):
+    """v3_row_reduce_shuffle through shared memory, for the simulator: red ((TILE_M, COL_GROUPS)
+    float32) receives every partial value; each thread then combines its rows' 8."""
+    for a in range(MICRO_M):
+        red[rg + ROW_GROUPS * a, cg] = x[a]
+    cuda.syncthreads()                       # wait: every thread's partial values are in red
+    for a in range(MICRO_M):
+        y = red[rg + ROW_GROUPS * a, 0]
+        for g in range(1, COL_GROUPS):
+            other = red[rg + ROW_GROUPS * a, g]
+            y = max(y, other) if take_max else y + other
+        x[a] = y
+
+
+@cuda.jit(device=True)
+def v3_row_reduce(x, red, rg, cg, take_max):
+    """The row-wide max or sum of x: by warp shuffles on a GPU, through `red` on the simulator
+    (USE_SHUFFLES is a compile-time constant: the other branch is not compiled in)."""
+    if USE_SHUFFLES:
+        v3_row_reduce_shuffle(x, take_max)
+    else:
+        v3_row_reduce_shared(x, red, rg, cg, take_max)
+
+
+@cuda.jit(device=True)
+def v3_online_update(s, m, l, o, tile_max):
+    """Fold a tile's scores s (base 2: Q carries log2(e)) into the rows' running state.
+
+    m (MICRO_M,): each row's running max, the same in all 8 threads of the row, as tile_max
+    (MICRO_M,), the tile's row-wide max; l (MICRO_M,): this thread's partial sum of 2^(s - m)
+    over its own keys; o (MICRO_M * MICRO_D,): its part of the unnormalised output. Every thread
+    of a row rescales by the same 2^(m_old - m_new), so the partial sums stay exact and are
+    added only once, at the end. s becomes p = 2^(s - m_new).
+    """
+    for a in range(MICRO_M):
+        m_new = max(m[a], tile_max[a])
+        shift = m_new if m_new != NEG_INF else np.float32(0.0)   # no key yet: l and o stay 0
+        rescale = math.exp2(m[a] - shift)    # 1 if the max stayed, 0 at the row's first key
+        l[a] *= rescale
+        for e in range(MICRO_D):
+            o[a * MICRO_D + e] *= rescale
+        for b in range(MICRO_N):
+            p = math.exp2(s[a * MICRO_N + b] - shift)
+            s[a * MICRO_N + b] = p
+            l[a] += p
+        m[a] = m_new
+
+
+@cuda.jit(device=True)
+def v3_tile_max(tile_max, s):
+    """tile_max (MICRO_M,): the max of each of this thread's rows of s, over its own keys."""
+    for a in range(MICRO_M):
+        y = s[a * MICRO_N]
+        for b in range(1, MICRO_N):
+            y = max(y, s[a * MICRO_N + b])
+        tile_max[a] = y
+
+
+@cuda.jit(device=True)
+def v3_accumulate_step(o, p_tile, v_tile, rg, cg, j):
+    """o[a * MICRO_D + e] += p[row rg + 16 a, key j] * v[key j, column cg + 8 e]: the outer
+    product of MICRO_M weights and MICRO_D values of key j."""
+    pa = cuda.local.array(MICRO_M, np.float32)
+    ve = cuda.local.array(MICRO_D, np.float32)
+    for a in range(MICRO_M):
+        pa[a] = p_tile[rg + ROW_GROUPS * a, j]
+    for e in range(MICRO_D):
+        ve[e] = v_tile[j, cg + COL_GROUPS * e]
+    for a in range(MICRO_M):
+        for e in range(MICRO_D):
+            o[a * MICRO_D + e] += pa[a] * ve[e]
+
+
+@cuda.jit(device=True)
+def v3_accumulate(o, p_tile, v_tile, rg, cg):
+    """o += P V for this thread's rows and output columns cg + 8 e, over the tile's TILE_N keys
+    (four keys a trip, written out as in v3_scores). A thread holds p only for its own keys and
+    needs its rows' p for every key: the block writes P to the shared p_tile first."""
+    for j in range(0, TILE_N, 4):              # TILE_N is a multiple of 16
+        v3_accumulate_step(o, p_tile, v_tile, rg, cg, np.uint32(j))
+        v3_accumulate_step(o, p_tile, v_tile, rg, cg, np.uint32(j + 1))
+        v3_accumulate_step(o, p_tile, v_tile, rg, cg, np.uint32(j + 2))
+        v3_accumulate_step(o, p_tile, v_tile, rg, cg, np.uint32(j + 3))
+
+
+@cuda.jit(device=True)
+def v3_store_p(p_tile, s, rg, cg):
+    """Write this thread's p (in s) to the shared p_tile ((TILE_M, P_STRIDE)): the stride
+    TILE_N + 8 puts the 4 row groups of a warp 8 banks apart, so the 32 lanes hit 32 banks."""
+    for a in range(MICRO_M):
+        for b in range(MICRO_N):
+            p_tile[rg + ROW_GROUPS * a, cg + COL_GROUPS * b] = s[a * MICRO_N + b]
+
+
+
+@cuda.jit(device=True)
+def v3_start(m, l, o):
+    """The rows' state before any key: max -inf, sums 0, output 0."""
+    for a in range(MICRO_M):
+        m[a] = NEG_INF
+        l[a] = 0.0
+    for x in range(O_SIZE):
+        o[x] = 0.0
+
+
+@cuda.jit(device=True)
+def v3_key_tile(k, v, smem, regs, h, q0, k0, n, masked, rg, cg, t_q, causal):
+    """One tile of keys k0 .. k0 + n - 1 (n <= TILE_N): K and V copied, this thread's S scored
+    (masked when `masked`), the row max, the online update, O += P V. smem: the shared (q_tile,
+    k_tile, v_tile, p_tile, red); regs: this thread's (s, m, l, o, tile_max)."""
+    q_tile, k_tile, v_tile, p_tile, red = smem
+    s, m, l, o, tile_max = regs
+    v3_load_tile(k_tile, k, h, k0, n, np.float32(1.0))
+    v3_load_tile(v_tile, v, h, k0, n, np.float32(1.0))
+    cuda.syncthreads()                   # wait: the K and V tiles (the first time, Q too) are complete
+    v3_scores(s, q_tile, k_tile, rg, cg)
+    if masked:
+        v3_mask(s, q0, k0, rg, cg, t_q, k.shape[1], causal)
+    v3_tile_max(tile_max, s)
+    v3_row_reduce(tile_max, red, rg, cg, True)
+    v3_online_update(s, m, l, o, tile_max)
+    v3_store_p(p_tile, s, rg, cg)
+    cuda.syncthreads()                   # wait: the whole P tile is in shared memory
+    v3_accumulate(o, p_tile, v_tile, rg, cg)
+    cuda.syncthreads()                   # wait: all threads are done with K, V and P before the next copy
+
+
+@cuda.jit(device=True)
+def v3_write(out, lse, regs, h, q0, rg, cg, t_q):
+    """out[h, i] = o / l for this thread's rows and columns (l now the row's total), and the
+    row's natural log-sum-exp ln(2^m l) = m ln 2 + ln l, written by the row's first lane."""
+    s, m, l, o, tile_max = regs
+    for a in range(MICRO_M):
+        i = q0 + rg + ROW_GROUPS * a
+        if i < t_q:
+            inv_l = np.float32(1.0) / l[a] if l[a] > 0 else np.float32(0.0)   # l 0: no key seen
+            for e in range(MICRO_D):
+                if cg + COL_GROUPS * e < HEAD:
+                    out[h, i, cg + COL_GROUPS * e] = o[a * MICRO_D + e] * inv_l
+            if cg == 0:
+                lse[h, i] = m[a] * LN2 + math.log(l[a]) if l[a] > 0 else NEG_INF
+
+
+@cuda.jit(device=True)
+def v3_block(q, k, v, scale, causal, out, lse, smem, regs):
+    """The work of one block: its TILE_M queries of head blockIdx.y, against every key tile
+    that holds a key one of them sees. Block x takes the x-th block of queries from the end:
+    in a causal launch the longest blocks start first, and the short ones fill in at the end."""
+    rg, cg = cuda.threadIdx.x // COL_GROUPS, cuda.threadIdx.x % COL_GROUPS
+    h, q0 = cuda.blockIdx.y, (cuda.gridDim.x - 1 - cuda.blockIdx.x) * TILE_M
+    t_q, t_k = q.shape[1], k.shape[1]
+    last = min(q0 + TILE_M, t_q) - 1                 # the block's last query
+    v3_load_tile(smem[0], q, h, q0, last + 1 - q0, scale)
+    v3_start(regs[1], regs[2], regs[3])
+    seen_by_all = visible_keys(q0, t_q, t_k, causal)  # a tile within these needs no mask
+    block_keys = visible_keys(last, t_q, t_k, causal)  # tiles after these: never loaded
+    for k0 in range(0, block_keys, TILE_N):
+        v3_key_tile(k, v, smem, regs, h, q0, k0, min(TILE_N, block_keys - k0),
+                    k0 + TILE_N > seen_by_all, rg, cg, t_q, causal)
+    v3_row_reduce(regs[2], smem[4], rg, cg, False)   # l: the row's total, from the 8 partial sums
+    v3_write(out, lse, regs, h, q0, rg, cg, t_q)
+
+
+@cuda.jit(**V3_JIT)
+def flash_attention_kernel_v3(q, k, v, scale, causal, out, lse):
+    """FlashAttention-2's forward for heads of width HEAD: v1's arguments, but scale is
+    log2(e) / sqrt(d_k) (the scores come out in base 2, for exp2). Grid
+    (ceil(T_q / TILE_M), BH), block THREADS_V3; every per-thread array below is registers."""
+    q_tile = cuda.shared.array((TILE_M, ROW_STRIDE), np.float32)    # Q, scaled
+    k_tile = cuda.shared.array((TILE_N, ROW_STRIDE), np.float32)    # a tile of K
+    v_tile = cuda.shared.array((TILE_N, HEAD_PAD), np.float32)      # and of V
+    p_tile = cuda.shared.array((TILE_M, P_STRIDE), np.float32)      # P, for O += P V
+    red = cuda.shared.array((TILE_M, COL_GROUPS), np.float32)       # row reductions, simulator only
+    smem = (q_tile, k_tile, v_tile, p_tile, red)
+    regs = (cuda.local.array(S_SIZE, np.float32),                    # s, then p
+            cuda.local.array(MICRO_M, np.float32),                   # m: running max per row
+            cuda.local.array(MICRO_M, np.float32),                   # l: partial sum per row
+            cuda.local.array(O_SIZE, np.float32),                    # o: unnormalised output
+            cuda.local.array(MICRO_M, np.float32))                   # tile_max
+    v3_block(q, k, v, scale, causal, out, lse, smem, regs)
+
+
+# The device functions of flash v3, callees first: make_flash_v3 recompiles them for a head width.
+V3_PARTS = (v3_load_tile, v3_scores_step, v3_scores, v3_mask, v3_row_reduce_shuffle, v3_row_reduce_shared,
+            v3_row_reduce, v3_online_update, v3_tile_max, v3_accumulate_step, v3_accumulate, v3_store_p, v3_start,
+            v3_key_tile, v3_write, v3_block)
+
+
+def build_flash_v3(d_k, replace=None):
+    """flash_attention_kernel_v3 compiled anew for heads of width d_k (1 .. MAX_D): the same
+    functions with v3_sizes(d_k) as their compile-time globals. replace: {part name: function}
+    puts another function's code in a part's place (an exercise's answer, a test's mutant)."""
+    require(isinstance(d_k, int) and 1 <= d_k <= MAX_D, f"d_k must be an int in 1 .. {MAX_D}, got {d_k!r}")
+    names = {**globals(), **v3_sizes(d_k)}
+    for part in V3_PARTS:
+        name = part.py_func.__name__
+        fn = getattr((replace or {}).get(name, part), "py_func", (replace or {}).get(name, part))
+        names[name] = cuda.jit(device=True)(types.FunctionType(fn.__code__, names, name, None, fn.__closure__))
+    fn = flash_attention_kernel_v3.py_func
+    return cuda.jit(**V3_JIT)(types.FunctionType(fn.__code__, names, fn.__name__))
+
+
+@functools.lru_cache(maxsize=None)
+def make_flash_v3(d_k):
+    """flash_attention_kernel_v3 for heads of width d_k, built once per width (the module's
+    own instance for HEAD)."""
+    return flash_attention_kernel_v3 if d_k == HEAD else build_flash_v3(d_k)
+
+
+# --- Counting the work and the traffic (host) -----------------------------------------------------
+
+def visible_count(i, t_q, t_k, causal):
+    """visible_keys on the host: how many keys query i sees (0 .. T_k)."""
     return t_k if not causal else max(0, min(t_k, i + (t_k - t_q) + 1))
+
+
+def block_key_tiles(t_q, t_k, causal, block_q, block_k):
+    """The causal tile skipping of a tiled kernel, one head: [(q0, rows, tiles), ...], one entry
+    per block of block_q queries (q0 its first query, rows how many it has), where `tiles` is how
+    many key tiles of block_k it computes: those up to its last query's last visible key. The
+    other ceil(T_k / block_k) - tiles are skipped; none of their keys is visible to the block.
+    """
+    return [(q0, min(block_q, t_q - q0),
+             ceil_div(visible_count(min(q0 + block_q, t_q) - 1, t_q, t_k, causal), block_k))
+            for q0 in range(0, t_q, block_q)]
 
 
 def flash_tile_counts(t_q, t_k=None, causal=True, block_q=BLOCK_Q, block_k=BLOCK_K):
@@ -239,120 +596,57 @@ def flash_tile_counts(t_q, t_k=None, causal=True, block_q=BLOCK_Q, block_k=BLOCK
     last query's last visible key and skips the rest.
     """
     t_k = t_q if t_k is None else t_k
-    loaded = skipped = 0
-    for q0 in range(0, t_q, block_q):
-        last = min(q0 + block_q, t_q) - 1
-        tiles = ceil_div(_visible(last, t_q, t_k, causal), block_k)
-        loaded += tiles
-        skipped += ceil_div(t_k, block_k) - tiles
-    return loaded, skipped
+    per_block = block_key_tiles(t_q, t_k, causal, block_q, block_k)
+    loaded = sum(tiles for _, _, tiles in per_block)
+    return loaded, len(per_block) * ceil_div(t_k, block_k) - loaded
 
 
-def flash_traffic(t_q, t_k, d_k, d_v=None, causal=True, version=2, block_q=BLOCK_Q):
+def flash_traffic(t_q, t_k, d_k, d_v=None, causal=True, version=2, block_q=None):
     """Global-memory accesses of one head in the fused kernel, as count_memory counts them.
 
-    -> {"q": loads, "k": loads, "v": loads, "out": stores}, in elements (4 bytes each).
-    v1: every query reads each of its visible keys and values itself. v2: a block of block_q
-    queries reads the keys and values up to its last query's last visible key, once.
+    -> {"q": loads, "k": loads, "v": loads, "out": stores, "lse": stores}, in elements (4 bytes
+    each). v1: every query reads each of its visible keys and values itself. v2 and v3: a block
+    of block_q queries (default: the version's, BLOCK_Q or v3's TILE_M for d_k) reads the keys
+    and values up to its last query's last visible key, once.
     """
     d_v = d_k if d_v is None else d_v
+    if block_q is None:
+        block_q = v3_sizes(d_k)["TILE_M"] if version == 3 else BLOCK_Q
     if version == 1:
-        keys = sum(_visible(i, t_q, t_k, causal) for i in range(t_q))
+        keys = sum(visible_count(i, t_q, t_k, causal) for i in range(t_q))
     else:
-        keys = sum(_visible(min(q0 + block_q, t_q) - 1, t_q, t_k, causal)
-                   for q0 in range(0, t_q, block_q))
-    return {"q": t_q * d_k, "k": keys * d_k, "v": keys * d_v, "out": t_q * d_v}
-
-
-def pipeline_traffic(t_q, t_k, d_k, d_v=None, causal=True):
-    """Global-memory accesses of one head in ``attention.attention``'s pipeline, as count_memory
-    counts them: {stage: (loads, stores)} in elements (4 bytes each).
-
-    scores: the tiled scores kernel (mask_kernel_v2 when causal: tiles wholly above the diagonal
-    load nothing); a tile reads its rows of q and of k once; every score is written. softmax:
-    every score read three times (max, sum, normalise; once for a row that sees no key), every
-    weight written once. weighted_sum: the tiled product reads each weight once per tile of
-    columns of v, each element of v once per tile of queries, and writes the output.
-    """
-    d_v = d_k if d_v is None else d_v
-    tile, ws_tile = scores.TILE, weighted_sum.TILE
-    q_loads = k_loads = 0
-    for r0 in range(0, t_q, tile):                          # the scores kernel's tiles
-        rows = min(tile, t_q - r0)
-        for c0 in range(0, t_k, tile):
-            if causal and c0 > r0 + rows - 1 + (t_k - t_q):
-                continue                                    # skipped: only -inf written
-            q_loads += rows * d_k
-            k_loads += min(tile, t_k - c0) * d_k
-    seeing = sum(_visible(i, t_q, t_k, causal) > 0 for i in range(t_q))   # rows with a key
-    return {
-        "scores": (q_loads + k_loads, t_q * t_k),
-        "softmax": ((3 * seeing + (t_q - seeing)) * t_k, t_q * t_k),
-        "weighted_sum": (t_q * t_k * ceil_div(d_v, ws_tile) + t_k * d_v * ceil_div(t_q, ws_tile),
-                         t_q * d_v),
-    }
-
-
-def count_pipeline(q, k, v, causal=True):
-    """Run the pipeline of ``attention.launch_attention`` kernel by kernel under count_memory.
-
-    q: (BH, T_q, d_k), k: (BH, T_k, d_k), v: (BH, T_k, d_v) float32 NumPy arrays
-    -> ({stage: MemoryReport}, out (BH, T_q, d_v)). The same kernels, grids and order as
-    attention.launch_attention, except that the softmax is always version 1: both versions
-    read every score three times and write every weight once (tests/test_softmax.py), and
-    version 1 has no barriers, so it is far cheaper to simulate on a GPU machine, where the
-    pipeline itself uses version 2. The scores and weights are ordinary arrays here, so every
-    access to them is counted.
-    """
-    (bh, t_q, d_k), (t_k, d_v) = q.shape, v.shape[1:]
-    s = np.empty((bh, t_q, t_k), np.float32)
-    a = np.empty((bh, t_q, t_k), np.float32)
-    out = np.empty((bh, t_q, d_v), np.float32)
-    score_kernel = mask.mask_kernel_v2 if causal else scores.scores_kernel_v2
-    reports = {
-        "scores": sanitizer.count_memory(score_kernel, *scores.score_grid(bh, t_q, t_k), q, k,
-                                         scores.scale_factor(d_k), s),
-        "softmax": sanitizer.count_memory(softmax.softmax_kernel_v1, *softmax.softmax_grid(bh * t_q, 1),
-                                          s.reshape(bh * t_q, t_k), a.reshape(bh * t_q, t_k)),
-        "weighted_sum": sanitizer.count_memory(weighted_sum.weighted_sum_kernel_v2,
-                                               *weighted_sum.weighted_sum_grid(bh, t_q, d_v), a, v, out),
-    }
-    return reports, out
-
-
-def count_fused(q, k, v, causal=True, version=2):
-    """Run the fused kernel once under count_memory: q (BH, T_q, d_k), k (BH, T_k, d_k),
-    v (BH, T_k, d_v) float32 NumPy arrays -> (MemoryReport, out (BH, T_q, d_v))."""
-    out = np.empty((q.shape[0], q.shape[1], v.shape[2]), np.float32)
-    report = sanitizer.count_memory(KERNELS[version], *flash_grid(q.shape[0], q.shape[1], version),
-                                    q, k, v, np.float32(1.0 / math.sqrt(q.shape[2])), bool(causal), out)
-    return report, out
+        keys = sum(visible_count(q0 + rows - 1, t_q, t_k, causal)
+                   for q0, rows, _ in block_key_tiles(t_q, t_k, causal, block_q, 1))
+    return {"q": t_q * d_k, "k": keys * d_k, "v": keys * d_v, "out": t_q * d_v, "lse": t_q}
 
 
 # --- Launcher --------------------------------------------------------------------------------
 
-KERNELS = {1: flash_attention_kernel_v1, 2: flash_attention_kernel_v2}
+KERNELS = {1: flash_attention_kernel_v1, 2: flash_attention_kernel_v2, 3: flash_attention_kernel_v3}
+# v3 on a GPU; on the simulator v2, whose 16 threads a block simulate faster than v3's 128.
+DEFAULT_VERSION = 2 if ON_SIMULATOR else 3
 # The simulator's cost is set by the multiply-adds each thread runs in Python, roughly this
 # many per second (measured on a 2-core machine): a launch above the budget is refused.
 SIMULATOR_MADDS_PER_SECOND = 1_000_000
 
 
-def flash_grid(bh, t_q, version):
-    """(grid, block) for bh heads of t_q queries: x over blocks of queries, y over heads."""
+def flash_grid(bh, t_q, version, d_k=HEAD):
+    """(grid, block) for bh heads of t_q queries: x over blocks of queries, y over heads
+    (version 3's block of queries depends on the head width d_k)."""
+    if version == 3:
+        return (ceil_div(t_q, v3_sizes(d_k)["TILE_M"]), bh), THREADS_V3
     rows = ROWS_PER_BLOCK if version == 1 else BLOCK_Q
     return (ceil_div(t_q, rows), bh), rows
 
 
-def flash_attention(q, k, v, causal=True, version=2, kernel=None):
-    """Attention softmax(mask(q k^T / sqrt(d_k))) v in one fused kernel, on the device.
+def flash_scale(version, d_k):
+    """The factor each kernel folds into Q: 1/sqrt(d_k), times log2(e) for v3's exp2."""
+    return np.float32((LOG2E if version == 3 else 1.0) / math.sqrt(d_k))
 
-    q: (..., T_q, d_k); k: (..., T_k, d_k); v: (..., T_k, d_v), float, same leading axes,
-    d_k and d_v at most MAX_D -> (..., T_q, d_v) float32. causal: key j is hidden from query i
-    when j > i + (T_k - T_q) (the queries are the last T_q positions); a query that sees no key
-    gets zeros. version: 1 (one thread per query) or 2 (tiled); kernel: any kernel with
-    flash_attention_kernel_v1's signature, launched on that version's grid.
-    """
-    require(version in KERNELS, f"version must be 1 or 2, got {version!r}")
+
+def check_flash_inputs(q, k, v, version, causal):
+    """q, k, v as float32 arrays, or a one-line error naming the argument that is wrong."""
+    require(version in KERNELS, f"version must be 1, 2 or 3, got {version!r}")
     require(isinstance(causal, (bool, np.bool_)), f"causal must be True or False, got {causal!r}")
     q = as_float32("q", q, "(..., T_q, d_k)", min_ndim=2)
     k = as_float32("k", k, "(..., T_k, d_k)", min_ndim=2)
@@ -365,21 +659,43 @@ def flash_attention(q, k, v, causal=True, version=2, kernel=None):
             f"v must have the leading axes and T_k of k, {k.shape[:-1]} + (d_v,); got shape {v.shape}")
     require(q.shape[-1] <= MAX_D, f"q must have d_k <= {MAX_D} (MAX_D) for the fused kernel; got shape {q.shape}")
     require(v.shape[-1] <= MAX_D, f"v must have d_v <= {MAX_D} (MAX_D) for the fused kernel; got shape {v.shape}")
+    require(version != 3 or v.shape[-1] == q.shape[-1],
+            f"v must have d_v = d_k = {q.shape[-1]} for version 3; got shape {v.shape}")
+    return q, k, v
+
+
+def flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=False):
+    """Attention softmax(mask(q k^T / sqrt(d_k))) v in one fused kernel, on the device.
+
+    q: (..., T_q, d_k); k: (..., T_k, d_k); v: (..., T_k, d_v), float, same leading axes,
+    d_k and d_v at most MAX_D (version 3: d_v = d_k) -> (..., T_q, d_v) float32, and with
+    return_lse also lse (..., T_q) float32, the natural log of each row's sum of exp(score)
+    (-inf for a row that sees no key): the backward pass recomputes the weights from it.
+    causal: key j is hidden from query i when j > i + (T_k - T_q) (the queries are the last
+    T_q positions); a query that sees no key gets zeros. version: 1 (one thread per query),
+    2 (tiled), 3 (FlashAttention-2 style); default DEFAULT_VERSION. kernel: any kernel with
+    the version's signature, launched on its grid with its scale (flash_scale).
+    """
+    version = DEFAULT_VERSION if version is None else version
+    q, k, v = check_flash_inputs(q, k, v, version, causal)
     lead = q.shape[:-2]
     (t_q, d_k), t_k, d_v = q.shape[-2:], k.shape[-2], v.shape[-1]
     bh = math.prod(lead)
-    grid, block = flash_grid(bh, t_q, version)
+    grid, block = flash_grid(bh, t_q, version, d_k)
     # Thread-equivalents for the shared budget: the multiply-adds dominate, not the thread count.
-    madds = bh * sum(_visible(i, t_q, t_k, causal) for i in range(t_q)) * (d_k + d_v)
+    madds = bh * sum(visible_count(i, t_q, t_k, causal) for i in range(t_q)) * (d_k + d_v)
     check_simulator_budget("flash_attention", max(math.prod(grid) * block,
                                                   madds * SIMULATOR_THREADS_PER_SECOND // SIMULATOR_MADDS_PER_SECOND))
+    checked = kernel is None                                # a kernel passed in answers for itself
+    if kernel is None:
+        kernel = make_flash_v3(d_k) if version == 3 else KERNELS[version]
     d_out = cuda.device_array((bh, t_q, d_v), np.float32)
-    (KERNELS[version] if kernel is None else kernel)[grid, block](
-        cuda.to_device(q.reshape(bh, t_q, d_k)),            # (BH, T_q, d_k)
-        cuda.to_device(k.reshape(bh, t_k, d_k)),            # (BH, T_k, d_k)
-        cuda.to_device(v.reshape(bh, t_k, d_v)),            # (BH, T_k, d_v)
-        np.float32(1.0 / math.sqrt(d_k)), bool(causal), d_out)
+    d_lse = cuda.device_array((bh, t_q), np.float32)
+    kernel[grid, block](cuda.to_device(q.reshape(bh, t_q, d_k)),     # (BH, T_q, d_k)
+                        cuda.to_device(k.reshape(bh, t_k, d_k)),     # (BH, T_k, d_k)
+                        cuda.to_device(v.reshape(bh, t_k, d_v)),     # (BH, T_k, d_v)
+                        flash_scale(version, d_k), bool(causal), d_out, d_lse)
     out = d_out.copy_to_host().reshape(*lead, t_q, d_v)    # (..., T_q, d_v)
-    if kernel is None:                                      # a kernel passed in answers for itself
+    if checked:
         require_finite_result("flash_attention", out, "q, k or v")
-    return out
+    return (out, d_lse.copy_to_host().reshape(*lead, t_q)) if return_lse else out

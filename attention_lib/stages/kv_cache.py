@@ -39,14 +39,14 @@ from numba import cuda
 from attention_lib import reference
 from attention_lib.stages import attention, projection, scores
 from attention_lib.launch import barrier_seconds, ceil_div, check_simulator_budget
-from attention_lib.runtime import ON_SIMULATOR
+from attention_lib.runtime import SIMULATOR_SHAPES
 from attention_lib.validation import as_float32, require, require_finite_result
 
 # Cached positions per chunk of the split-K kernel, and threads per block (one position each).
 # On a GPU 64 (two warps): ANDREA-120M's T = 1024 is 16 chunks per head, 12 heads x 16 = 192
 # blocks, enough to put every SM of a large GPU to work for one sequence. On the simulator 8:
 # ANDREA-sim's T = 32 is 4 chunks, and every barrier costs tens of milliseconds per block.
-KEYS_PER_CHUNK = 8 if ON_SIMULATOR else 64
+KEYS_PER_CHUNK = 8 if SIMULATOR_SHAPES else 64
 # Largest head width the kernels accept: q is staged in arrays of MAX_D_K float32, whose size
 # must be known when compiling (the same limit as flash.MAX_D).
 MAX_D_K = 128
@@ -56,7 +56,7 @@ HEADS_PER_BLOCK = 32
 MERGE_BLOCK = (16, 4)
 # The projections of the layer helpers: the tiled kernel on a GPU; the naive one on the
 # simulator, where each barrier of the tiled kernel costs tens of milliseconds per block.
-PROJECTION_VERSION = 1 if ON_SIMULATOR else 2
+PROJECTION_VERSION = 1 if SIMULATOR_SHAPES else 2
 
 
 # --- Sizes ---------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from numba import cuda
 
 from attention_lib.stages import attention, projection, scores, softmax, weighted_sum
 from attention_lib.launch import ceil_div, check_simulator_budget
-from attention_lib.runtime import ON_SIMULATOR
+from attention_lib.runtime import SIMULATOR_SHAPES
 from attention_lib.validation import as_float32, require, require_finite_result
 
 # Blocks of 16 x 16 threads: x along c (a head's d_k columns), y along t. 16 consecutive
@@ -42,7 +42,7 @@ MAX_GRID_Z = 65535
 # The projections inside multi_head_attention: the tiled kernel on a GPU (fewer global reads,
 # notebook 01); the naive one on the simulator, where every barrier of the tiled kernel costs
 # tens of milliseconds per block (3 to 4 times slower there, the same values within float32 rounding).
-PROJECTION_KERNEL = projection.projection_kernel_v1 if ON_SIMULATOR else projection.projection_kernel_v2
+PROJECTION_KERNEL = projection.projection_kernel_v1 if SIMULATOR_SHAPES else projection.projection_kernel_v2
 
 
 # --- NumPy: the output projection as a sum over heads ------------------------------------

@@ -24,7 +24,7 @@ import numpy as np
 from numba import cuda
 
 from attention_lib.launch import barrier_seconds, ceil_div, check_simulator_budget
-from attention_lib.runtime import ON_SIMULATOR
+from attention_lib.runtime import SIMULATOR_SHAPES
 from attention_lib.validation import as_float32, require
 
 # v1: one thread per row, rows grouped 32 to a block (one warp).
@@ -34,7 +34,7 @@ ROWS_PER_BLOCK = 32
 # resident blocks of 128 fill an SM's 2,048 thread slots (blocks of 32 would stop at 32
 # blocks, half of them). On the simulator 32: every barrier costs tens of milliseconds per
 # block, and 32 threads already cover ANDREA-sim's T = 32 with one score each.
-THREADS_PER_ROW = 32 if ON_SIMULATOR else 128
+THREADS_PER_ROW = 32 if SIMULATOR_SHAPES else 128
 # Barrier rounds of softmax_kernel_v2: block_max and block_sum wait once before the tree, once per
 # halving (log2(THREADS_PER_ROW)) and once after it.
 BARRIER_ROUNDS_V2 = 2 * (THREADS_PER_ROW.bit_length() + 1)
