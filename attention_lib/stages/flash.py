@@ -41,7 +41,7 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.launch import SIMULATOR_THREADS_PER_SECOND, ceil_div, check_simulator_budget
-from attention_lib.runtime import SIMULATOR_SHAPES
+from attention_lib.runtime import ON_SIMULATOR, SIMULATOR_SHAPES
 from attention_lib.validation import as_float32, require, require_finite_result
 
 # Largest head width the kernels accept: each thread keeps its query row and its output
