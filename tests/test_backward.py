@@ -86,6 +86,15 @@ def test_fused_backward_equals_numpy(rng, lead, t_q, t_k, d_k, d_v, causal):
     _assert_close(got, backward.backward(q, k, v, d_out, causal))
 
 
+@pytest.mark.parametrize("t_q, t_k", [(19, 23), (23, 9)])
+def test_fused_backward_from_the_fused_forward(rng, t_q, t_k):
+    q, k, v, d_out = _inputs(rng, (2,), t_q, t_k, 5, 5)
+    out, lse = attention_lib.flash_attention(q, k, v, return_lse=True)
+    assert np.allclose(lse, backward.log_sum_exp(q, k), rtol=1e-5, atol=1e-5)   # -inf where no key, in both
+    got = attention_lib.flash_attention_backward(q, k, v, out, lse, d_out)
+    _assert_close(got, backward.backward(q, k, v, d_out))
+
+
 def test_fused_backward_equals_pytorch_autograd(rng):
     torch = pytest.importorskip("torch")
     q, k, v, d_out = _inputs(rng, (2,), 7, 11, 4, 3)

@@ -19,7 +19,8 @@ dS_ij = P_ij dP_ij - P_ij sum_l P_il dP_il. A masked entry has P_ij = 0, so dS_i
 gradient reaches a key that the query could not see.
 
 - NumPy: ``backward_loops`` (one head, loops that follow the derivation), ``backward``
-  (vectorised, any leading axes, float64), ``log_sum_exp`` (the forward's per-row statistic),
+  (vectorised, any leading axes, float64), ``log_sum_exp`` (the forward's per-row statistic, which
+  ``flash_attention(..., return_lse=True)`` returns on the device),
   ``numerical_gradient`` (central finite differences, for checking both).
 - Naive kernels, from the stage kernels: ``launch_naive_backward`` computes P with the forward's
   own kernels and stores it, then dV, dP, dS, dQ, dK each with a launch. New kernels:
