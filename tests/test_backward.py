@@ -3,6 +3,7 @@ naive and fused kernels against NumPy (and PyTorch's autograd where installed), 
 counted, bad input refused, and the exercise's planted slips named."""
 
 import math
+import os
 import warnings
 
 import attention_lib
@@ -288,3 +289,29 @@ def test_the_toy_model_trains_reproducibly_and_the_shipped_weights_solve_the_tas
     _, saved, _ = toy_model.forward(params, tokens)
     assert toy_model.induction_score(saved[1]["weights"], lengths).max() > 0.9           # an induction head
     assert toy_model.previous_token_score(saved[0]["weights"]).max() > 0.3               # a previous-token head
+
+
+def test_the_fused_backward_at_the_gpu_block_sizes():
+    # BLOCK_Q = BLOCK_K = 32, as on a GPU, in a subprocess (the constants are fixed at import):
+    # T 33 is one full tile and one of a single row, both ways.
+    import subprocess
+    import sys
+    from attention_lib import runtime
+    program = (
+        "import numpy as np\n"
+        "import attention_lib\n"
+        "from attention_lib import reference\n"
+        "from attention_lib.stages import backward\n"
+        "assert backward.BLOCK_Q == backward.BLOCK_K == 32\n"
+        "rng = np.random.default_rng(3)\n"
+        "q, k, v, d_out = rng.standard_normal((4, 1, 33, 5))\n"
+        "for causal in (True, False):\n"
+        "    out, lse = reference.attention(q, k, v, causal), backward.log_sum_exp(q, k, causal)\n"
+        "    got = attention_lib.flash_attention_backward(q, k, v, out, lse, d_out, causal)\n"
+        "    for g, w in zip(got, backward.backward(q, k, v, d_out, causal)):\n"
+        "        assert np.allclose(g, w, rtol=1e-4, atol=2e-5), np.abs(g - w).max()\n"
+        "print('GPU block sizes ran')\n")
+    env = dict(os.environ, **{runtime.SHAPES_VARIABLE: "gpu", runtime.BACKEND_VARIABLE: runtime.SIMULATOR})
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "GPU block sizes ran" in done.stdout

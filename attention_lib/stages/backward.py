@@ -55,7 +55,7 @@ from numba import cuda
 from attention_lib import reference, sanitizer
 from attention_lib.stages import attention, flash, mask, scores, softmax, weighted_sum
 from attention_lib.launch import SIMULATOR_THREADS_PER_SECOND, ceil_div, check_simulator_budget
-from attention_lib.runtime import ON_SIMULATOR
+from attention_lib.runtime import SIMULATOR_SHAPES
 from attention_lib.validation import as_float32, require, require_finite_result
 
 MAX_D = flash.MAX_D
@@ -63,8 +63,8 @@ MAX_D = flash.MAX_D
 # the other way round in the dQ pass). Shared memory per block: 2 tiles of BLOCK x MAX_D float32,
 # 32 KiB at 32 on a GPU. On the simulator 16: every barrier round costs tens of milliseconds.
 BLOCK_GPU = 32
-BLOCK_Q = 16 if ON_SIMULATOR else BLOCK_GPU
-BLOCK_K = 16 if ON_SIMULATOR else BLOCK_GPU
+BLOCK_Q = 16 if SIMULATOR_SHAPES else BLOCK_GPU
+BLOCK_K = 16 if SIMULATOR_SHAPES else BLOCK_GPU
 # Element-wise kernels (row sums): rows per block.
 ROWS_PER_BLOCK = 32
 
