@@ -15,13 +15,16 @@ results; every function has a float64 twin of the same name in ``attention_lib.r
 - ``multi_head_attention(x, w_q, w_k, w_v, w_o, n_head, causal=True, b_q=None, ...)``;
 - the stages on their own: ``project``, ``scores``, ``apply_causal_mask``, ``softmax``,
   ``weighted_sum``, ``split_heads``, ``merge_heads``;
-- decoding: ``KVCache`` and ``decode_step``.
+- decoding: ``KVCache`` and ``decode_step``;
+- training: ``attention_backward(q, k, v, d_out, causal=True)`` and
+  ``flash_attention_backward(q, k, v, out, lse, d_out, causal=True)`` -> (dq, dk, dv).
 """
 
 from attention_lib import runtime  # noqa: F401  (first: it must run before numba.cuda loads)
 from attention_lib.runtime import BACKEND, ON_SIMULATOR, SIZES, banner  # noqa: F401
 
 from attention_lib.stages.attention import attention  # noqa: E402,F401
+from attention_lib.stages.backward import attention_backward, flash_attention_backward  # noqa: E402,F401
 from attention_lib.stages.flash import flash_attention  # noqa: E402,F401
 from attention_lib.stages.kv_cache import KVCache, decode_step  # noqa: E402,F401
 from attention_lib.stages.mask import apply_causal_mask  # noqa: E402,F401
@@ -36,4 +39,5 @@ __all__ = [
     "attention", "flash_attention", "multi_head_attention",
     "project", "scores", "apply_causal_mask", "softmax", "weighted_sum", "split_heads", "merge_heads",
     "KVCache", "decode_step",
+    "attention_backward", "flash_attention_backward",
 ]

@@ -123,6 +123,38 @@ def _weighted_sum(causal=False):
     return lambda kern: weighted_sum.weighted_sum(a, v, version=2, kernel=kern, causal=causal)
 
 
+def _backward(name):
+    from attention_lib import reference
+    from attention_lib.stages import backward
+    rng = _rng()
+    if name in ("transpose_kernel", "score_grad_kernel"):
+        # The naive backward: T_q 7 against T_k 9 (transposes of non-square matrices, one partial
+        # block each way; its tiled stage kernels make larger sizes slow on the simulator).
+        q, k = rng.standard_normal((2, 7, 5)), rng.standard_normal((2, 9, 5))
+        v, d_out = rng.standard_normal((2, 9, 3)), rng.standard_normal((2, 7, 3))
+        if name == "score_grad_kernel":
+            return lambda kern: backward.attention_backward(q, k, v, d_out, kernel=kern)
+        return lambda kern: _patched(backward, name, kern, lambda: backward.attention_backward(q, k, v, d_out))
+    # The fused backward: 2 x 1 heads of T_q 19 against T_k 23 (queries the last 19 positions:
+    # partial tiles both ways, and tiles skipped), d_k 7, d_v 5.
+    q, k = rng.standard_normal((2, 1, 19, 7)), rng.standard_normal((2, 1, 23, 7))
+    v, d_out = rng.standard_normal((2, 1, 23, 5)), rng.standard_normal((2, 1, 19, 5))
+    out, lse = reference.attention(q, k, v), backward.log_sum_exp(q, k)
+    return lambda kern: _patched(backward, name, kern,
+                                 lambda: backward.flash_attention_backward(q, k, v, out, lse, d_out))
+
+
+def _patched(module, name, stand_in, launch):
+    """Run launch() with module.name replaced by stand_in, for kernels a launcher takes no
+    kernel= argument for (one public launcher runs several of them)."""
+    original = getattr(module, name)
+    setattr(module, name, stand_in)
+    try:
+        return launch()
+    finally:
+        setattr(module, name, original)
+
+
 # kernel name -> a function that launches it, given the recorder standing in for the kernel
 CASES = {
     "basics.add_kernel": _basics("add_kernel"),
@@ -149,6 +181,11 @@ CASES = {
     "kv_cache.decode_kernel_v1": _kv_cache("decode_kernel_v1"),
     "kv_cache.decode_partial_kernel": _kv_cache("decode_partial_kernel"),
     "kv_cache.decode_merge_kernel": _kv_cache("decode_merge_kernel"),
+    "backward.row_dot_kernel": _backward("row_dot_kernel"),
+    "backward.transpose_kernel": _backward("transpose_kernel"),
+    "backward.score_grad_kernel": _backward("score_grad_kernel"),
+    "backward.flash_backward_dkdv_kernel": _backward("flash_backward_dkdv_kernel"),
+    "backward.flash_backward_dq_kernel": _backward("flash_backward_dq_kernel"),
 }
 
 

@@ -1,0 +1,582 @@
+"""The backward pass of attention (notebook 10): the gradients of one head, and two ways to compute them.
+
+Forward, per head (q: (T_q, d_k), k: (T_k, d_k), v: (T_k, d_v), scale = 1/sqrt(d_k)):
+
+    S = Q K^T * scale          (T_q, T_k)   scores; masked entries -inf when causal
+    P = softmax(S)             (T_q, T_k)   row by row
+    O = P V                    (T_q, d_v)
+
+Given dO = dL/dO (T_q, d_v), the chain rule backwards through each line:
+
+    dV = P^T dO                (T_k, d_v)
+    dP = dO V^T                (T_q, T_k)
+    dS = P o (dP - D)          (T_q, T_k)   D_i = rowsum(dO o O)_i = sum_j P_ij dP_ij
+    dQ = dS K * scale          (T_q, d_k)
+    dK = dS^T Q * scale        (T_k, d_k)
+
+The row sum D is the softmax's Jacobian: dP_i/dS_i = diag(P_i) - P_i P_i^T, so
+dS_ij = P_ij dP_ij - P_ij sum_l P_il dP_il. A masked entry has P_ij = 0, so dS_ij = 0: no
+gradient reaches a key that the query could not see.
+
+- NumPy: ``backward_loops`` (one head, loops that follow the derivation), ``backward``
+  (vectorised, any leading axes, float64), ``log_sum_exp`` (the forward's per-row statistic, which
+  ``flash_attention(..., return_lse=True)`` returns on the device),
+  ``numerical_gradient`` (central finite differences, for checking both).
+- Naive kernels, from the stage kernels: ``launch_naive_backward`` computes P with the forward's
+  own kernels and stores it, then dV, dP, dS, dQ, dK each with a launch. New kernels:
+  ``row_dot_kernel`` (D), ``transpose_kernel`` (P^T and dS^T for the tiled products) and
+  ``score_grad_kernel`` (dS, which notebook 10's exercise asks for).
+- Fused kernels, FlashAttention-2-style (Dao 2023, arXiv 2307.08691): nothing T_q x T_k is ever
+  stored. ``flash_backward_dkdv_kernel``: a block owns BLOCK_K keys and walks the queries tile by
+  tile, recomputing S and P from Q, K and the forward's log-sum-exp (P_ij = exp(S_ij - lse_i)),
+  accumulating dK and dV in registers. ``flash_backward_dq_kernel``: a second pass, a block per
+  BLOCK_Q queries walking the keys, accumulating dQ. Causal tiles that hold no visible pair are
+  skipped in both, as in the forward.
+- Costs: ``footprint``, ``backward_flops``, ``dq_strategies``; ``count_naive`` and
+  ``count_fused`` count the main-memory traffic with ``sanitizer.count_memory``.
+- Launchers: ``attention_backward(q, k, v, d_out, causal=True)`` (naive) and
+  ``flash_attention_backward(q, k, v, out, lse, d_out, causal=True)`` (fused).
+
+Why a second pass for dQ rather than atomics: the key-block kernel produces, for every pair of a
+query tile and its key block, a partial dQ of the tile (BLOCK_Q x d_k) that has to be added into
+main memory shared with every other key block. Atomic adds would do that with one atomic per
+element and visited tile (``dq_strategies``), in an order that changes from run to run (float
+addition is not associative: the result is not reproducible bit for bit), and the simulator runs
+atomics one at a time. The second pass recomputes S, P and dP once more (``backward_flops``: 1.75
+times the FLOPs of a backward given P, against 1.25 with atomics, at d_k = d_v) and writes dQ
+once, deterministically.
+"""
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from attention_lib import reference, sanitizer
+from attention_lib.stages import attention, flash, mask, scores, softmax, weighted_sum
+from attention_lib.launch import SIMULATOR_THREADS_PER_SECOND, ceil_div, check_simulator_budget
+from attention_lib.runtime import SIMULATOR_SHAPES
+from attention_lib.validation import as_float32, require, require_finite_result
+
+MAX_D = flash.MAX_D
+# Fused kernels: keys per block of the dK/dV pass and queries per tile it walks (and the same two
+# the other way round in the dQ pass). Shared memory per block: 2 tiles of BLOCK x MAX_D float32,
+# 32 KiB at 32 on a GPU. On the simulator 16: every barrier round costs tens of milliseconds.
+BLOCK_GPU = 32
+BLOCK_Q = 16 if SIMULATOR_SHAPES else BLOCK_GPU
+BLOCK_K = 16 if SIMULATOR_SHAPES else BLOCK_GPU
+# Element-wise kernels (row sums): rows per block.
+ROWS_PER_BLOCK = 32
+
+
+# --- NumPy ---------------------------------------------------------------------------------
+
+def backward_loops(q, k, v, d_out, causal=True):
+    """The gradients of one head, entry by entry, as derived; float64. q: (T_q, d_k); k: (T_k, d_k);
+    v: (T_k, d_v); d_out: (T_q, d_v) -> (dq, dk, dv), shapes of q, k, v. Python loops: small sizes."""
+    q, k, v, d_out = (np.asarray(a, dtype=np.float64) for a in (q, k, v, d_out))
+    p = reference.attention_weights(q, k, causal)           # (T_q, T_k)
+    o = p @ v                                               # (T_q, d_v)
+    (t_q, d_k), t_k = q.shape, k.shape[0]
+    scale = 1.0 / math.sqrt(d_k)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for i in range(t_q):
+        d_i = sum(d_out[i, c] * o[i, c] for c in range(v.shape[1]))    # rowsum(dO o O)
+        for j in range(t_k):
+            dv[j] += p[i, j] * d_out[i]                     # dV = P^T dO
+            dp_ij = d_out[i] @ v[j]                         # dP = dO V^T
+            ds_ij = p[i, j] * (dp_ij - d_i)                 # the softmax's Jacobian
+            dq[i] += ds_ij * k[j] * scale                   # dQ = dS K * scale
+            dk[j] += ds_ij * q[i] * scale                   # dK = dS^T Q * scale
+    return dq, dk, dv
+
+
+def backward(q, k, v, d_out, causal=True):
+    """The gradients of attention, vectorised; float64.
+
+    q: (..., T_q, d_k); k: (..., T_k, d_k); v: (..., T_k, d_v); d_out: (..., T_q, d_v), the
+    gradient of the loss with respect to attention's output -> (dq, dk, dv), shapes of q, k, v.
+    """
+    q, k, v, d_out = (np.asarray(a, dtype=np.float64) for a in (q, k, v, d_out))
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    p = reference.attention_weights(q, k, causal)           # (..., T_q, T_k)
+    o = p @ v                                               # (..., T_q, d_v)
+    dv = np.swapaxes(p, -1, -2) @ d_out                     # (..., T_k, d_v)
+    dp = d_out @ np.swapaxes(v, -1, -2)                     # (..., T_q, T_k)
+    d_rows = np.sum(d_out * o, axis=-1, keepdims=True)      # (..., T_q, 1)
+    ds = p * (dp - d_rows)                                  # (..., T_q, T_k)
+    dq = ds @ k * scale                                     # (..., T_q, d_k)
+    dk = np.swapaxes(ds, -1, -2) @ q * scale                # (..., T_k, d_k)
+    return dq, dk, dv
+
+
+def log_sum_exp(q, k, causal=True):
+    """The forward's per-row statistic lse_i = log sum_j exp(S_ij); float64.
+
+    q: (..., T_q, d_k); k: (..., T_k, d_k) -> (..., T_q). P_ij = exp(S_ij - lse_i), so the
+    backward rebuilds any entry of P from S and one number per row. A row that sees no key
+    gets -inf (log of an empty sum).
+    """
+    s = reference.scores(q, k)                              # (..., T_q, T_k), scaled
+    if causal:
+        s = reference.apply_causal_mask(s)
+    top = np.max(s, axis=-1)
+    shift = np.where(np.isneginf(top), 0.0, top)
+    with np.errstate(divide="ignore"):                      # log(0) = -inf for a row with no key
+        return shift + np.log(np.sum(np.exp(s - shift[..., None]), axis=-1))
+
+
+def numerical_gradient(loss, x, eps=1e-6):
+    """d loss / d x by central differences, one entry at a time; float64.
+
+    loss: a function of x returning a float; x: float64 array (changed in place, restored).
+    Each entry costs two calls of loss; the error is of order eps^2 plus rounding / eps.
+    """
+    grad = np.zeros_like(x)
+    for index in np.ndindex(x.shape):
+        saved = x[index]
+        x[index] = saved + eps
+        up = loss(x)
+        x[index] = saved - eps
+        down = loss(x)
+        x[index] = saved
+        grad[index] = (up - down) / (2 * eps)
+    return grad
+
+
+# --- Naive kernels: the stage kernels, P stored ----------------------------------------------
+
+@cuda.jit
+def row_dot_kernel(d_out, out, d_rows):
+    """D[h, i] = sum_c d_out[h, i, c] * out[h, i, c], one thread per row.
+
+    d_out, out: (BH, T_q, d_v) float32; d_rows: (BH, T_q) float32, written.
+    Grid: x over rows i (ROWS_PER_BLOCK to a block), y over heads h.
+    """
+    i, h = cuda.grid(2)
+    if i < out.shape[1]:                         # the last block may hang past T_q
+        acc = np.float32(0.0)
+        for c in range(out.shape[2]):
+            acc += d_out[h, i, c] * out[h, i, c]
+        d_rows[h, i] = acc
+
+
+@cuda.jit
+def transpose_kernel(a, a_t):
+    """a_t[h, j, i] = a[h, i, j], one thread per element.
+
+    a: (BH, R, C) float32; a_t: (BH, C, R) float32, written. Grid: x over columns j, y over rows
+    i, z over heads h (the scores' grid). Neighbouring threads read neighbouring addresses and
+    write addresses R apart: the writes are not coalesced, which a shared-memory tile would fix.
+    """
+    j, i = cuda.grid(2)
+    h = cuda.blockIdx.z
+    if i < a.shape[1] and j < a.shape[2]:
+        a_t[h, j, i] = a[h, i, j]
+
+
+@cuda.jit
+def score_grad_kernel(p, dp, d_rows, scale, d_raw):
+    """d_raw[h, i, j] = scale * p[h, i, j] * (dp[h, i, j] - d_rows[h, i]), one thread per entry.
+
+    p, dp: (BH, T_q, T_k) float32 (weights and their gradient); d_rows: (BH, T_q) float32, the
+    row sums D; scale: float32, 1/sqrt(d_k); d_raw: (BH, T_q, T_k) float32, written: dS times the
+    scale, the gradient of the unscaled products Q K^T, so that dQ = d_raw K and dK = d_raw^T Q.
+    Grid: the scores' grid (x over keys j, y over queries i, z over heads h).
+    """
+    j, i = cuda.grid(2)
+    h = cuda.blockIdx.z
+    if i < p.shape[1] and j < p.shape[2]:
+        d_raw[h, i, j] = scale * p[h, i, j] * (dp[h, i, j] - d_rows[h, i])
+
+
+def row_grid(bh, t_q):
+    """(grid, block) of row_dot_kernel: x over rows, y over heads."""
+    return (ceil_div(t_q, ROWS_PER_BLOCK), bh), ROWS_PER_BLOCK
+
+
+def transposed(a):
+    """A new device array (BH, C, R) holding a (BH, R, C) transposed, head by head."""
+    a_t = cuda.device_array((a.shape[0], a.shape[2], a.shape[1]), np.float32)
+    grid, block = scores.score_grid(*a.shape)
+    transpose_kernel[grid, block](a, a_t)
+    return a_t
+
+
+def launch_naive_backward(q, k, v, d_out, causal, dq, dk, dv, kernel=None):
+    """The backward from the stage kernels, P stored: device arrays q (BH, T_q, d_k),
+    k (BH, T_k, d_k), v (BH, T_k, d_v), d_out (BH, T_q, d_v); dq, dk, dv written (shapes of q,
+    k, v). kernel: replaces score_grad_kernel (same signature and grid). No checks here."""
+    (bh, t_q, d_k), t_k = q.shape, k.shape[1]
+    p = attention.launch_weights(q, k, causal)              # (BH, T_q, T_k), stored
+    out = cuda.device_array(d_out.shape, np.float32)
+    weighted_sum.launch_weighted_sum(p, v, out)             # O = P V, for the row sums
+    d_rows = cuda.device_array((bh, t_q), np.float32)
+    row_dot_kernel[row_grid(bh, t_q)](d_out, out, d_rows)   # D = rowsum(dO o O)
+    weighted_sum.launch_weighted_sum(transposed(p), d_out, dv)         # dV = P^T dO
+    dp = cuda.device_array((bh, t_q, t_k), np.float32)
+    grid, block = scores.score_grid(bh, t_q, t_k)
+    scores.scores_kernel_v2[grid, block](d_out, v, np.float32(1.0), dp)  # dP = dO V^T
+    d_raw = cuda.device_array((bh, t_q, t_k), np.float32)
+    (score_grad_kernel if kernel is None else kernel)[grid, block](
+        p, dp, d_rows, scores.scale_factor(d_k), d_raw)     # dS * scale
+    weighted_sum.launch_weighted_sum(d_raw, k, dq)          # dQ = dS K * scale
+    weighted_sum.launch_weighted_sum(transposed(d_raw), q, dk)         # dK = dS^T Q * scale
+
+
+# --- Fused kernels: S and P recomputed tile by tile, nothing T x T stored ------------------
+
+@cuda.jit(device=True)
+def load_rows(src, h, r0, n, width, tile, threads):
+    """Copy rows r0 .. r0 + n - 1 of src[h] (width columns) into tile[0:n]; every one of the
+    block's `threads` threads calls it. Element e goes to thread e % threads: neighbours read
+    neighbouring addresses."""
+    for e in range(cuda.threadIdx.x, n * width, threads):
+        r = e // width
+        tile[r, e - r * width] = src[h, r0 + r, e - r * width]
+
+
+@cuda.jit(device=True)
+def load_entries(src, h, r0, n, stats, which, threads):
+    """Copy src[h, r0 .. r0 + n - 1] (one number per row: lse or D) into stats[which, 0:n]."""
+    for r in range(cuda.threadIdx.x, n, threads):
+        stats[which, r] = src[h, r0 + r]
+
+
+@cuda.jit(device=True)
+def load_query_tiles(q, d_out, lse, d_rows, h, i0, q_tile, do_tile, stats):
+    """The dK/dV pass's copy of queries i0 .. i0 + n - 1 of head h into shared memory: their q
+    and dO rows, and their lse and D in stats[0] and stats[1]; n = BLOCK_Q but at the end."""
+    n = min(BLOCK_Q, q.shape[1] - i0)
+    load_rows(q, h, i0, n, q.shape[2], q_tile, BLOCK_K)
+    load_rows(d_out, h, i0, n, d_out.shape[2], do_tile, BLOCK_K)
+    load_entries(lse, h, i0, n, stats, 0, BLOCK_K)
+    load_entries(d_rows, h, i0, n, stats, 1, BLOCK_K)
+
+
+@cuda.jit(device=True)
+def row_dot(row, tile, r, width):
+    """row . tile[r]: a thread's own row (local memory) against row r of a shared tile."""
+    acc = np.float32(0.0)
+    for c in range(width):
+        acc += row[c] * tile[r, c]
+    return acc
+
+
+@cuda.jit(device=True)
+def recompute_pair(s, lse_i, dp, d_i):
+    """(P_ij, dS_ij) from the score S_ij, the row's log-sum-exp, dP_ij and the row sum D_i:
+    P_ij = exp(S_ij - lse_i) needs no pass over the row, because lse_i was saved by the forward."""
+    p = math.exp(s - lse_i)
+    return p, p * (dp - d_i)
+
+
+@cuda.jit(device=True)
+def first_query_tile(j0, t_q, t_k, causal):
+    """The first query tile (a multiple of BLOCK_Q) holding a query that sees key j0: with the
+    queries the last T_q positions, query i sees j0 when i >= j0 - (T_k - T_q)."""
+    if not causal:
+        return 0
+    first = max(0, j0 - (t_k - t_q))
+    return first - first % BLOCK_Q
+
+
+@cuda.jit(device=True)
+def load_own_row(src, h, r, width, row, mine):
+    """row[0:width] = src[h, r] for a thread that owns row r; zeros for one that owns none."""
+    for c in range(width):
+        row[c] = src[h, r, c] if mine else np.float32(0.0)   # float32 both ways: no float64 in the PTX
+
+
+@cuda.jit(device=True)
+def zero_row(row, width):
+    """row[0:width] = 0: an accumulator before its first term."""
+    for c in range(width):
+        row[c] = 0.0
+
+
+@cuda.jit(device=True)
+def start_rows(a, b, h, r, a_row, b_row, acc_a, acc_b):
+    """A thread's rows a[h, r] and b[h, r] (zeros for a thread past the end) and accumulators of
+    their widths, zeroed (acc_b may be acc_a when only one is needed)."""
+    mine = r < a.shape[1]
+    load_own_row(a, h, r, a.shape[2], a_row, mine)
+    load_own_row(b, h, r, b.shape[2], b_row, mine)
+    zero_row(acc_a, a.shape[2])
+    zero_row(acc_b, b.shape[2])
+
+
+@cuda.jit(device=True)
+def store_row(dst, h, r, acc, factor):
+    """dst[h, r] = acc[0:width] * factor, for a thread that owns row r (r < dst.shape[1])."""
+    if r < dst.shape[1]:
+        for c in range(dst.shape[2]):
+            dst[h, r, c] = acc[c] * factor
+
+
+@cuda.jit(device=True)
+def dkdv_tile(q_tile, do_tile, stats, i0, j, k_row, v_row, dk_acc, dv_acc, scale, causal, q, v):
+    """Fold the tile of queries from i0 into key j's dK and dV accumulators (q and v for sizes)."""
+    (t_q, d_k), (t_k, d_v) = q.shape[1:], v.shape[1:]
+    if j >= t_k:                                            # a thread past the last key: nothing to add
+        return
+    n = min(BLOCK_Q, t_q - i0)
+    for r in range(n):
+        if causal and j > i0 + r + (t_k - t_q):             # query i0 + r cannot see key j
+            continue
+        s = row_dot(k_row, q_tile, r, d_k) * scale
+        p, ds = recompute_pair(s, stats[0, r], row_dot(v_row, do_tile, r, d_v), stats[1, r])
+        for c in range(d_v):
+            dv_acc[c] += p * do_tile[r, c]                  # dV_j += P_ij dO_i
+        for c in range(d_k):
+            dk_acc[c] += ds * q_tile[r, c]                  # dK_j += dS_ij Q_i (scaled at the end)
+
+
+@cuda.jit
+def flash_backward_dkdv_kernel(q, k, v, d_out, lse, d_rows, scale, causal, dk, dv):
+    """dk, dv (BH, T_k, d) float32, written; q, d_out (BH, T_q, d), k, v (BH, T_k, d), lse, d_rows
+    (BH, T_q) float32; scale 1/sqrt(d_k). Block (x, h): BLOCK_K keys of head h, one per thread."""
+    q_tile = cuda.shared.array((BLOCK_Q, MAX_D), np.float32)   # the tile's queries
+    do_tile = cuda.shared.array((BLOCK_Q, MAX_D), np.float32)  # and their output gradients
+    stats = cuda.shared.array((2, BLOCK_Q), np.float32)        # and their lse (row 0) and D (row 1)
+    k_row, v_row = cuda.local.array(MAX_D, np.float32), cuda.local.array(MAX_D, np.float32)
+    dk_acc, dv_acc = cuda.local.array(MAX_D, np.float32), cuda.local.array(MAX_D, np.float32)
+    h, j0, j = cuda.blockIdx.y, cuda.blockIdx.x * BLOCK_K, cuda.blockIdx.x * BLOCK_K + cuda.threadIdx.x
+    start_rows(k, v, h, j, k_row, v_row, dk_acc, dv_acc)
+    for i0 in range(first_query_tile(j0, q.shape[1], k.shape[1], causal), q.shape[1], BLOCK_Q):
+        load_query_tiles(q, d_out, lse, d_rows, h, i0, q_tile, do_tile, stats)
+        cuda.syncthreads()                                     # wait: the query tiles are complete
+        dkdv_tile(q_tile, do_tile, stats, i0, j, k_row, v_row, dk_acc, dv_acc, scale, causal, q, v)
+        cuda.syncthreads()                                     # wait: all are done with them before the next copy
+    store_row(dk, h, j, dk_acc, scale)                         # dK = scale * sum_i dS_ij Q_i
+    store_row(dv, h, j, dv_acc, np.float32(1.0))
+
+
+@cuda.jit(device=True)
+def key_range(i, q0, t_q, t_k, causal):
+    """(keys query i sees, 0 for a thread past T_q; keys its block needs, up to the block's last
+    query's last visible key: the same in every thread, so all reach the same barriers)."""
+    last = min(q0 + BLOCK_Q, t_q) - 1
+    mine = flash.visible_keys(i, t_q, t_k, causal) if i < t_q else 0
+    return mine, flash.visible_keys(last, t_q, t_k, causal)
+
+
+@cuda.jit(device=True)
+def dq_tile(k_tile, v_tile, n, q_row, do_row, lse, d_rows, h, i, dq_acc, scale, k, v):
+    """Fold the first n keys of a shared tile (those query i sees; none when n <= 0) into its dQ
+    accumulator (k and v for sizes)."""
+    if n <= 0:
+        return
+    d_k, d_v = k.shape[2], v.shape[2]
+    lse_i, d_i = lse[h, i], d_rows[h, i]
+    for r in range(n):
+        s = row_dot(q_row, k_tile, r, d_k) * scale
+        p, ds = recompute_pair(s, lse_i, row_dot(do_row, v_tile, r, d_v), d_i)
+        for c in range(d_k):
+            dq_acc[c] += ds * k_tile[r, c]                  # dQ_i += dS_ij K_j (scaled at the end)
+
+
+@cuda.jit
+def flash_backward_dq_kernel(q, k, v, d_out, lse, d_rows, scale, causal, dq):
+    """dq (BH, T_q, d_k) float32, written; the other arguments as flash_backward_dkdv_kernel's.
+    Block (x, h): BLOCK_Q queries of head h, one per thread, walking the key tiles they see."""
+    k_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)   # the current tile of keys
+    v_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)   # and of their values
+    q_row, do_row = cuda.local.array(MAX_D, np.float32), cuda.local.array(MAX_D, np.float32)
+    dq_acc = cuda.local.array(MAX_D, np.float32)
+    h, q0, i = cuda.blockIdx.y, cuda.blockIdx.x * BLOCK_Q, cuda.blockIdx.x * BLOCK_Q + cuda.threadIdx.x
+    start_rows(q, d_out, h, i, q_row, do_row, dq_acc, dq_acc)  # one accumulator: dQ
+    my_keys, block_keys = key_range(i, q0, q.shape[1], k.shape[1], causal)
+    for k0 in range(0, block_keys, BLOCK_K):
+        load_rows(k, h, k0, min(BLOCK_K, block_keys - k0), k.shape[2], k_tile, BLOCK_Q)
+        load_rows(v, h, k0, min(BLOCK_K, block_keys - k0), v.shape[2], v_tile, BLOCK_Q)
+        cuda.syncthreads()                                     # wait: the K and V tiles are complete
+        dq_tile(k_tile, v_tile, min(BLOCK_K, my_keys - k0), q_row, do_row, lse, d_rows, h, i, dq_acc,
+                scale, k, v)
+        cuda.syncthreads()                                     # wait: all are done with them before the next copy
+    store_row(dq, h, i, dq_acc, scale)                         # dQ = scale * sum_j dS_ij K_j
+
+
+def fused_grids(bh, t_q, t_k):
+    """{"dkdv": (grid, block), "dq": (grid, block)} of the two fused kernels."""
+    return {"dkdv": ((ceil_div(t_k, BLOCK_K), bh), BLOCK_K), "dq": ((ceil_div(t_q, BLOCK_Q), bh), BLOCK_Q)}
+
+
+def launch_fused_backward(q, k, v, out, lse, d_out, causal, dq, dk, dv):
+    """The fused backward on device arrays (shapes as the kernels'); dq, dk, dv written."""
+    bh, t_q, d_k = q.shape
+    d_rows = cuda.device_array((bh, t_q), np.float32)
+    row_dot_kernel[row_grid(bh, t_q)](d_out, out, d_rows)   # D = rowsum(dO o O): T_q numbers
+    grids, scale = fused_grids(bh, t_q, k.shape[1]), scores.scale_factor(d_k)
+    flash_backward_dkdv_kernel[grids["dkdv"]](q, k, v, d_out, lse, d_rows, scale, bool(causal), dk, dv)
+    flash_backward_dq_kernel[grids["dq"]](q, k, v, d_out, lse, d_rows, scale, bool(causal), dq)
+
+
+# --- Costs -----------------------------------------------------------------------------------
+
+def _visible(i, t_q, t_k, causal):
+    """Keys query i sees (flash.visible_keys, on the host)."""
+    return t_k if not causal else max(0, min(t_k, i + (t_k - t_q) + 1))
+
+
+def visible_pairs(t_q, t_k, causal=True):
+    """(query, key) pairs of one head that are not masked."""
+    return int(reference.causal_mask(t_q, t_k).sum()) if causal else t_q * t_k
+
+
+def fused_tile_visits(t_q, t_k, causal=True):
+    """(query tile, key tile) pairs of one head that the fused kernels visit: {"dkdv", "dq"},
+    each a boolean (ceil(T_q / BLOCK_Q), ceil(T_k / BLOCK_K)) map (True: the tile is computed)."""
+    n_qt, n_kt = ceil_div(t_q, BLOCK_Q), ceil_div(t_k, BLOCK_K)
+    dkdv, dq = np.zeros((n_qt, n_kt), bool), np.zeros((n_qt, n_kt), bool)
+    for kt in range(n_kt):
+        first = 0 if not causal else max(0, kt * BLOCK_K - (t_k - t_q))
+        dkdv[first // BLOCK_Q:, kt] = True
+    for qt in range(n_qt):
+        last = min((qt + 1) * BLOCK_Q, t_q) - 1
+        dq[qt, :ceil_div(_visible(last, t_q, t_k, causal), BLOCK_K)] = True
+    return {"dkdv": dkdv, "dq": dq}
+
+
+def backward_flops(t_q, t_k, d_k, d_v=None, causal=True):
+    """Floating-point operations of one head's backward, 2 per multiply-add, over the visible
+    pairs: {"given P": the four products dV, dP, dQ, dK; "fused": the same plus S recomputed in
+    both passes and dP in the dQ pass; "fused, dQ by atomics": S recomputed once}."""
+    d_v = d_k if d_v is None else d_v
+    pairs = visible_pairs(t_q, t_k, causal)
+    given_p = 2 * pairs * (d_v + d_v + d_k + d_k)           # dV, dP, dQ, dK
+    return {"given P": given_p,
+            "fused": given_p + 2 * pairs * (d_k + d_k + d_v),
+            "fused, dQ by atomics": given_p + 2 * pairs * d_k}
+
+
+def dq_strategies(t_q, t_k, d_k, d_v=None, causal=True):
+    """What each way of summing dQ over key blocks costs, for one head: {strategy: {...}}.
+
+    "second pass" (this library): extra multiply-adds (S and dP again), K and V re-read per
+    query tile, dQ stored once. "atomics": every visited tile of the dK/dV pass adds its partial
+    dQ (BLOCK_Q x d_k) into main memory with one atomic add per element.
+    """
+    d_v = d_k if d_v is None else d_v
+    visits = fused_tile_visits(t_q, t_k, causal)
+    pairs = visible_pairs(t_q, t_k, causal)
+    return {
+        "second pass": {"extra multiply-adds": pairs * (d_k + d_v + d_k), "atomic adds": 0,
+                        "dq stores": t_q * d_k},
+        "atomics": {"extra multiply-adds": pairs * d_k, "atomic adds": int(visits["dkdv"].sum()) * BLOCK_Q * d_k,
+                    "dq stores": 0},
+    }
+
+
+def footprint(bh, t_q, t_k, d_v):
+    """Bytes of intermediate arrays each backward allocates in main memory (float32):
+    {"naive": P, P^T, dP, dS, dS^T (T_q x T_k each; S the forward kernel's scores besides) plus
+    O and D; "fused": D only (lse and O come from the forward)}."""
+    return {"naive": 4 * bh * (6 * t_q * t_k + t_q * d_v + t_q), "fused": 4 * bh * t_q}
+
+
+def count_naive(q, k, v, d_out, causal=True):
+    """Main-memory traffic of the naive backward's launches under count_memory, on NumPy arrays
+    q (BH, T_q, d_k), k, v (BH, T_k, d), d_out (BH, T_q, d_v) -> ({launch: MemoryReport},
+    (dq, dk, dv)). The same kernels and grids as launch_naive_backward, except the softmax,
+    version 1 on every backend (attention.SOFTMAX_VERSION on the simulator: no barriers)."""
+    (bh, t_q, d_k), (t_k, d_v) = q.shape, v.shape[1:]
+    s, p, dp, d_raw = (np.empty((bh, t_q, t_k), np.float32) for _ in range(4))
+    p_t, d_raw_t = np.empty((bh, t_k, t_q), np.float32), np.empty((bh, t_k, t_q), np.float32)
+    out, d_rows = np.empty(d_out.shape, np.float32), np.empty((bh, t_q), np.float32)
+    dq, dk, dv = (np.empty(a.shape, np.float32) for a in (q, k, v))
+    grid, scale = scores.score_grid(bh, t_q, t_k), scores.scale_factor(d_k)
+    count, ws, ws_grid = sanitizer.count_memory, weighted_sum.weighted_sum_kernel_v2, weighted_sum.weighted_sum_grid
+    return {
+        "S": count(mask.mask_kernel_v2 if causal else scores.scores_kernel_v2, *grid, q, k, scale, s),
+        "P": count(softmax.softmax_kernel_v1, *softmax.softmax_grid(bh * t_q, 1),
+                   s.reshape(bh * t_q, t_k), p.reshape(bh * t_q, t_k)),
+        "O": count(ws, *ws_grid(bh, t_q, d_v), p, v, out),
+        "row sums": count(row_dot_kernel, *row_grid(bh, t_q), d_out, out, d_rows),
+        "P^T": count(transpose_kernel, *grid, p, p_t),
+        "dV": count(ws, *ws_grid(bh, t_k, d_v), p_t, d_out, dv),
+        "dP": count(scores.scores_kernel_v2, *grid, d_out, v, np.float32(1.0), dp),
+        "dS": count(score_grad_kernel, *grid, p, dp, d_rows, scale, d_raw),
+        "dQ": count(ws, *ws_grid(bh, t_q, d_k), d_raw, k, dq),
+        "dS^T": count(transpose_kernel, *grid, d_raw, d_raw_t),
+        "dK": count(ws, *ws_grid(bh, t_k, d_k), d_raw_t, q, dk),
+    }, (dq, dk, dv)
+
+
+def count_fused(q, k, v, out, lse, d_out, causal=True):
+    """Main-memory traffic of the fused backward's three launches under count_memory, on NumPy
+    arrays (shapes as the kernels') -> ({launch: MemoryReport}, (dq, dk, dv))."""
+    (bh, t_q, d_k), t_k = q.shape, k.shape[1]
+    d_rows = np.empty((bh, t_q), np.float32)
+    dq, dk, dv = (np.empty(a.shape, np.float32) for a in (q, k, v))
+    grids, scale = fused_grids(bh, t_q, t_k), scores.scale_factor(d_k)
+    reports = {
+        "row sums": sanitizer.count_memory(row_dot_kernel, *row_grid(bh, t_q), d_out, out, d_rows),
+        "dK, dV": sanitizer.count_memory(flash_backward_dkdv_kernel, *grids["dkdv"], q, k, v, d_out, lse,
+                                         d_rows, scale, bool(causal), dk, dv),
+        "dQ": sanitizer.count_memory(flash_backward_dq_kernel, *grids["dq"], q, k, v, d_out, lse, d_rows,
+                                     scale, bool(causal), dq),
+    }
+    return reports, (dq, dk, dv)
+
+
+# --- Launchers -------------------------------------------------------------------------------
+
+def _flatten(what, q, k, v, d_out, causal, extra=()):
+    """Validate q, k, v, d_out (and `extra`: (name, array, hint, shape, allow_neg_inf) tuples);
+    returns (q3, k3, v3, d_out3, [extra3...], lead), each flattened to (BH, ...) float32. The
+    simulator budget counts the multiply-adds of the fused backward's two passes."""
+    q3, k3, v3, lead = attention._flatten(q, k, v, causal, what)
+    (bh, t_q, d_k), (t_k, d_v) = q3.shape, v3.shape[1:]
+    require(max(d_k, d_v) <= MAX_D, f"q and v must have d_k, d_v <= {MAX_D} (MAX_D); got d_k {d_k}, d_v {d_v}")
+    d_out = as_float32("d_out", d_out, "(..., T_q, d_v)", min_ndim=2)
+    require(d_out.shape == (*lead, t_q, d_v),
+            f"d_out must have shape {(*lead, t_q, d_v)} (the output's); got shape {d_out.shape}")
+    flat = []
+    for name, array, hint, shape, neg_inf in extra:
+        array = as_float32(name, array, hint, min_ndim=1, allow_neg_inf=neg_inf)
+        require(array.shape == (*lead, *shape), f"{name} must have shape {(*lead, *shape)}; got shape {array.shape}")
+        flat.append(array.reshape(bh, *shape))
+    madds = bh * visible_pairs(t_q, t_k, causal) * (3 * d_k + 3 * d_v)
+    check_simulator_budget(what, madds * SIMULATOR_THREADS_PER_SECOND // flash.SIMULATOR_MADDS_PER_SECOND)
+    return (q3, k3, v3, d_out.reshape(bh, t_q, d_v), *flat, lead)
+
+
+def _results(what, dq, dk, dv, lead):
+    """Copy the three gradients back with the leading axes restored, and refuse non-finite ones."""
+    grads = tuple(a.copy_to_host().reshape(*lead, *a.shape[1:]) for a in (dq, dk, dv))
+    for grad in grads:
+        require_finite_result(what, grad, "q, k, v or d_out")
+    return grads
+
+
+def attention_backward(q, k, v, d_out, causal=True, kernel=None):
+    """The gradients of attention(q, k, v, causal) for the output gradient d_out, on the device,
+    with the stage kernels (the weights P are computed and stored, T_q x T_k per head).
+
+    q: (..., T_q, d_k); k: (..., T_k, d_k); v: (..., T_k, d_v); d_out: (..., T_q, d_v), float,
+    the same leading axes -> (dq, dk, dv) float32 with the shapes of q, k, v. kernel: replaces
+    score_grad_kernel (same signature and grid).
+    """
+    q3, k3, v3, do3, lead = _flatten("attention_backward", q, k, v, d_out, causal)
+    dq, dk, dv = (cuda.device_array(a.shape, np.float32) for a in (q3, k3, v3))
+    launch_naive_backward(*(cuda.to_device(a) for a in (q3, k3, v3, do3)), causal, dq, dk, dv, kernel)
+    return _results("attention_backward", dq, dk, dv, lead)
+
+
+def flash_attention_backward(q, k, v, out, lse, d_out, causal=True):
+    """The gradients of flash_attention(q, k, v, causal), fused: nothing T_q x T_k is stored.
+
+    q: (..., T_q, d_k); k: (..., T_k, d_k); v: (..., T_k, d_v); out: (..., T_q, d_v), the
+    forward's output; lse: (..., T_q), the forward's log-sum-exp of each row of scaled scores
+    (-inf for a row that sees no key); d_out: (..., T_q, d_v); float, the same leading axes
+    -> (dq, dk, dv) float32 with the shapes of q, k, v.
+    """
+    require(isinstance(causal, (bool, np.bool_)), f"causal must be True or False, got {causal!r}")
+    t_q, d_v = np.shape(d_out)[-2:] if np.ndim(d_out) >= 2 else (None, None)
+    q3, k3, v3, do3, out3, lse3, lead = _flatten(
+        "flash_attention_backward", q, k, v, d_out, causal,
+        extra=(("out", out, "(..., T_q, d_v)", (t_q, d_v), False), ("lse", lse, "(..., T_q)", (t_q,), True)))
+    dq, dk, dv = (cuda.device_array(a.shape, np.float32) for a in (q3, k3, v3))
+    launch_fused_backward(*(cuda.to_device(a) for a in (q3, k3, v3, out3, lse3, do3)), causal, dq, dk, dv)
+    return _results("flash_attention_backward", dq, dk, dv, lead)
