@@ -123,6 +123,19 @@ register(Exercise(
 #   positions (query i sees keys up to i + T_k - T_q).
 
 @cuda.jit(device=True)
+def load_tile_pair_until(x_tile, w_tile, x, w, row, col, start, k_end):
+    """Thread (ty, tx) loads x[row, start + tx] and w[start + ty, col] into the shared tiles.
+
+    An entry past the edge of x or w, or at key k_end or later, becomes 0: it adds nothing.
+    """
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    inside = row < x.shape[0] and start + tx < k_end
+    x_tile[ty, tx] = x[row, start + tx] if inside else float32(0.0)
+    inside = start + ty < k_end and col < w.shape[1]
+    w_tile[ty, tx] = w[start + ty, col] if inside else float32(0.0)
+
+
+@cuda.jit(device=True)
 def tile_matmul_until(x, w, row, col, k_end):
     """x[row, :k_end] . w[:k_end, col] for thread (row, col), the whole block walking TILE-wide tiles.
 
@@ -134,10 +147,7 @@ def tile_matmul_until(x, w, row, col, k_end):
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     acc = float32(0.0)
     for start in range(0, k_end, TILE):
-        inside = row < x.shape[0] and start + tx < k_end
-        x_tile[ty, tx] = x[row, start + tx] if inside else float32(0.0)
-        inside = start + ty < k_end and col < w.shape[1]
-        w_tile[ty, tx] = w[start + ty, col] if inside else float32(0.0)
+        load_tile_pair_until(x_tile, w_tile, x, w, row, col, start, k_end)
         cuda.syncthreads()                      # wait until the whole tile pair is loaded
         for j in range(TILE):
             acc += x_tile[ty, j] * w_tile[j, tx]

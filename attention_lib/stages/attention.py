@@ -48,19 +48,31 @@ SOFTMAX_VERSION = 1 if SIMULATOR_SHAPES else 2
 
 # --- The pipeline on device arrays -------------------------------------------------------
 
-def launch_weights(q, k, causal):
-    """softmax(mask(q k^T / sqrt(d_k))) on device arrays: q (BH, T_q, d_k), k (BH, T_k, d_k)
-    float32 -> a new device array (BH, T_q, T_k) float32. No checks: ``attention`` makes them."""
+def launch_scores(q, k, causal):
+    """mask(q k^T / sqrt(d_k)) on device arrays: q (BH, T_q, d_k), k (BH, T_k, d_k) float32
+    -> a new device array (BH, T_q, T_k) float32, -inf above the diagonal when causal."""
     (bh, t_q, d_k), t_k = q.shape, k.shape[1]
     s = cuda.device_array((bh, t_q, t_k), np.float32)            # scores, never copied back
     grid, block = scores.score_grid(bh, t_q, t_k)
     score_kernel = mask.mask_kernel_v2 if causal else scores.scores_kernel_v2
     score_kernel[grid, block](q, k, scores.scale_factor(d_k), s)
+    return s
+
+
+def launch_row_softmax(s):
+    """The softmax of every row of the device array s (BH, T_q, T_k) float32 -> a new one, same shape."""
+    bh, t_q, t_k = s.shape
     a = cuda.device_array((bh, t_q, t_k), np.float32)
     grid, block = softmax.softmax_grid(bh * t_q, SOFTMAX_VERSION)
     # The softmax kernels see rows: (BH * T_q, T_k) views of the same memory, no copy.
     softmax.KERNELS[SOFTMAX_VERSION][grid, block](s.reshape(bh * t_q, t_k), a.reshape(bh * t_q, t_k))
     return a
+
+
+def launch_weights(q, k, causal):
+    """softmax(mask(q k^T / sqrt(d_k))) on device arrays: q (BH, T_q, d_k), k (BH, T_k, d_k)
+    float32 -> a new device array (BH, T_q, T_k) float32. No checks: ``attention`` makes them."""
+    return launch_row_softmax(launch_scores(q, k, causal))
 
 
 def launch_attention(q, k, v, causal):

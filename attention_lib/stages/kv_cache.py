@@ -222,91 +222,145 @@ class KVCache(CacheBookkeeping):
 
 # --- Kernels -------------------------------------------------------------------------------
 
-@cuda.jit
-def decode_kernel_v1(q, k_cache, v_cache, length, scale, out):
-    """One query per head against the first `length` cached positions; one thread per head.
-
-    q: (n_head, d_k) float32; k_cache, v_cache: (n_head, capacity, d_k) float32; length: int,
-    the filled positions (1 <= length <= capacity); scale: float32, 1/sqrt(d_k);
-    out: (n_head, d_k) float32, written. Thread h = cuda.grid(1) walks the keys one by one with
-    the online softmax (running max m, running sum l, unnormalised output acc), as
-    flash_attention_kernel_v1 does for one query.
-    """
-    h = cuda.grid(1)
-    if h >= q.shape[0]:                          # the block hangs past the last head
-        return
-    d_k = q.shape[1]
-    q_row = cuda.local.array(MAX_D_K, np.float32)   # private to the thread: registers
-    acc = cuda.local.array(MAX_D_K, np.float32)
-    for c in range(d_k):
-        q_row[c] = q[h, c] * scale               # the scale, folded into q once
+@cuda.jit(device=True)
+def stage_query(q_row, acc, q, h, scale):
+    """q_row = q[h] * scale (the scale folded into q once) and acc = 0, in local arrays."""
+    for c in range(q.shape[1]):
+        q_row[c] = q[h, c] * scale
         acc[c] = 0.0
-    m = np.float32(-math.inf)                    # float32 throughout, as on a GPU
-    l = np.float32(0.0)
-    for j in range(length):                      # only the filled positions
-        s = np.float32(0.0)
-        for c in range(d_k):
-            s += q_row[c] * k_cache[h, j, c]
-        m_new = max(m, s)
-        rescale = math.exp(m - m_new)            # 1 if the max stayed, 0 for the first key
-        p = math.exp(s - m_new)
-        l = l * rescale + p
-        for c in range(d_k):
-            acc[c] = acc[c] * rescale + p * v_cache[h, j, c]
-        m = m_new
+
+
+@cuda.jit(device=True)
+def key_score(q_row, k_cache, h, j, d_k):
+    """The scaled score of cached key j of head h: q_row . k_cache[h, j, :], float32."""
+    s = np.float32(0.0)
+    for c in range(d_k):
+        s += q_row[c] * k_cache[h, j, c]
+    return s
+
+
+@cuda.jit(device=True)
+def online_step(acc, v_cache, h, j, d_k, s, m, l):
+    """Fold key j, with score s, into the running (m, l, acc); returns the new (m, l).
+
+    acc (d_k,) holds sum exp(s - m) * v over the keys so far; rescaling it and l to the new
+    maximum keeps every exponent <= 0.
+    """
+    m_new = max(m, s)
+    rescale = math.exp(m - m_new)                # 1 if the max stayed, 0 for the first key
+    p = math.exp(s - m_new)
+    for c in range(d_k):
+        acc[c] = acc[c] * rescale + p * v_cache[h, j, c]
+    return m_new, l * rescale + p
+
+
+@cuda.jit(device=True)
+def write_normalised(out, acc, h, l, d_k):
+    """out[h] = acc / l: one division per head, a product per component."""
     inv_l = np.float32(1.0) / l                  # l >= 1: the largest term is exp(0)
     for c in range(d_k):
         out[h, c] = acc[c] * inv_l
 
 
 @cuda.jit
-def decode_partial_kernel(q, k_cache, v_cache, length, scale, m_part, l_part, acc_part):
-    """Split-K decoding, step 1: block (c, h) attends q[h] to chunk c of head h's cache.
+def decode_kernel_v1(q, k_cache, v_cache, length, scale, out):
+    """One query per head against the first `length` cached positions; one thread per head.
 
-    q: (n_head, d_k); k_cache, v_cache: (n_head, capacity, d_k); length: int, filled positions;
-    scale: float32 1/sqrt(d_k); writes m_part[h, c] (the chunk's largest score), l_part[h, c]
-    (sum of exp(s - m)) and acc_part[h, c, :] (sum of exp(s - m) * v), all float32, with
-    m_part, l_part: (n_head, n_chunks), acc_part: (n_head, n_chunks, d_k).
-    Grid (n_chunks, n_head), n_chunks = ceil(length / KEYS_PER_CHUNK); block KEYS_PER_CHUNK.
-    Chunk c holds positions c * KEYS_PER_CHUNK onwards; thread tid scores position
-    c * KEYS_PER_CHUNK + tid, then computes output components tid, tid + KEYS_PER_CHUNK, ...
+    q, out (written): (n_head, d_k); k_cache, v_cache: (n_head, capacity, d_k); all float32;
+    1 <= length <= capacity; scale: float32, 1/sqrt(d_k). Thread h = cuda.grid(1).
     """
-    q_s = cuda.shared.array(MAX_D_K, np.float32)          # q[h] * scale, read by every thread
-    s_chunk = cuda.shared.array(KEYS_PER_CHUNK, np.float32)   # the chunk's scores
-    p_chunk = cuda.shared.array(KEYS_PER_CHUNK, np.float32)   # exp(score - chunk max)
-    c, h = cuda.blockIdx.x, cuda.blockIdx.y
-    tid = cuda.threadIdx.x
+    h = cuda.grid(1)
+    if h >= q.shape[0]:                          # the block hangs past the last head
+        return
     d_k = q.shape[1]
+    q_row = cuda.local.array(MAX_D_K, np.float32)   # private to the thread
+    acc = cuda.local.array(MAX_D_K, np.float32)
+    stage_query(q_row, acc, q, h, scale)
+    m, l = np.float32(-math.inf), np.float32(0.0)   # float32 throughout, as on a GPU
+    for j in range(length):                      # only the filled positions
+        m, l = online_step(acc, v_cache, h, j, d_k, key_score(q_row, k_cache, h, j, d_k), m, l)
+    write_normalised(out, acc, h, l, d_k)
+
+
+@cuda.jit(device=True)
+def chunk_bounds(c, length):
+    """Chunk c's first position and its number of filled keys (the last chunk may be partial)."""
     start = c * KEYS_PER_CHUNK
-    n_keys = min(KEYS_PER_CHUNK, length - start)          # the last chunk may be partly filled
-    for e in range(tid, d_k, KEYS_PER_CHUNK):
+    return start, min(KEYS_PER_CHUNK, length - start)
+
+
+@cuda.jit(device=True)
+def stage_scaled_query(q_s, q, h, scale, tid):
+    """q_s = q[h] * scale in shared memory, the block's threads taking components tid, tid + KEYS_PER_CHUNK, ..."""
+    for e in range(tid, q.shape[1], KEYS_PER_CHUNK):
         q_s[e] = q[h, e] * scale                          # the scale, folded into q once
-    cuda.syncthreads()                                    # wait: q is staged
+
+
+@cuda.jit(device=True)
+def score_chunk(s_chunk, q_s, k_cache, h, start, n_keys, tid):
+    """s_chunk[tid] = q_s . k_cache[h, start + tid, :]: thread tid scores one key of the chunk."""
     if tid < n_keys:
         s = np.float32(0.0)
-        for e in range(d_k):
+        for e in range(k_cache.shape[2]):
             s += q_s[e] * k_cache[h, start + tid, e]
         s_chunk[tid] = s
-    cuda.syncthreads()                                    # wait: every score of the chunk is in
-    # Every thread finds the same max by reading all the chunk's scores (one shared-memory
-    # broadcast per score): KEYS_PER_CHUNK reads, but no tree of barriers.
+
+
+@cuda.jit(device=True)
+def weigh_chunk(p_chunk, s_chunk, n_keys, tid):
+    """p_chunk[tid] = exp(s_chunk[tid] - m); returns m, the chunk's largest score.
+
+    Every thread finds the same m by reading all the chunk's scores (one shared-memory
+    broadcast per score): KEYS_PER_CHUNK reads, but no tree of barriers.
+    """
     m = np.float32(-math.inf)
     for t in range(n_keys):
         m = max(m, s_chunk[t])
     if tid < n_keys:
         p_chunk[tid] = math.exp(s_chunk[tid] - m)         # <= 1, exactly 1 at the max
-    cuda.syncthreads()                                    # wait: every weight of the chunk is in
-    for e in range(tid, d_k, KEYS_PER_CHUNK):             # one output component per thread
+    return m
+
+
+@cuda.jit(device=True)
+def chunk_output(acc_part, p_chunk, v_cache, h, c, start, n_keys, tid):
+    """acc_part[h, c, e] = sum_t p_chunk[t] * v_cache[h, start + t, e] for e = tid, tid + KEYS_PER_CHUNK, ..."""
+    for e in range(tid, v_cache.shape[2], KEYS_PER_CHUNK):   # one output component per thread
         acc = np.float32(0.0)
         for t in range(n_keys):
             acc += p_chunk[t] * v_cache[h, start + t, e]  # threads side by side: addresses side by side
         acc_part[h, c, e] = acc
+
+
+@cuda.jit(device=True)
+def chunk_stats(m_part, l_part, p_chunk, h, c, m, n_keys, tid):
+    """Thread 0 writes the chunk's m and l = sum of its weights; the others do nothing."""
     if tid == 0:
         l = np.float32(0.0)
         for t in range(n_keys):
             l += p_chunk[t]
         m_part[h, c] = m
         l_part[h, c] = l
+
+
+@cuda.jit
+def decode_partial_kernel(q, k_cache, v_cache, length, scale, m_part, l_part, acc_part):
+    """Split-K decoding, step 1: block (c, h) of grid (n_chunks, n_head) attends q[h] to chunk c.
+
+    Writes m_part, l_part (n_head, n_chunks), acc_part (n_head, n_chunks, d_k); the rest as decode_kernel_v1.
+    """
+    q_s = cuda.shared.array(MAX_D_K, np.float32)          # q[h] * scale, read by every thread
+    s_chunk = cuda.shared.array(KEYS_PER_CHUNK, np.float32)   # the chunk's scores
+    p_chunk = cuda.shared.array(KEYS_PER_CHUNK, np.float32)   # exp(score - chunk max)
+    c, h, tid = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
+    start, n_keys = chunk_bounds(c, length)
+    stage_scaled_query(q_s, q, h, scale, tid)
+    cuda.syncthreads()                                    # wait: q is staged
+    score_chunk(s_chunk, q_s, k_cache, h, start, n_keys, tid)
+    cuda.syncthreads()                                    # wait: every score of the chunk is in
+    m = weigh_chunk(p_chunk, s_chunk, n_keys, tid)
+    cuda.syncthreads()                                    # wait: every weight of the chunk is in
+    chunk_output(acc_part, p_chunk, v_cache, h, c, start, n_keys, tid)
+    chunk_stats(m_part, l_part, p_chunk, h, c, m, n_keys, tid)
 
 
 @cuda.jit

@@ -45,22 +45,26 @@ PROJECTION_VERSION = projection.layer_version()
 
 # --- NumPy: the output projection as a sum over heads ------------------------------------
 
-def head_partial_outputs(heads, w_o, n_groups=None):
-    """concat(heads) @ w_o split into the partial products of groups of heads, in float64.
-
-    heads: (..., n_head, T, d_k); w_o: (n_head * d_k, d_model); n_groups: how many groups of
-    consecutive heads (GPUs, in tensor parallelism), dividing n_head; default n_head (one term
-    per head) -> (n_groups, ..., T, d_model). Group g holds heads g*n_head/n_groups onwards and
-    the matching rows of w_o; summing the result over axis 0 gives merge_heads(heads) @ w_o.
-    """
-    heads, w_o = np.asarray(heads, np.float64), np.asarray(w_o, np.float64)
-    *lead, n_head, T, d_k = heads.shape
+def check_head_groups(n_head, d_k, n_groups, w_o):
+    """n_groups defaults to n_head and must divide it; w_o must have n_head * d_k rows."""
     n_groups = n_head if n_groups is None else n_groups
     require(n_head % n_groups == 0, f"n_groups {n_groups} must divide n_head {n_head}")
     require(w_o.shape[0] == n_head * d_k,
             f"w_o must have n_head * d_k = {n_head * d_k} rows, got shape {w_o.shape}")
-    per_group = n_head // n_groups
-    partials = np.zeros((n_groups, *lead, T, w_o.shape[1]))
+    return n_groups
+
+
+def head_partial_outputs(heads, w_o, n_groups=None):
+    """concat(heads) @ w_o split into the partial products of groups of heads, in float64.
+
+    heads: (..., n_head, T, d_k); w_o: (n_head * d_k, d_model); n_groups: groups of consecutive
+    heads (GPUs, in tensor parallelism), default n_head -> (n_groups, ..., T, d_model).
+    Summing the result over axis 0 gives merge_heads(heads) @ w_o.
+    """
+    heads, w_o = np.asarray(heads, np.float64), np.asarray(w_o, np.float64)
+    *lead, n_head, T, d_k = heads.shape
+    per_group = n_head // check_head_groups(n_head, d_k, n_groups, w_o)
+    partials = np.zeros((n_head // per_group, *lead, T, w_o.shape[1]))
     for h in range(n_head):
         rows = w_o[h * d_k:(h + 1) * d_k, :]                     # (d_k, d_model): head h's rows
         partials[h // per_group] += heads[..., h, :, :] @ rows    # (..., T, d_k) @ (d_k, d_model)
@@ -170,6 +174,32 @@ def merge_heads(heads, kernel=None):
     return d_out.copy_to_host().reshape(*lead, T, n_head * d_k)             # (..., T, d_model)
 
 
+def project_and_split(x, w_qkv, b_qkv, n_head):
+    """x (B, T, d_model) -> Q, K, V as device arrays (B * n_head, T, d_k), one fused projection."""
+    B, T, d_model = x.shape
+    qkv = cuda.device_array((B * T, 3 * d_model), np.float32)
+    rows = x.reshape(B * T, d_model)                               # (B * T, d_model): positions as rows
+    projection.launch_version(PROJECTION_VERSION, rows, w_qkv, b_qkv, qkv)   # one fused matmul
+    qkv = qkv.reshape(B, T, 3 * d_model)                           # (B, T, 3 * d_model) = [Q | K | V]
+    heads = []
+    for i in range(3):                                             # Q, K, V: column blocks of qkv
+        part = qkv[:, :, i * d_model:(i + 1) * d_model]            # (B, T, d_model), a strided view
+        split = cuda.device_array((B, n_head, T, d_model // n_head), np.float32)
+        launch_heads(split_heads_kernel, part, split, split.shape)
+        heads.append(split.reshape(B * n_head, T, d_model // n_head))   # (B * n_head, T, d_k)
+    return heads
+
+
+def merge_and_project(out, w_o, b_o, B, n_head):
+    """The heads' outputs (B * n_head, T, d_k) -> merged, times W_O plus b_o: (B, T, d_model)."""
+    _, T, d_k = out.shape
+    merged = cuda.device_array((B, T, n_head * d_k), np.float32)
+    launch_heads(merge_heads_kernel, out.reshape(B, n_head, T, d_k), merged, (B, n_head, T, d_k))
+    result = cuda.device_array((B * T, n_head * d_k), np.float32)
+    projection.launch_version(PROJECTION_VERSION, merged.reshape(B * T, n_head * d_k), w_o, b_o, result)
+    return result.reshape(B, T, n_head * d_k)
+
+
 def launch_layer(x, w_qkv, b_qkv, w_o, b_o, n_head, causal):
     """The whole layer on device arrays; no checks (multi_head_attention makes them).
 
@@ -177,24 +207,9 @@ def launch_layer(x, w_qkv, b_qkv, w_o, b_o, n_head, causal):
     or (0,) for no bias; w_o: (d_model, d_model); b_o: (d_model,) or (0,); all float32
     -> a new device array (B, T, d_model) float32. Nothing comes back to the host in between.
     """
-    B, T, d_model = x.shape
-    d_k = d_model // n_head
-    rows = x.reshape(B * T, d_model)                               # (B * T, d_model): positions as rows
-    qkv = cuda.device_array((B * T, 3 * d_model), np.float32)
-    projection.launch_version(PROJECTION_VERSION, rows, w_qkv, b_qkv, qkv)   # one fused matmul
-    qkv = qkv.reshape(B, T, 3 * d_model)                           # (B, T, 3 * d_model) = [Q | K | V]
-    heads = []
-    for i in range(3):                                             # Q, K, V: column blocks of qkv
-        part = qkv[:, :, i * d_model:(i + 1) * d_model]            # (B, T, d_model), a strided view
-        split = cuda.device_array((B, n_head, T, d_k), np.float32)
-        launch_heads(split_heads_kernel, part, split, split.shape)
-        heads.append(split.reshape(B * n_head, T, d_k))            # (B * n_head, T, d_k)
-    out = attention.launch_attention(*heads, causal)              # (B * n_head, T, d_k), one batch of heads
-    merged = cuda.device_array((B, T, d_model), np.float32)
-    launch_heads(merge_heads_kernel, out.reshape(B, n_head, T, d_k), merged, (B, n_head, T, d_k))
-    result = cuda.device_array((B * T, d_model), np.float32)
-    projection.launch_version(PROJECTION_VERSION, merged.reshape(B * T, d_model), w_o, b_o, result)
-    return result.reshape(B, T, d_model)
+    q, k, v = project_and_split(x, w_qkv, b_qkv, n_head)         # each (B * n_head, T, d_k)
+    out = attention.launch_attention(q, k, v, causal)              # (B * n_head, T, d_k), one batch of heads
+    return merge_and_project(out, w_o, b_o, x.shape[0], n_head)
 
 
 def layer_threads(B, T, d_model, n_head):

@@ -65,45 +65,70 @@ def online_softmax(s, block=8):
 
 # --- Kernels -----------------------------------------------------------------------------
 
+@cuda.jit(device=True)
+def strided_max(s, row, start, step):
+    """Largest of s[row, start], s[row, start + step], ... (float32); -inf if there are none.
+
+    Kernel 1 walks its whole row (start 0, step 1); kernel 2's thread tid walks every
+    THREADS_PER_ROW-th column from tid, so the same helpers serve both kernels.
+    """
+    largest = np.float32(-math.inf)        # float32 throughout, as on the GPU
+    for j in range(start, s.shape[1], step):
+        largest = max(largest, s[row, j])
+    return largest
+
+
+@cuda.jit(device=True)
+def strided_sum_exp(s, row, start, step, row_max):
+    """Sum of exp(s[row, j] - row_max) over the same columns: every term <= exp(0) = 1."""
+    total = np.float32(0.0)
+    for j in range(start, s.shape[1], step):
+        total += math.exp(s[row, j] - row_max)
+    return total
+
+
+@cuda.jit(device=True)
+def strided_write(s, out, row, start, step, row_max, inv_total):
+    """out[row, j] = exp(s[row, j] - row_max) * inv_total: one division per row, a product per weight."""
+    for j in range(start, s.shape[1], step):
+        out[row, j] = math.exp(s[row, j] - row_max) * inv_total
+
+
+@cuda.jit(device=True)
+def strided_zeros(out, row, start, step):
+    """out[row, j] = 0 over the same columns: a fully masked row attends to nothing."""
+    for j in range(start, out.shape[1], step):
+        out[row, j] = 0.0
+
+
 @cuda.jit
 def softmax_kernel_v1(s, out):
     """Naive row softmax: one thread per row, three passes over its T_k scores.
 
     s: (rows, T_k) float32, -inf for masked scores; out: (rows, T_k) float32, written.
-    Thread `row` = cuda.grid(1) reads s[row, :] three times: for the max, for the sum of
-    exp(s - max), and to write the normalised weights. A row of -inf gets zeros.
+    Thread `row` = cuda.grid(1) owns s[row, :]. A row of -inf gets zeros.
     """
     row = cuda.grid(1)
     if row < s.shape[0]:                   # the last block may hang past the last row
-        t_k = s.shape[1]
-        row_max = np.float32(-math.inf)    # float32 throughout, as on the GPU
-        for j in range(t_k):               # pass 1: the largest score
-            row_max = max(row_max, s[row, j])
-        if row_max == -math.inf:           # every score masked: attend to nothing
-            for j in range(t_k):
-                out[row, j] = 0.0
+        row_max = strided_max(s, row, 0, 1)                     # pass 1: the largest score
+        if row_max == -math.inf:           # every score masked
+            strided_zeros(out, row, 0, 1)
             return
-        total = np.float32(0.0)
-        for j in range(t_k):               # pass 2: every term is <= exp(0) = 1, one of them 1
-            total += math.exp(s[row, j] - row_max)
-        inv_total = np.float32(1.0) / total
-        for j in range(t_k):               # pass 3: one division per row, a product per weight
-            out[row, j] = math.exp(s[row, j] - row_max) * inv_total
+        inv_total = np.float32(1.0) / strided_sum_exp(s, row, 0, 1, row_max)   # pass 2
+        strided_write(s, out, row, 0, 1, row_max, inv_total)    # pass 3
 
 
 @cuda.jit(device=True)
 def block_max(partial, value):
-    """Max of `value` over the THREADS_PER_ROW threads of the block; every thread gets it.
+    """Max of `value` over the block's THREADS_PER_ROW threads, returned to every thread.
 
-    partial: (THREADS_PER_ROW,) float32 shared array, overwritten. Every thread of the block
-    must call it (it waits at barriers). Tree reduction: each round the first half of the
-    active threads combine their entry with one from the second half, log2(THREADS_PER_ROW) rounds.
+    partial: (THREADS_PER_ROW,) float32 shared array, overwritten; every thread must call it.
     """
     tid = cuda.threadIdx.x
     partial[tid] = value
     cuda.syncthreads()                     # wait: every thread's value is in `partial`
     stride = THREADS_PER_ROW // 2
-    while stride > 0:
+    while stride > 0:                      # log2(THREADS_PER_ROW) rounds, halving the active threads
         if tid < stride:
             partial[tid] = max(partial[tid], partial[tid + stride])
         cuda.syncthreads()                 # wait: this round is written before the next reads it
@@ -115,10 +140,7 @@ def block_max(partial, value):
 
 @cuda.jit(device=True)
 def block_sum(partial, value):
-    """Sum of `value` over the THREADS_PER_ROW threads of the block; every thread gets it.
-
-    The same tree reduction as block_max, with + instead of max.
-    """
+    """Sum of `value` over the block's THREADS_PER_ROW threads: block_max with + for max."""
     tid = cuda.threadIdx.x
     partial[tid] = value
     cuda.syncthreads()                     # wait: every thread's value is in `partial`
@@ -135,34 +157,21 @@ def block_sum(partial, value):
 
 @cuda.jit
 def softmax_kernel_v2(s, out):
-    """Row softmax with one block of THREADS_PER_ROW threads per row.
+    """Row softmax with one block of THREADS_PER_ROW threads per row (row = blockIdx.x).
 
     s: (rows, T_k) float32, -inf for masked scores; out: (rows, T_k) float32, written.
-    Grid: one block per row (row = blockIdx.x). Thread tid handles columns tid, tid + THREADS_PER_ROW,
-    tid + 2 * THREADS_PER_ROW, ...: any T_k works, and neighbouring threads read neighbouring
-    scores. Threads with no column (T_k < THREADS_PER_ROW) still join the reductions with the
-    neutral values -inf and 0.
+    Thread tid takes columns tid, tid + THREADS_PER_ROW, ...: neighbours read neighbours.
     """
     partial = cuda.shared.array(THREADS_PER_ROW, np.float32)  # one slot per thread, reused
-    row = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    t_k = s.shape[1]
-    my_max = np.float32(-math.inf)
-    for j in range(tid, t_k, THREADS_PER_ROW):                # pass 1: this thread's max
-        my_max = max(my_max, s[row, j])
-    row_max = block_max(partial, my_max)                      # the same value in every thread
+    row, tid = cuda.blockIdx.x, cuda.threadIdx.x
+    row_max = block_max(partial, strided_max(s, row, tid, THREADS_PER_ROW))   # pass 1
     if row_max == -math.inf:
         # Every score masked. The test is the same in every thread of the block, so all of
         # them leave here together and none is left waiting at a barrier in block_sum.
-        for j in range(tid, t_k, THREADS_PER_ROW):
-            out[row, j] = 0.0
+        strided_zeros(out, row, tid, THREADS_PER_ROW)
         return
-    my_total = np.float32(0.0)
-    for j in range(tid, t_k, THREADS_PER_ROW):                # pass 2: this thread's sum
-        my_total += math.exp(s[row, j] - row_max)
-    inv_total = np.float32(1.0) / block_sum(partial, my_total)
-    for j in range(tid, t_k, THREADS_PER_ROW):                # pass 3: normalise
-        out[row, j] = math.exp(s[row, j] - row_max) * inv_total
+    total = block_sum(partial, strided_sum_exp(s, row, tid, THREADS_PER_ROW, row_max))  # pass 2
+    strided_write(s, out, row, tid, THREADS_PER_ROW, row_max, np.float32(1.0) / total)  # pass 3
 
 
 # --- Launcher ----------------------------------------------------------------------------
