@@ -159,12 +159,12 @@ def _decode(version):
 
 # Entry name -> formula(stage module, BenchSizes) -> (global loads, global stores), in elements.
 BENCH_FORMULAS = {
-    **{f"projection v{v}": _projection(v) for v in (1, 2, 3)},
+    **{f"projection v{v}": _projection(v) for v in (1, 2, 3, 4)},
     **{f"scores v{v}": _scores(v) for v in (1, 2)},
     **{f"mask v{v}": _mask(v) for v in (1, 2)},
     **{f"softmax v{v}": _softmax for v in (1, 2)},
     **{f"weighted_sum v{v}": _weighted_sum(v) for v in (1, 2)},
-    **{f"flash v{v}": _flash(v) for v in (1, 2)},
+    **{f"flash v{v}": _flash(v) for v in (1, 2, 3)},
     **{f"decode v{v}": _decode(v) for v in (1, 2)},
 }
 
