@@ -46,6 +46,9 @@ NOTEBOOKS = {
     "07_fused_attention": [(H, T, DK)] * 4 + [(H, T, T)] * 2,         # the unfused pipeline it compares
     "08_kv_cache_decoding": [(H, T, DK)] * 2 + [(D, D)] * 4 + [(T, D), (H, CHUNKS), (H, CHUNKS),
                                                                   (H, CHUNKS, DK), (H, DK)],
+    # two sequences' heads: q, k, v, d_out, out and the three gradients, the log-sum-exp; counted as
+    # if the naive backward's P, dP and dS (T x T each) were resident too
+    "10_backward": [(2 * H, T, DK)] * 8 + [(2 * H, T)] + [(2 * H, T, T)] * 3,
 }
 BENCH = bench.BenchSizes.of(ANDREA_120M)
 BENCH_INPUTS = {                              # bench.Inputs' makers and the shapes they make
