@@ -29,7 +29,8 @@ gradient reaches a key that the query could not see.
 - Fused kernels, FlashAttention-2-style (Dao 2023, arXiv 2307.08691): nothing T_q x T_k is ever
   stored. ``flash_backward_dkdv_kernel``: a block owns BLOCK_K keys and walks the queries tile by
   tile, recomputing S and P from Q, K and the forward's log-sum-exp (P_ij = exp(S_ij - lse_i)),
-  accumulating dK and dV in registers. ``flash_backward_dq_kernel``: a second pass, a block per
+  accumulating dK and dV in per-thread local arrays (indexed at run time, so local memory: the
+  kernel report shows their stack frame). ``flash_backward_dq_kernel``: a second pass, a block per
   BLOCK_Q queries walking the keys, accumulating dQ. Causal tiles that hold no visible pair are
   skipped in both, as in the forward.
 - Costs: ``footprint``, ``backward_flops``, ``dq_strategies``; ``count_naive`` and
