@@ -8,9 +8,10 @@ softmax turns into all-zero weights (it attends to nothing), never NaN.
 
 - NumPy reference: ``attention_lib.reference.causal_mask`` and ``apply_causal_mask``.
 - ``mask_kernel_v1``: masks a scores matrix in place, one thread per score.
-- ``mask_kernel_v2``: the tiled scores kernel of ``scores.py`` with the mask fused in. A tile
-  of S wholly above the diagonal is written as -inf without loading q or k or computing a
-  dot product: for T much larger than TILE, almost half of the work.
+- ``tile_is_future`` + ``mask_kernel_v2``: the tiled scores kernel of ``scores.py`` with the
+  mask fused in. A tile of S wholly above the diagonal (``tile_is_future``, the same answer for
+  every thread of a block) is written as -inf without loading q or k or computing a dot
+  product: for T much larger than TILE, almost half of the work.
 - ``causal_tile_counts``: how many tiles the fused kernel computes and skips.
 - ``sliding_window_mask``: a NumPy variant (position i sees only the last `window` positions).
 - Launchers ``apply_causal_mask(s)`` and ``causal_scores(q, k, scale=True)``.
@@ -52,30 +53,35 @@ def mask_kernel_v1(s):
         s[h, i, j] = -math.inf
 
 
+@cuda.jit(device=True)
+def tile_is_future(t_q, t_k):
+    """True when even the first key of this block's tile comes after its last query.
+
+    Then every score of the tile is masked. The answer is the same for every thread of the
+    block (it depends on blockIdx only), so a kernel that returns on it loses the whole block
+    at once and leaves no thread waiting at a barrier in tile_dot.
+    """
+    last_row = min((cuda.blockIdx.y + 1) * TILE, t_q) - 1   # the tile's last real query
+    first_col = cuda.blockIdx.x * TILE                      # the tile's first key
+    return first_col > last_row + (t_k - t_q)               # query i sits at position i + t_k - t_q
+
+
 @cuda.jit
 def mask_kernel_v2(q, k, inv_sqrt_dk, s):
-    """Causal scores in one pass: scores_kernel_v2 with the mask fused in.
+    """Causal scores in one pass: scores_kernel_v2 (same arguments, grid and block) with the mask fused in.
 
-    Same arguments, grid and block (TILE, TILE) as scores.scores_kernel_v2. A block whose whole
-    tile lies above the diagonal writes -inf and stops, before touching q or k; a block on the
-    diagonal computes its tile and writes -inf where j > i + (T_k - T_q).
+    A future tile writes -inf without reading q or k; a diagonal tile masks j > i + (T_k - T_q).
     """
     j, i = cuda.grid(2)
     h = cuda.blockIdx.z
     t_q, t_k = s.shape[1], s.shape[2]
-    offset = t_k - t_q                     # query i sits at position i + offset
-    last_row = min((cuda.blockIdx.y + 1) * TILE, t_q) - 1   # the tile's last real query
-    first_col = cuda.blockIdx.x * TILE                      # the tile's first key
-    if first_col > last_row + offset:
-        # Even the tile's first key is after its last query: every score here is masked. The
-        # test is the same for every thread of the block, so all of them leave together and
-        # none is left waiting at a barrier in tile_dot.
+    if tile_is_future(t_q, t_k):           # every score here is masked: skip q and k
         if i < t_q and j < t_k:
             s[h, i, j] = -math.inf
         return
     acc = tile_dot(q, k, h, i, j)          # called by every thread of the block: it has barriers
     if i < t_q and j < t_k:
-        if j > i + offset:
+        if j > i + (t_k - t_q):
             s[h, i, j] = -math.inf         # a diagonal tile: its upper part is the future
         else:
             s[h, i, j] = acc * inv_sqrt_dk

@@ -8,10 +8,11 @@ The NumPy reference is ``attention_lib.reference.project``.
 - ``projection_kernel_v1``: one thread per output element; each thread reads a row of x and a
   column of w straight from global memory (x is read d_out times, w T times, per element).
 - ``tile_matmul`` + ``projection_kernel_v2``: the same thread-to-output mapping, but each block
-  loads (TILE, TILE) tiles of x and w into shared memory once and every thread of the block
-  reuses them (x is read ceil(d_out / TILE) times, w ceil(T / TILE) times, per element). The
-  tile loop is a device function so that ``weighted_sum.py`` (A @ V, notebook 05) runs the same
-  loop on each head's slices: one tiled matmul in the library, not two copies.
+  loads (TILE, TILE) tiles of x and w into shared memory once (``load_tile_pair``) and every
+  thread of the block reuses them (``dot_tile_pair``); x is read ceil(d_out / TILE) times, w
+  ceil(T / TILE) times, per element. The tile loop is a device function so that
+  ``weighted_sum.py`` (A @ V, notebook 05) runs the same loop on each head's
+  slices: one tiled matmul in the library, not two copies.
 - ``store_output`` + ``projection_kernel_v3`` (notebook 09): register tiling. Each thread of a
   (TILE, TILE) block computes a 2 x 2 micro-tile of outputs (MICRO = 2), so a block covers
   (WIDE_TILE, WIDE_TILE) = 32 x 32 outputs. Per step along d_model a thread reads 2 + 2 numbers
@@ -81,35 +82,49 @@ def projection_kernel_v1(x, w, b, out):
 
 
 @cuda.jit(device=True)
+def load_tile_pair(x, w, row, col, start, x_tile, w_tile):
+    """Thread (tx, ty) copies x[row, start + tx] into x_tile and w[start + ty, col] into w_tile.
+
+    Tiles: (TILE, TILE) float32 shared arrays. Past the edge of x or w it stores 0 (adds nothing
+    to a sum); threads outside the output load too, because their neighbours need the elements.
+    """
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    k = start + tx
+    if row < x.shape[0] and k < x.shape[1]:
+        x_tile[ty, tx] = x[row, k]
+    else:
+        x_tile[ty, tx] = 0.0
+    k = start + ty
+    if k < w.shape[0] and col < w.shape[1]:
+        w_tile[ty, tx] = w[k, col]
+    else:
+        w_tile[ty, tx] = 0.0
+
+
+@cuda.jit(device=True)
+def dot_tile_pair(x_tile, w_tile, acc):
+    """acc + x_tile[ty, :] . w_tile[:, tx]: TILE multiply-adds from shared memory, returned as float32."""
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    for j in range(TILE):
+        acc += x_tile[ty, j] * w_tile[j, tx]
+    return acc
+
+
+@cuda.jit(device=True)
 def tile_matmul(x, w, row, col):
     """x[row, :] . w[:, col] for thread (row, col) of a (TILE, TILE) block, computed with the whole block.
 
-    x: (rows, K), w: (K, cols) float32, 2-D (or 2-D views, such as one head's a[h] and v[h] in
-    weighted_sum.py, which reuses this loop). Returns the float32 sum. Every thread of the block
-    must call it (it waits at barriers), also threads whose (row, col) lies past the edge of the
-    output: they help load the tiles and get 0.
+    x: (rows, K), w: (K, cols) float32 2-D arrays or views (weighted_sum.py passes one head's a[h]
+    and v[h]). Returns the float32 sum. Every thread of the block must call it (it waits at
+    barriers), also those whose (row, col) lies past the output's edge: they help load and get 0.
     """
     x_tile = cuda.shared.array((TILE, TILE), float32)
     w_tile = cuda.shared.array((TILE, TILE), float32)
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     acc = float32(0.0)
     for start in range(0, x.shape[1], TILE):    # walk along K one tile at a time
-        # Each thread loads one element of each tile. Past the edge of x or w it stores 0,
-        # which adds nothing to the sum, so any size works; threads outside the output still
-        # load, because their neighbours need the tile and every thread must reach the barriers.
-        k = start + tx
-        if row < x.shape[0] and k < x.shape[1]:
-            x_tile[ty, tx] = x[row, k]
-        else:
-            x_tile[ty, tx] = 0.0
-        k = start + ty
-        if k < w.shape[0] and col < w.shape[1]:
-            w_tile[ty, tx] = w[k, col]
-        else:
-            w_tile[ty, tx] = 0.0
+        load_tile_pair(x, w, row, col, start, x_tile, w_tile)
         cuda.syncthreads()                      # wait until the whole tile pair is loaded
-        for j in range(TILE):
-            acc += x_tile[ty, j] * w_tile[j, tx]
+        acc = dot_tile_pair(x_tile, w_tile, acc)
         cuda.syncthreads()                      # wait until everyone is done with the tiles
                                                 # before the next step overwrites them
     return acc

@@ -6,8 +6,9 @@ Entry S[i, j] says how well query i matches key j. For one head that is a (T_q, 
 - NumPy reference: ``attention_lib.reference.scores`` (not repeated here).
 - ``scores_kernel_v1``: one thread per score, reading q and k straight from global memory.
 - ``tile_dot`` + ``scores_kernel_v2``: a block of TILE x TILE threads computes a TILE x TILE
-  tile of S; the rows of Q and K it needs are staged in shared memory, TILE columns at a time,
-  so each element read from global memory serves TILE threads.
+  tile of S; the rows of Q and K it needs are staged in shared memory, TILE columns at a time
+  (``load_qk_tiles``), so each element read from global memory serves TILE threads
+  (``dot_qk_tiles``).
 - Launcher ``scores(q, k, scale=True, version=2, kernel=None)``.
 
 The scale is one multiplication per score by 1/sqrt(d_k), computed once on the host and passed
@@ -61,35 +62,49 @@ def scores_kernel_v1(q, k, inv_sqrt_dk, s):
 
 
 @cuda.jit(device=True)
+def load_qk_tiles(q, k, h, i, key, c0, q_tile, kt_tile):
+    """Thread (tx, ty) copies q[h, i, c0 + tx] into q_tile and k[h, key, c0 + tx] into kt_tile, transposed.
+
+    q_tile: (TILE, TILE), kt_tile: (TILE, KT_WIDTH) float32 shared arrays. Past an edge the
+    thread stores 0, which adds nothing to the sums. kt_tile's rows are padded to KT_WIDTH words
+    so that the transposing stores are free of bank conflicts.
+    """
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    c = c0 + tx                            # neighbouring threads read neighbouring columns
+    if i < q.shape[1] and c < q.shape[2]:
+        q_tile[ty, tx] = q[h, i, c]
+    else:
+        q_tile[ty, tx] = 0.0
+    if key < k.shape[1] and c < q.shape[2]:    # q and k share d_k
+        kt_tile[tx, ty] = k[h, key, c]     # stored transposed: dot_qk_tiles reads kt_tile[cc, tx]
+    else:
+        kt_tile[tx, ty] = 0.0
+
+
+@cuda.jit(device=True)
+def dot_qk_tiles(q_tile, kt_tile, acc):
+    """acc + q_tile[ty, :] . kt_tile[:, tx]: TILE multiply-adds from shared memory, returned."""
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    for cc in range(TILE):
+        acc += q_tile[ty, cc] * kt_tile[cc, tx]
+    return acc
+
+
+@cuda.jit(device=True)
 def tile_dot(q, k, h, i, j):
     """q[h, i] . k[h, j] for thread (i, j) of a TILE x TILE block, computed with the whole block.
 
     Every thread of the block must call it (it waits at barriers), also threads whose (i, j)
     lies past the edge of s: they help load and get a meaningless 0.
-    Each step along d_k copies a TILE x TILE piece of the block's TILE rows of q and of its
-    TILE rows of k into shared memory (one element per thread, zero past the edges), then
-    every thread does TILE multiply-adds from shared memory. The K piece is stored transposed
-    in rows of KT_WIDTH words: the padding keeps the transposing stores free of bank conflicts.
     """
     q_tile = cuda.shared.array((TILE, TILE), np.float32)   # [query row in tile, column c]
     kt_tile = cuda.shared.array((TILE, KT_WIDTH), np.float32)  # [column c, key in tile]: K^T, padded
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    key = cuda.blockIdx.x * TILE + ty      # the key row this thread copies (not its own j)
-    d_k = q.shape[2]
+    key = cuda.blockIdx.x * TILE + cuda.threadIdx.y        # the key row this thread copies, not j
     acc = np.float32(0.0)
-    for c0 in range(0, d_k, TILE):
-        c = c0 + tx                        # neighbouring threads read neighbouring columns
-        if i < q.shape[1] and c < d_k:
-            q_tile[ty, tx] = q[h, i, c]
-        else:
-            q_tile[ty, tx] = 0.0           # past an edge: a zero adds nothing to the sums
-        if key < k.shape[1] and c < d_k:
-            kt_tile[tx, ty] = k[h, key, c] # stored transposed: the loop below reads kt_tile[cc, tx]
-        else:
-            kt_tile[tx, ty] = 0.0
+    for c0 in range(0, q.shape[2], TILE):  # walk along d_k, TILE columns of q and k at a time
+        load_qk_tiles(q, k, h, i, key, c0, q_tile, kt_tile)
         cuda.syncthreads()                 # wait: both tiles are complete before anyone reads them
-        for cc in range(TILE):
-            acc += q_tile[ty, cc] * kt_tile[cc, tx]
+        acc = dot_qk_tiles(q_tile, kt_tile, acc)
         cuda.syncthreads()                 # wait: everyone has read them before the next copy
     return acc
 
