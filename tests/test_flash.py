@@ -239,22 +239,25 @@ def test_the_kernels_have_no_race(rng, version, t_q, t_k):
 BARRIER = "cuda.syncthreads()"
 
 
-def without_barrier(function, n):
+def without_barrier(function, n, names=None):
     """function's source with its n-th barrier removed (none when n is None), compiled in
-    flash's namespace with v3's sizes for d_k 5 -> that namespace."""
+    `names` (by default flash's namespace with v3's sizes for d_k 5) -> that namespace."""
     source = textwrap.dedent(inspect.getsource(function.py_func))
     if n is not None:
         at = [m.start() for m in re.finditer(re.escape(BARRIER), source)][n]
         source = source[:at] + "pass" + source[at + len(BARRIER):]
-    names = {**vars(flash), **flash.v3_sizes(5)}
+    names = {**vars(flash), **flash.v3_sizes(5)} if names is None else names
     filename = f"<{function.__name__} without barrier {n}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)   # names shared arrays
     exec(compile(source, filename, "exec"), names)
     return names
 
 
-def v2_without_barrier(n):
-    return without_barrier(flash.flash_attention_kernel_v2, n)["flash_attention_kernel_v2"]
+def v2_without_barrier(function, n):
+    """flash v2 with barrier n of its part `function` removed: the kernel's source compiled again
+    where the mutated part stands in for the library's."""
+    names = without_barrier(function, n)
+    return without_barrier(flash.flash_attention_kernel_v2, None, names)["flash_attention_kernel_v2"]
 
 
 def v3_without_barrier(function, n):
@@ -264,7 +267,10 @@ def v3_without_barrier(function, n):
 
 
 def test_the_mutants_remove_every_barrier_of_the_source():
-    assert inspect.getsource(flash.flash_attention_kernel_v2.py_func).count(BARRIER) == 3
+    assert inspect.getsource(flash.v2_stage_queries.py_func).count(BARRIER) == 1
+    assert inspect.getsource(flash.v2_key_tile.py_func).count(BARRIER) == 2
+    assert all(BARRIER not in inspect.getsource(p.py_func) for p in (
+        flash.flash_attention_kernel_v2, flash.v2_stage_rows, flash.v2_score_tile, flash.v2_fold_tile))
     assert inspect.getsource(flash.v3_key_tile.py_func).count(BARRIER) == 3
     assert inspect.getsource(flash.v3_row_reduce_shared.py_func).count(BARRIER) == 1
     assert all(BARRIER not in inspect.getsource(p.py_func) for p in flash.V3_PARTS
@@ -286,10 +292,11 @@ def races_of(kernel, version, t):
     return sanitizer.find_races(kernel, *flash.flash_grid(1, t, version, 5), *args), args[5], (q, k, v)
 
 
-@pytest.mark.parametrize("missing, arrays", [(0, {"q_tile"}), (1, {"k_tile", "v_tile"}), (2, {"k_tile", "v_tile"})],
-                         ids=["after-q-tile", "after-kv-tiles", "before-next-kv-tiles"])
-def test_every_barrier_of_v2_is_needed(zeroed_shared, missing, arrays):
-    races, _, _ = races_of(v2_without_barrier(missing), 2, 33)   # three key tiles for the second block
+@pytest.mark.parametrize("function, missing, arrays", [
+    ("v2_stage_queries", 0, {"q_tile"}), ("v2_key_tile", 0, {"k_tile", "v_tile"}), ("v2_key_tile", 1, {"k_tile", "v_tile"})],
+    ids=["after-q-tile", "after-kv-tiles", "before-next-kv-tiles"])
+def test_every_barrier_of_v2_is_needed(zeroed_shared, function, missing, arrays):
+    races, _, _ = races_of(v2_without_barrier(getattr(flash, function), missing), 2, 33)   # three key tiles for the second block
     assert races and {r.array for r in races} == arrays, [str(r) for r in races]
     assert all(r.space == "shared" for r in races)
 
@@ -417,26 +424,16 @@ def test_planted_mistakes_get_their_diagnosis(answer, diagnosis, says):
 
 # --- The optional kernel exercise: planted mistakes ------------------------------------------
 
-NO_RESCALE, NO_SCALE, SCALED_BY_D_K, MISSES_OWN_KEY, NO_MASK, IGNORES_OFFSET, NO_GUARD = range(1, 8)
+# The guard, the scaled query and the division by l are given (flash.v1_start_row and
+# flash.write_row, put around the answer by the check): the mistakes are the walk's own.
+NO_RESCALE, SCALED_AGAIN, MISSES_OWN_KEY, NO_MASK, IGNORES_OFFSET = range(1, 6)
 
 
-def kernel_with_mistake(mistake):
-    """flash_attention_kernel_v1 with one typical mistake planted (an int, compiled in)."""
-    @cuda.jit
-    def planted(q, k, v, scale, causal, out, lse):
-        i, h = cuda.grid(2)
-        t_q, d_k, t_k, d_v = q.shape[1], q.shape[2], k.shape[1], v.shape[2]
-        if mistake != NO_GUARD and i >= t_q:
-            return
-        q_row = cuda.local.array(flash.MAX_D, np.float32)
-        acc = cuda.local.array(flash.MAX_D, np.float32)
-        factor = np.float32(1.0) if mistake == NO_SCALE else scale
-        if mistake == SCALED_BY_D_K:
-            factor = np.float32(1.0 / d_k)
-        for c in range(d_k):
-            q_row[c] = q[h, i, c] * factor
-        for c in range(d_v):
-            acc[c] = 0.0
+def walk_with_mistake(mistake):
+    """flash.v1_walk_keys with one typical mistake planted (an int, compiled in)."""
+    @cuda.jit(device=True)
+    def planted(q_row, acc, k, v, h, i, t_q, causal):
+        t_k, d_k, d_v = k.shape[1], k.shape[2], v.shape[2]
         m, l = np.float32(-math.inf), np.float32(0.0)
         n = flash.visible_keys(i, t_q, t_k, causal)
         if mistake == MISSES_OWN_KEY:
@@ -449,6 +446,8 @@ def kernel_with_mistake(mistake):
             s = np.float32(0.0)
             for c in range(d_k):
                 s += q_row[c] * k[h, j, c]
+            if mistake == SCALED_AGAIN:
+                s /= math.sqrt(d_k)
             m_new = max(m, s)
             rescale = np.float32(1.0) if mistake == NO_RESCALE else math.exp(m - m_new)
             p = math.exp(s - m_new)
@@ -456,18 +455,17 @@ def kernel_with_mistake(mistake):
             for c in range(d_v):
                 acc[c] = acc[c] * rescale + p * v[h, j, c]
             m = m_new
-        for c in range(d_v):
-            out[h, i, c] = acc[c] / l
+        return m, l
     return planted
 
 
-@cuda.jit
-def inner_stub(q, k, v, scale, causal, out, lse):
+@cuda.jit(device=True)
+def walk_stub(q_row, acc, k, v, h, i, t_q, causal):
     raise NotImplementedError()
 
 
-def test_the_library_kernel_passes_the_kernel_exercise(capsys):
-    result = check("07_flash_inner", flash.flash_attention_kernel_v1)
+def test_the_library_walk_passes_the_kernel_exercise(capsys):
+    result = check("07_flash_inner", flash.v1_walk_keys)
     assert result.passed and result.diagnosis == "ok"
     assert capsys.readouterr().out.startswith("✔ 07_flash_inner [ok]")
 
@@ -475,22 +473,20 @@ def test_the_library_kernel_passes_the_kernel_exercise(capsys):
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")          # 0 / 0 in a planted division
 @pytest.mark.parametrize("mistake, diagnosis, says", [
     (NO_RESCALE, "online_softmax_no_rescale", "not rescaled"),
-    (NO_SCALE, "missing_scale", "without the scale"),
-    (SCALED_BY_D_K, "scaled_by_d_k", "divided by d_k"),
+    (SCALED_AGAIN, "scaled_by_d_k", "divided by d_k"),
     (MISSES_OWN_KEY, "mask_includes_diagonal", "missed its own key"),
     (NO_MASK, "mask_not_applied", "every query saw every key"),
     (IGNORES_OFFSET, "mask_ignores_offset", "the last T_q positions"),
-    (NO_GUARD, "out_of_bounds", "Guard the index"),
 ])
-def test_planted_kernel_mistakes_get_their_diagnosis(mistake, diagnosis, says):
-    result = check("07_flash_inner", kernel_with_mistake(mistake), verbose=False)
+def test_planted_walk_mistakes_get_their_diagnosis(mistake, diagnosis, says):
+    result = check("07_flash_inner", walk_with_mistake(mistake), verbose=False)
     assert not result.passed
     assert (result.diagnosis, says in result.message) == (diagnosis, True), result.message
     assert "\n" not in str(result)
 
 
 def test_the_kernel_exercise_stub_is_not_implemented():
-    assert check("07_flash_inner", inner_stub, verbose=False).diagnosis == "not_implemented"
+    assert check("07_flash_inner", walk_stub, verbose=False).diagnosis == "not_implemented"
 
 
 # --- The main exercise: v3's online update, planted mistakes --------------------------------

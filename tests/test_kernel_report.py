@@ -7,10 +7,13 @@ kernels); the parsing and occupancy arithmetic are checked on their own against 
 """
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
+import nbformat
 import pytest
 
 from attention_lib import kernel_report
@@ -25,6 +28,56 @@ LOOP_KEYS = {"ffma", "lds", "local", "ldg", "total", "ffma_fraction"}
 @pytest.fixture(scope="session")
 def report():
     return kernel_report.report()
+
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+# A notebook's typed report table names its kernels v1, v2, ...: the stage they belong to.
+TABLE_KERNELS = {"01_qkv_projection.ipynb": "projection.projection_kernel_{}",
+                 "07_fused_attention.ipynb": "flash.flash_attention_kernel_{}"}
+# A typed column's header -> how to read that figure from a report row.
+TABLE_COLUMNS = {
+    "registers": lambda row: row["registers"],
+    "stack bytes": lambda row: row["stack_bytes"], "stack (local memory)": lambda row: row["stack_bytes"],
+    "shared bytes": lambda row: row["shared_bytes"], "static shared": lambda row: row["shared_bytes"],
+    "threads / block": lambda row: row["threads_per_block"],
+    "warps per sm": lambda row: row["warps_per_sm"], "warps / sm": lambda row: row["warps_per_sm"],
+    "hot loop: ffma": lambda row: row["hot_loop"]["ffma"], "lds": lambda row: row["hot_loop"]["lds"],
+    "ldg": lambda row: row["hot_loop"]["ldg"],
+    "ffma share": lambda row: row["hot_loop"]["ffma_fraction"],
+    "hot-loop ffma share": lambda row: row["hot_loop"]["ffma_fraction"],
+}
+
+
+def typed_report_tables():
+    """[(notebook, header, rows)] for every markdown table whose first column is `kernel` and
+    which has a `registers` column: header the lower-cased column names, rows lists of cells."""
+    tables = []
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type != "markdown":
+                continue
+            for block in re.findall(r"(?:^\|.*\|[ \t]*\n?)+", cell.source, re.MULTILINE):
+                lines = [[c.strip() for c in line.strip().strip("|").split("|")] for line in block.strip().splitlines()]
+                header = [c.lower() for c in lines[0]]
+                if header[0] == "kernel" and "registers" in header:
+                    tables.append((path.name, header, lines[2:]))     # lines[1]: the |---| rule
+    return tables
+
+
+def test_the_report_tables_typed_in_notebooks_are_the_reports_figures(report):
+    """A table copied from the report's output into a notebook's text cannot drift from it."""
+    tables = typed_report_tables()
+    assert {name for name, _, _ in tables} == set(TABLE_KERNELS)
+    for name, header, rows in tables:
+        assert set(header[1:]) <= set(TABLE_COLUMNS), (name, sorted(set(header[1:]) - set(TABLE_COLUMNS)))
+        for cells in rows:
+            kernel = TABLE_KERNELS[name].format(cells[0])
+            assert kernel in report["kernels"], (name, cells[0])
+            row = report["kernels"][kernel]
+            for column, typed in zip(header[1:], cells[1:]):
+                figure = TABLE_COLUMNS[column](row)
+                shown = f"{figure:.2f}" if isinstance(figure, float) else f"{figure:,}"
+                assert typed.removesuffix(" B") == shown, f"{name}, {kernel}, {column}: typed {typed}, report {shown}"
 
 
 def test_every_kernel_has_a_row_in_the_documented_shape(report):

@@ -25,14 +25,17 @@ that function's place (``flash.build_flash_v3``) and compares the fused kernel's
 the reference. Diagnoses: ``online_softmax_no_rescale``, ``rescale_l_only``,
 ``rescale_o_only``, ``max_not_updated``, ``natural_exp`` (exp of base-2 scores).
 
-``07_flash_inner`` (optional, harder): a kernel with flash_attention_kernel_v1's signature
-``(q, k, v, scale, causal, out, lse)`` (lse is not checked), launched on version 1's grid (one thread per query). Its
-output is prefilled with UNWRITTEN (NaN for the engine when left there; a NaN the kernel computed
-reaches the engine as inf). Besides the engine's diagnoses: ``online_softmax_no_rescale``,
-``missing_scale``, ``scaled_by_d_k``, ``mask_not_applied``, ``mask_includes_diagonal``,
-``mask_ignores_offset`` (the queries are the last T_q positions).
+``07_flash_inner`` (optional, harder): ``walk_keys(q_row, acc, k, v, h, i, t_q, causal)``, a
+``@cuda.jit(device=True)`` function with the contract of ``flash.v1_walk_keys``; the check puts it in
+that function's place in flash_attention_kernel_v1 (``kernel_around``) and launches the kernel on
+version 1's grid (one thread per query; lse is not checked). Its output is prefilled with
+UNWRITTEN (NaN for the engine when left there; a NaN the kernel computed reaches the engine as
+inf). Besides the engine's diagnoses: ``online_softmax_no_rescale``, ``scaled_by_d_k`` (q_row
+is already scaled), ``mask_not_applied``, ``mask_includes_diagonal``, ``mask_ignores_offset``
+(the queries are the last T_q positions).
 """
 
+import functools
 import warnings
 from typing import NamedTuple
 
@@ -175,7 +178,24 @@ class KernelCase(NamedTuple):
                 f"{'causal' if self.causal else 'not causal'})")
 
 
-def _run_kernel(kernel, case, rng):
+@functools.lru_cache(maxsize=None)
+def kernel_around(walk_keys):
+    """flash_attention_kernel_v1 with walk_keys in v1_walk_keys' place: the guard, the scaled
+    query, acc's zeros and the division by l are the library's (v1_start_row, write_row)."""
+    @cuda.jit
+    def kernel(q, k, v, scale, causal, out, lse):
+        i, h = cuda.grid(2)
+        if i >= q.shape[1]:
+            return
+        q_row = cuda.local.array(flash.MAX_D, np.float32)
+        acc = cuda.local.array(flash.MAX_D, np.float32)
+        flash.v1_start_row(q_row, acc, q, h, i, scale, v.shape[2])
+        m, l = walk_keys(q_row, acc, k, v, h, i, q.shape[1], causal)
+        flash.write_row(out, lse, h, i, acc, m, l)
+    return kernel
+
+
+def _run_kernel(walk_keys, case, rng):
     q = rng.standard_normal((case.BH, case.T_q, case.d_k)).astype(np.float32)
     k = rng.standard_normal((case.BH, case.T_k, case.d_k)).astype(np.float32)
     v = rng.standard_normal((case.BH, case.T_k, case.d_v)).astype(np.float32)
@@ -189,7 +209,7 @@ def _run_kernel(kernel, case, rng):
         # A wrong answer's float32 scalars may overflow in every simulated thread; the
         # diagnosis says it once.
         warnings.simplefilter("ignore", RuntimeWarning)
-        launch(kernel, grid, block, cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
+        launch(kernel_around(walk_keys), grid, block, cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
                np.float32(1.0 / np.sqrt(case.d_k)), case.causal, out,
                cuda.device_array((case.BH, case.T_q), np.float32))
     assert_guard_intact(full, n)
@@ -226,10 +246,8 @@ def _diagnose_kernel(got, expected, q, k, v, causal):
         ("online_softmax_no_rescale", _without_rescale(q, k, v, visible, scale),
          "l and acc were not rescaled when a key raised the max: multiply both by exp(m - m_new) "
          "before adding p = exp(s - m_new) and p * v[h, j, c]"),
-        ("missing_scale", _attention_with(q, k, v, visible, 1.0),
-         "the scores are q.k without the scale: multiply them (or q, once) by `scale`, 1/sqrt(d_k)"),
         ("scaled_by_d_k", _attention_with(q, k, v, visible, 1.0 / d_k),
-         "the scores are divided by d_k: `scale` is already 1/sqrt(d_k), apply it once"),
+         "the scores are divided by d_k: q_row already holds q / sqrt(d_k), scale it no further"),
     ]
     if causal:
         candidates += [
@@ -248,8 +266,8 @@ def _diagnose_kernel(got, expected, q, k, v, causal):
         seen = np.isfinite(wrong)
         if seen.any() and np.allclose(got[seen], wrong[seen], rtol=1e-4, atol=1e-4):
             return code, message
-        if not seen.any() and code == "mask_includes_diagonal" and not np.isfinite(got).any():
-            return code, message          # one key, its own: missing it leaves nothing, l = 0
+        if not seen.any() and code == "mask_includes_diagonal" and not np.any(np.isfinite(got) & (got != 0)):
+            return code, message          # one key, its own: missing it leaves l = 0, and write_row zeros
     if np.isinf(got).any():                                  # a NaN the kernel computed
         where = tuple(int(x) for x in np.argwhere(np.isinf(got))[0])
         return "wrong_values", (f"the kernel computed NaN at {where}: a division by l = 0, or "
@@ -260,7 +278,7 @@ def _diagnose_kernel(got, expected, q, k, v, causal):
 register(Exercise(
     exercise_id="07_flash_inner",
     title="the fused kernel's loop: score each visible key, update (m, l, acc) online",
-    kind="kernel",
+    kind="function",
     run=_run_kernel,
     # One query and key; a few heads of 7; 33 queries (a partly used second block) with
     # d_v != d_k; fewer queries than keys (the causal offset); not causal.
@@ -275,7 +293,7 @@ register(Exercise(
     rtol=1e-5,
     atol=1e-5,
     diagnose=_diagnose_kernel,
-    diagnoses=('online_softmax_no_rescale', 'missing_scale', 'scaled_by_d_k', 'mask_not_applied',
+    diagnoses=('online_softmax_no_rescale', 'scaled_by_d_k', 'mask_not_applied',
                'mask_includes_diagonal', 'mask_ignores_offset'),
 ))
 

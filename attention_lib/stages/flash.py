@@ -98,8 +98,7 @@ def online_attention(q, k, v, causal=True, block=BLOCK_K):
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     (t_q, d_k), t_k = q.shape[-2:], k.shape[-2]
     visible = reference.causal_mask(t_q, t_k) if causal else np.ones((t_q, t_k), bool)
-    m = np.full(q.shape[:-1], -np.inf)                      # (..., T_q)
-    l = np.zeros(q.shape[:-1])                              # (..., T_q)
+    m, l = np.full(q.shape[:-1], -np.inf), np.zeros(q.shape[:-1])   # (..., T_q) each
     acc = np.zeros(q.shape[:-1] + v.shape[-1:])             # (..., T_q, d_v)
     for start in range(0, t_k, block):
         keys = slice(start, start + block)
@@ -121,126 +120,157 @@ def visible_keys(i, t_q, t_k, causal):
     return max(0, min(t_k, i + (t_k - t_q) + 1))
 
 
-@cuda.jit
-def flash_attention_kernel_v1(q, k, v, scale, causal, out, lse):
-    """Fused attention, one thread per query, reading K and V straight from global memory.
-
-    q: (BH, T_q, d_k), k: (BH, T_k, d_k), v: (BH, T_k, d_v) float32, d_k and d_v <= MAX_D;
-    scale: float32, 1/sqrt(d_k); causal: bool; out: (BH, T_q, d_v) float32, written;
-    lse: (BH, T_q) float32, written: log sum_j exp(s_ij) per row, -inf for a row seeing no key.
-    Grid: x over queries i (ROWS_PER_BLOCK to a block), y over heads h. Thread i walks its
-    visible keys one by one: score, online-softmax update of (m, l, acc), next key. Nothing
-    is shared between threads, so every thread reads all of K and V it needs by itself.
-    """
-    i, h = cuda.grid(2)                          # x: the query, y: the head (blocks 1 high)
-    t_q, d_k = q.shape[1], q.shape[2]
-    t_k, d_v = k.shape[1], v.shape[2]
-    if i >= t_q:                                 # the last block may hang past T_q
-        return
-    q_row = cuda.local.array(MAX_D, np.float32)  # indexed by a run-time c: local memory
-    acc = cuda.local.array(MAX_D, np.float32)
-    for c in range(d_k):
-        q_row[c] = q[h, i, c] * scale            # the scale, folded into q once
+@cuda.jit(device=True)
+def v1_start_row(q_row, acc, q, h, i, scale, d_v):
+    """Thread i's starting state in its local arrays ((MAX_D,) float32): q_row <- q[h, i] * scale
+    (the scale folded into q once), acc[:d_v] <- 0."""
+    for c in range(q.shape[2]):
+        q_row[c] = q[h, i, c] * scale
     for c in range(d_v):
         acc[c] = 0.0
-    m = np.float32(-math.inf)                    # running max; float32 throughout, as on a GPU
-    l = np.float32(0.0)                          # running sum of exp(s - m)
+
+
+@cuda.jit(device=True)
+def v1_walk_keys(q_row, acc, k, v, h, i, t_q, causal):
+    """Query i's walk over the keys of head h it sees, one key at a time: score it against q_row
+    (scaled, (d_k,)), fold it into acc ((d_v,), unnormalised) and the returned (m, l)."""
+    t_k, d_k, d_v = k.shape[1], k.shape[2], v.shape[2]
+    m, l = NEG_INF, np.float32(0.0)     # running max and sum of exp(s - m); float32, as on a GPU
     for j in range(visible_keys(i, t_q, t_k, causal)):   # masked keys are never scored
         s = np.float32(0.0)
         for c in range(d_k):
             s += q_row[c] * k[h, j, c]
         m_new = max(m, s)
-        rescale = math.exp(m - m_new)            # 1 if the max stayed, 0 for the first key
+        rescale = math.exp(m - m_new)   # 1 if the max stayed, 0 for the first key
         p = math.exp(s - m_new)
         l = l * rescale + p
         for c in range(d_v):
             acc[c] = acc[c] * rescale + p * v[h, j, c]
         m = m_new
-    inv_l = np.float32(1.0) / l if l > 0 else np.float32(0.0)  # l = 0: no visible key
-    for c in range(d_v):
+    return m, l
+
+
+@cuda.jit(device=True)
+def write_row(out, lse, h, i, acc, m, l):
+    """Row i of head h: out[h, i] <- acc / l ((d_v,) float32) and lse[h, i] <- m + log(l), the
+    row's log-sum-exp; zeros and -inf for a row that saw no key (l = 0)."""
+    inv_l = np.float32(1.0) / l if l > 0 else np.float32(0.0)
+    for c in range(out.shape[2]):
         out[h, i, c] = acc[c] * inv_l
     lse[h, i] = m + math.log(l) if l > 0 else NEG_INF
 
 
 @cuda.jit
-def flash_attention_kernel_v2(q, k, v, scale, causal, out, lse):
-    """Fused, tiled attention: a block of BLOCK_Q threads owns BLOCK_Q queries of head blockIdx.y.
+def flash_attention_kernel_v1(q, k, v, scale, causal, out, lse):
+    """Fused attention, one thread per query, reading K and V straight from global memory.
 
-    Same arguments as flash_attention_kernel_v1. Grid (ceil(T_q / BLOCK_Q), BH), block BLOCK_Q.
-    Thread tid owns query i = blockIdx.x * BLOCK_Q + tid. The block stages its queries (scaled)
-    in shared memory, then walks the keys BLOCK_K at a time: all threads copy a K and a V tile
-    into shared memory (neighbouring threads, neighbouring addresses), then each thread scores
-    its query against the tile, takes the tile's maximum, rescales l and acc once, and adds
-    the tile's terms. Key tiles after the block's last visible key are never loaded: in causal
-    attention almost half of them.
+    q: (BH, T_q, d_k), k: (BH, T_k, d_k), v: (BH, T_k, d_v) float32, d_k, d_v <= MAX_D; scale:
+    float32, 1/sqrt(d_k); causal: bool; out: (BH, T_q, d_v) and lse: (BH, T_q) float32, written.
+    Grid: x over queries i (ROWS_PER_BLOCK to a block), y over heads h.
     """
-    q_tile = cuda.shared.array((BLOCK_Q, MAX_D), np.float32)  # the block's queries, scaled
-    k_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)  # the current tile of keys
-    v_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)  # and of their values
-    # Per thread, indexed by run-time loop counters: local memory (device DRAM, cached), not
-    # registers; v3 below keeps its per-thread arrays in registers.
-    q_row = cuda.local.array(MAX_D, np.float32)               # this thread's query
-    acc = cuda.local.array(MAX_D, np.float32)                 # this thread's output, unnormalised
-    p_row = cuda.local.array(BLOCK_K, np.float32)             # its scores against one tile
-    tid = cuda.threadIdx.x
-    h = cuda.blockIdx.y
-    q0 = cuda.blockIdx.x * BLOCK_Q                            # the block's first query
-    t_q, d_k = q.shape[1], q.shape[2]
-    t_k, d_v = k.shape[1], v.shape[2]
-    n_rows = min(BLOCK_Q, t_q - q0)                           # the last block may have fewer
-    i = q0 + tid
-    # Stage the queries: element e of the tile is (row e // d_k, column e % d_k), so threads
-    # side by side read addresses side by side.
-    for e in range(tid, n_rows * d_k, BLOCK_Q):
-        r = e // d_k
-        q_tile[r, e - r * d_k] = q[h, q0 + r, e - r * d_k] * scale
-    cuda.syncthreads()                           # wait: the whole Q tile is in shared memory
-    if tid < n_rows:
+    i, h = cuda.grid(2)                          # x: the query, y: the head (blocks 1 high)
+    if i >= q.shape[1]:                          # the last block may hang past T_q
+        return
+    q_row = cuda.local.array(MAX_D, np.float32)  # indexed by a run-time c: local memory
+    acc = cuda.local.array(MAX_D, np.float32)
+    v1_start_row(q_row, acc, q, h, i, scale, v.shape[2])
+    m, l = v1_walk_keys(q_row, acc, k, v, h, i, q.shape[1], causal)
+    write_row(out, lse, h, i, acc, m, l)
+
+
+@cuda.jit(device=True)
+def v2_stage_rows(tile, src, h, r0, n, scale):
+    """tile[r, c] <- src[h, r0 + r, c] * scale for rows r < n: the block's threads copy element
+    e = (row e // d, column e % d) for e = tid, tid + BLOCK_Q, ..., so threads side by side
+    read addresses side by side. tile: shared (rows, MAX_D); src: (BH, T, d) float32."""
+    d = src.shape[2]
+    for e in range(cuda.threadIdx.x, n * d, BLOCK_Q):
+        r = e // d
+        tile[r, e - r * d] = src[h, r0 + r, e - r * d] * scale
+
+
+@cuda.jit(device=True)
+def v2_score_tile(p_row, q_row, k_tile, mine, d_k):
+    """p_row[jj] <- q_row . k_tile[jj] for the tile's first `mine` keys; returns their max.
+    Every thread reads the same k_tile[jj, c] at the same moment: one broadcast."""
+    tile_max = NEG_INF
+    for jj in range(mine):
+        s = np.float32(0.0)
         for c in range(d_k):
+            s += q_row[c] * k_tile[jj, c]
+        p_row[jj] = s
+        tile_max = max(tile_max, s)
+    return tile_max
+
+
+@cuda.jit(device=True)
+def v2_fold_tile(acc, m, l, tile_max, p_row, v_tile, mine, d_v):
+    """Fold a tile's `mine` scores p_row and values v_tile into (m, l, acc): l and acc are
+    rescaled once per tile (not once per key), then take the tile's terms; returns (m, l)."""
+    m_new = max(m, tile_max)
+    rescale = math.exp(m - m_new)
+    l *= rescale
+    for c in range(d_v):
+        acc[c] *= rescale
+    for jj in range(mine):
+        p = math.exp(p_row[jj] - m_new)
+        l += p
+        for c in range(d_v):
+            acc[c] += p * v_tile[jj, c]
+    return m_new, l
+
+
+@cuda.jit(device=True)
+def v2_stage_queries(q_tile, q_row, acc, q, q0, n_rows, scale, d_v):
+    """The block's n_rows queries from q0, scaled, into q_tile (shared); then each thread copies
+    its own row into q_row and zeroes acc ((d_v,)). Returns the empty running state (m, l)."""
+    v2_stage_rows(q_tile, q, cuda.blockIdx.y, q0, n_rows, scale)
+    cuda.syncthreads()                           # wait: the whole Q tile is in shared memory
+    tid = cuda.threadIdx.x
+    if tid < n_rows:
+        for c in range(q.shape[2]):
             q_row[c] = q_tile[tid, c]            # each thread copies its own row (local memory)
     for c in range(d_v):
         acc[c] = 0.0
-    m = np.float32(-math.inf)
-    l = np.float32(0.0)
-    my_keys = visible_keys(i, t_q, t_k, causal) if tid < n_rows else 0
-    # The keys the whole block needs, up to its last query's last key: the same in every
-    # thread, so every thread runs the loop (and reaches its barriers) the same number of times.
-    block_keys = visible_keys(q0 + n_rows - 1, t_q, t_k, causal)
+    return NEG_INF, np.float32(0.0)
+
+
+@cuda.jit(device=True)
+def v2_key_tile(k_tile, v_tile, q_row, acc, m, l, k, v, k0, block_keys, my_keys):
+    """One key tile from k0, by the whole block: copy its K and V rows (block_keys at most in
+    all) into the shared tiles, then fold the keys of it this thread's query sees (my_keys in
+    all) into (m, l, acc); returns (m, l). Every thread must call it: it holds two barriers."""
+    p_row = cuda.local.array(BLOCK_K, np.float32)  # this thread's scores against the tile
+    n = min(BLOCK_K, block_keys - k0)              # keys in this tile
+    v2_stage_rows(k_tile, k, cuda.blockIdx.y, k0, n, np.float32(1.0))
+    v2_stage_rows(v_tile, v, cuda.blockIdx.y, k0, n, np.float32(1.0))
+    cuda.syncthreads()                             # wait: the K and V tiles are complete
+    mine = min(n, my_keys - k0)                    # keys of this tile this query sees (causal)
+    if mine > 0:
+        tile_max = v2_score_tile(p_row, q_row, k_tile, mine, k.shape[2])
+        m, l = v2_fold_tile(acc, m, l, tile_max, p_row, v_tile, mine, v.shape[2])
+    cuda.syncthreads()                             # wait: every thread is done with the tiles before the next copy
+    return m, l
+
+
+@cuda.jit
+def flash_attention_kernel_v2(q, k, v, scale, causal, out, lse):
+    """Fused, tiled attention, flash_attention_kernel_v1's arguments: a block of BLOCK_Q threads
+    owns BLOCK_Q queries of head blockIdx.y. Grid (ceil(T_q / BLOCK_Q), BH), block BLOCK_Q."""
+    q_tile = cuda.shared.array((BLOCK_Q, MAX_D), np.float32)  # the block's queries, scaled
+    k_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)  # the current tile of keys
+    v_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)  # and of their values
+    q_row = cuda.local.array(MAX_D, np.float32)   # this thread's query: local memory, as in v1
+    acc = cuda.local.array(MAX_D, np.float32)     # this thread's output, unnormalised
+    q0, i = cuda.blockIdx.x * BLOCK_Q, cuda.grid(1)           # the block's first query, mine
+    n_rows = min(BLOCK_Q, q.shape[1] - q0)                    # the last block may have fewer
+    m, l = v2_stage_queries(q_tile, q_row, acc, q, q0, n_rows, scale, v.shape[2])
+    my_keys = visible_keys(i, q.shape[1], k.shape[1], causal) if i < q0 + n_rows else 0
+    block_keys = visible_keys(q0 + n_rows - 1, q.shape[1], k.shape[1], causal)   # same in all threads
     for k0 in range(0, block_keys, BLOCK_K):
-        n = min(BLOCK_K, block_keys - k0)        # keys in this tile
-        for e in range(tid, n * d_k, BLOCK_Q):
-            r = e // d_k
-            k_tile[r, e - r * d_k] = k[h, k0 + r, e - r * d_k]
-        for e in range(tid, n * d_v, BLOCK_Q):
-            r = e // d_v
-            v_tile[r, e - r * d_v] = v[h, k0 + r, e - r * d_v]
-        cuda.syncthreads()                       # wait: the K and V tiles are complete
-        mine = min(n, my_keys - k0)              # keys of this tile this query sees (causal)
-        if mine > 0:
-            tile_max = np.float32(-math.inf)
-            for jj in range(mine):
-                s = np.float32(0.0)
-                for c in range(d_k):
-                    s += q_row[c] * k_tile[jj, c]   # every thread reads the same k: a broadcast
-                p_row[jj] = s
-                tile_max = max(tile_max, s)
-            m_new = max(m, tile_max)
-            rescale = math.exp(m - m_new)        # once per tile, not once per key
-            l *= rescale
-            for c in range(d_v):
-                acc[c] *= rescale
-            for jj in range(mine):
-                p = math.exp(p_row[jj] - m_new)
-                l += p
-                for c in range(d_v):
-                    acc[c] += p * v_tile[jj, c]
-            m = m_new
-        cuda.syncthreads()                       # wait: all threads are done with the tiles before the next copy
-    if tid < n_rows:
-        inv_l = np.float32(1.0) / l if l > 0 else np.float32(0.0)  # l = 0: no visible key
-        for c in range(d_v):
-            out[h, i, c] = acc[c] * inv_l
-        lse[h, i] = m + math.log(l) if l > 0 else NEG_INF
+        m, l = v2_key_tile(k_tile, v_tile, q_row, acc, m, l, k, v, k0, block_keys, my_keys)
+    if i < q0 + n_rows:
+        write_row(out, lse, cuda.blockIdx.y, i, acc, m, l)
 
 
 # Floors the kernel report holds v3 to at d_k 64 (ptxas -v and nvdisasm for sm_90 measured 0
