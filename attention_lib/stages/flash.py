@@ -509,9 +509,8 @@ def v3_start(m, l, o):
 
 @cuda.jit(device=True)
 def v3_key_tile(k, v, smem, regs, h, q0, k0, n, masked, rg, cg, t_q, causal):
-    """One tile of keys k0 .. k0 + n - 1 (n <= TILE_N): K and V copied, this thread's S scored
-    (masked when `masked`), the row max, the online update, O += P V. smem: the shared (q_tile,
-    k_tile, v_tile, p_tile, red); regs: this thread's (s, m, l, o, tile_max)."""
+    """Keys k0 .. k0 + n - 1 (n <= TILE_N): copy K and V, score S (masked if `masked`), row max, online
+    update, O += P V. smem: shared (q_tile, k_tile, v_tile, p_tile, red); regs: (s, m, l, o, tile_max)."""
     q_tile, k_tile, v_tile, p_tile, red = smem
     s, m, l, o, tile_max = regs
     v3_load_tile(k_tile, k, h, k0, n, np.float32(1.0))
