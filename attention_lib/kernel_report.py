@@ -10,7 +10,7 @@ SM those figures allow on an H200. ptxas and nvdisasm come from NVIDIA's pip whe
 ``compile`` extra), never from PATH, so the PTX meets the assembler of its own NVVM.
 
 - ``report(arch, names) -> {"arch", "kernels": {name: row}}``: every kernel, or those named (the
-  JSON written by --json).
+  JSON written by --json); rows of an unchanged library come from ``report_cache``.
 - ``report_kernel(kernel, arg_types, threads_per_block) -> row``: one kernel, e.g. a notebook's.
 - ``table(rows) -> str``: rows as a text table, for notebooks.
 - ``floor_violations(kernels)``: what breaks the ``FAST`` floors the stage modules declare.
@@ -281,15 +281,28 @@ def _library_launches(names=None):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def report(arch=DEFAULT_ARCH, names=None, processes=None):
+def report(arch=DEFAULT_ARCH, names=None, processes=None, cache=True):
     """{"arch": arch, "kernels": {"module.kernel": row}} for every kernel of kernel_cases.CASES,
-    or for those in `names` (e.g. ["projection.projection_kernel_v3"], for a notebook)."""
+    or for those in `names` (e.g. ["projection.projection_kernel_v3"], for a notebook).
+
+    cache: reuse rows computed from this very source (``report_cache``); False compiles afresh.
+    """
+    from attention_lib import report_cache
+    from attention_lib.kernel_cases import CASES
     _compute_capability(arch)
     signatures.check_names(names)
-    jobs = [{"name": name, "module": f"attention_lib.stages.{name.split('.')[0]}", "kernel": name.split(".")[1],
-             "args": launch["args"], "threads_per_block": launch["threads_per_block"]}
-            for name, launch in _library_launches(names).items()]
-    return {"arch": arch, "kernels": dict(sorted(_compile(jobs, arch, processes).items()))}
+    wanted = sorted(CASES if names is None else names)
+    store = report_cache.RowCache(arch) if cache else report_cache.NoCache()
+    with store.locked():                 # a second process waits, then finds the rows stored
+        rows = store.load(wanted)
+        missing = [name for name in wanted if name not in rows]
+        if missing:
+            jobs = [{"name": name, "module": f"attention_lib.stages.{name.split('.')[0]}",
+                     "kernel": name.split(".")[1], "args": launch["args"],
+                     "threads_per_block": launch["threads_per_block"]}
+                    for name, launch in _library_launches(missing).items()]
+            rows.update(store.save(_compile(jobs, arch, processes)))
+    return {"arch": arch, "kernels": dict(sorted(rows.items()))}
 
 
 # ---- one kernel, e.g. written in a notebook ----
@@ -425,8 +438,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m attention_lib.kernel_report", description=__doc__.split("\n")[0])
     parser.add_argument("--arch", default=DEFAULT_ARCH, help="GPU architecture for ptxas (default sm_90)")
     parser.add_argument("--json", type=Path, help="also write the report as JSON here")
+    parser.add_argument("--no-cache", action="store_true", help="compile every kernel again, ignoring stored rows")
     options = parser.parse_args(argv)
-    result = report(options.arch)
+    result = report(options.arch, cache=not options.no_cache)
     print(f"{options.arch}, GPU block sizes; warps per SM on an {H200.name}")
     print(table(result))
     if options.json:

@@ -3,7 +3,9 @@ floors a stage module declares for its fast kernels (``FAST``).
 
 The whole report is built once for the session (about 27 s of CPU time on the 2-core CI
 machine, spread over two compile processes; most of it is Numba and ptxas compiling the larger
-kernels); the parsing and occupancy arithmetic are checked on their own against known inputs.
+kernels), or read from the rows stored for this exact library source (``report_cache``, shared
+with notebooks 01, 07 and 09); the parsing and occupancy arithmetic are checked on their own
+against known inputs.
 """
 
 import json
@@ -16,7 +18,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from attention_lib import kernel_report
+from attention_lib import kernel_report, report_cache
 from attention_lib.kernel_cases import CASES
 from attention_lib.stages import flash, projection
 
@@ -123,8 +125,31 @@ def test_local_arrays_indexed_at_run_time_are_a_stack_frame(report):
 
 
 def test_a_few_kernels_by_name_give_the_same_rows(report):
+    """Compiled afresh, without the stored rows: the cached report is what the compiler says now."""
     name = "projection.projection_kernel_v3"
-    assert kernel_report.report(names=[name]) == {"arch": "sm_90", "kernels": {name: report["kernels"][name]}}
+    fresh = kernel_report.report(names=[name], cache=False)
+    assert fresh == {"arch": "sm_90", "kernels": {name: report["kernels"][name]}}
+
+
+def test_stored_rows_are_found_only_for_the_same_library(tmp_path, monkeypatch):
+    rows = {"flash.a": {"registers": 40}, "flash.b": {"registers": 72}}
+    store = report_cache.RowCache("sm_90", tmp_path)
+    with store.locked():
+        assert store.load(list(rows)) == {}
+        store.save(rows)
+    assert store.load(["flash.a", "flash.b", "flash.c"]) == rows
+    assert report_cache.RowCache("sm_80", tmp_path).load(list(rows)) == {}
+    monkeypatch.setattr(report_cache, "library_fingerprint", lambda: "an edited library")
+    assert store.load(list(rows)) == {}
+    (tmp_path / next(p.name for p in tmp_path.glob("flash.a-*.json"))).write_text("{half a row")
+    monkeypatch.undo()
+    assert store.load(list(rows)) == {"flash.b": rows["flash.b"]}
+
+
+def test_the_fingerprint_follows_the_library_source():
+    files = sorted(report_cache.PACKAGE.rglob("*.py"))
+    assert report_cache.PACKAGE / "stages" / "flash.py" in files and len(files) > 30
+    assert re.fullmatch(r"[0-9a-f]{64}", report_cache.library_fingerprint())
 
 
 def test_bad_names_and_architectures_are_refused():
@@ -263,7 +288,7 @@ import json
 import numpy as np
 import attention_lib
 from numba import cuda
-from attention_lib import kernel_report
+from attention_lib import kernel_report, report_cache
 from attention_lib.stages import flash
 from attention_lib.stages.flash import visible_keys as visible   # a library device function, renamed
 from numba import float32

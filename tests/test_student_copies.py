@@ -2,7 +2,9 @@
 
 Each copy is built with nbgrader's preprocessors and executed: no cell may fail, every exercise
 cell must have become a stub, and every check cell must report "not implemented yet" instead
-of a traceback. Later cells use the library, never the student's answer, so nothing else breaks.
+of a traceback. Later cells use the library, never the student's answer, so nothing else breaks:
+that is read from the code (tests/cell_slices.py), and the copy runs the cells its exercises and
+checks need; the others are the notebook's own cells, which nbval executes.
 """
 
 import importlib.util
@@ -11,6 +13,8 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+
+import cell_slices
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -34,12 +38,44 @@ def test_student_copy_runs_and_reports_not_implemented(source):
     assert not any("### BEGIN SOLUTION" in c.source for c in code), "a solution survived"
     assert not any(c.get("outputs") for c in code), "outputs were not cleared"
 
+    original = [c.source for c in nbformat.read(source, as_version=4).cells if c.cell_type == "code"]
+    needed, answer_uses = cell_slices.plan(original)
+    assert not answer_uses, f"{source.name}: cells read the student's answer: {answer_uses}"
+    runnable = nbformat.v4.new_notebook(metadata=copy.metadata, cells=[code[i] for i in needed])
     # Run where the real notebook runs, so relative paths resolve the same way.
-    NotebookClient(copy, timeout=600, kernel_name="python3",
+    NotebookClient(runnable, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": str(source.parent)}}).execute()
+    code = runnable.cells
 
     errors = [o for c in code for o in c.outputs if o.output_type == "error"]
     assert not errors, f"{source.name}: {errors[0].ename}: {errors[0].evalue}"
     verdicts = [o.text for c in code if "# NBVAL_CHECK_OUTPUT" in c.source for o in c.outputs if "text" in o]
     assert len(verdicts) == len(stubs)
     assert all("[not_implemented]" in v and "Hint:" in v for v in verdicts), verdicts
+
+
+def test_a_copy_runs_the_cells_its_exercises_need_and_no_other():
+    sources = ["import numpy as np\nfrom attention_lib import banner",        # 0: always run
+               "x = np.ones(3)",                                                # 1: x
+               "slow = np.linalg.svd(np.ones((9, 9)))",                         # 2: nobody needs slow
+               "x[0] = 2.0",                                                    # 3: changes x
+               "def tile(a):\n    return a * SCALE",                            # 4: reads SCALE when called
+               "SCALE = 3",                                                     # 5: after tile, before its call
+               "def answer(a):\n    ### BEGIN SOLUTION\n    return tile(x)\n    ### END SOLUTION",
+               "# NBVAL_CHECK_OUTPUT\ncheck('id', answer)",
+               "print(slow)",                                                   # 8: after the check
+               "x = None"]                                                      # 9: too late for 6
+    needed, answer_uses = cell_slices.plan(sources)
+    assert needed == [0, 1, 3, 4, 5, 6, 7]
+    assert answer_uses == []
+
+
+def test_a_cell_that_reads_the_students_answer_is_named():
+    sources = ["import numpy as np",
+               "def answer(a):\n    ### BEGIN SOLUTION\n    return a\n    ### END SOLUTION",
+               "# NBVAL_CHECK_OUTPUT\ncheck('id', answer)",
+               "total = answer(np.ones(2)).sum()",
+               "def later(a):\n    return answer(a)",
+               "answer = np.sum",
+               "print(answer(np.ones(2)))"]
+    assert cell_slices.plan(sources)[1] == [(3, "answer"), (4, "answer")]
