@@ -1,5 +1,6 @@
-"""Grid arithmetic, CUDA's grid limits and the simulator's time budget, shared by every launcher."""
+"""Grid arithmetic, CUDA's grid limits, kernel versions and the simulator's time budget, shared by every launcher."""
 
+import numbers
 import os
 
 from attention_lib.runtime import ON_SIMULATOR
@@ -24,6 +25,15 @@ MAX_GRID = {"x": 2**31 - 1, "y": 65535, "z": 65535}
 def ceil_div(n, d):
     """Blocks of d needed to cover n items: the last block may be only partly used."""
     return (n + d - 1) // d
+
+
+def check_version(version, kernels):
+    """Refuse a version that is not a key of a stage's KERNELS, in the same words everywhere:
+    "version must be 1, 2 or 3, got 4"."""
+    known = [str(v) for v in sorted(kernels)]
+    words = known[0] if len(known) == 1 else ", ".join(known[:-1]) + " or " + known[-1]
+    if isinstance(version, bool) or not isinstance(version, numbers.Integral) or version not in kernels:
+        raise ValueError(f"version must be {words}, got {version!r}")
 
 
 def check_grid(what, grid, **counts):

@@ -1,6 +1,8 @@
 """CUDA's grid limits (x <= 2**31 - 1 blocks, y and z <= 65,535): launchers refuse a grid past
 them in one line naming the argument and the size, before anything is allocated on the device."""
 
+import re
+
 import numpy as np
 import pytest
 from numba import cuda
@@ -66,3 +68,11 @@ def test_a_grid_within_the_limits_still_runs(rng):
                                rtol=1e-4, atol=1e-5)
     block_of, _ = basics.whoami_2d(19, 33)                   # a 2-D grid of 5 x 3 blocks of (8, 8)
     assert block_of.max() == 5 * 3 - 1
+
+
+@pytest.mark.parametrize("version", [0, 3, 2.0, True, "2", None])
+def test_a_bad_version_gets_the_same_words_in_every_stage(version):
+    from attention_lib.launch import check_version
+    with pytest.raises(ValueError, match=rf"^version must be 1, 2 or 4, got {re.escape(repr(version))}$"):
+        check_version(version, {1: None, 2: None, 4: None})
+    check_version(np.int64(2), {1: None, 2: None, 4: None})

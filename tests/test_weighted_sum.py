@@ -146,7 +146,7 @@ def test_softmax_then_weighted_sum_stays_within_the_values(rng):
     (lambda a, v: weighted_sum.weighted_sum(a, v[:1]), ValueError,
      r"^v must have the leading axes of a \(2,\); got shape \(1, 5, 3\)$"),
     (lambda a, v: weighted_sum.weighted_sum(a, v, version=3), ValueError,
-     r"^version must be one of \[1, 2\], got 3$"),
+     r"^version must be 1 or 2, got 3$"),
     (lambda a, v: weighted_sum.weighted_sum(a > 0, v), TypeError,
      r"^a must be a float array of shape \(\.\.\., T_q, T_k\), got dtype bool$"),
     (lambda a, v: weighted_sum.weighted_sum(a, np.where(v > 0, np.nan, v)), ValueError,

@@ -51,7 +51,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget
+from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget, check_version
 from attention_lib.runtime import ON_SIMULATOR, SIMULATOR_SHAPES
 from attention_lib.validation import as_float32, require
 
@@ -435,7 +435,7 @@ def _bias(b, d_out, name, w_name="w"):
 
 def _check_version(version, kernel):
     if kernel is None:
-        require(version in KERNELS, f"version must be one of {sorted(KERNELS)}, got {version!r}")
+        check_version(version, KERNELS)
         return KERNELS[version]
     return kernel
 
@@ -507,7 +507,7 @@ def global_reads(T, d_out, version):
     ceil(T / 128); its edge threads store 0 instead of reading past x or w.
     Counted as the sanitizer counts: every request as if it went to memory (no caches).
     """
-    require(version in KERNELS, f"version must be one of {sorted(KERNELS)}, got {version!r}")
+    check_version(version, KERNELS)
     if version == 1:
         return d_out, T
     tile = {2: TILE, 3: WIDE_TILE, 4: BIG_TILE}[version]

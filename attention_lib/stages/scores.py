@@ -27,7 +27,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget
+from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget, check_version
 from attention_lib.validation import as_float32, require
 
 # Side of a square tile of S: a block of TILE x TILE threads computes TILE x TILE scores.
@@ -125,6 +125,9 @@ def scores_kernel_v2(q, k, inv_sqrt_dk, s):
 
 # --- Launchers ---------------------------------------------------------------------------
 
+KERNELS = {1: scores_kernel_v1, 2: scores_kernel_v2}
+
+
 def scale_factor(d_k, scale=True):
     """The float32 every score is multiplied by: 1/sqrt(d_k), or 1.0 when not `scale`."""
     return np.float32(1.0 / math.sqrt(d_k)) if scale else np.float32(1.0)
@@ -171,10 +174,10 @@ def scores(q, k, scale=True, version=2, kernel=None):
     float32. version: 1 (naive) or 2 (tiled); kernel: any kernel with scores_kernel_v1's
     signature, launched on the same grid (overrides version).
     """
-    require(version in (1, 2), f"version must be 1 or 2, got {version!r}")
+    check_version(version, KERNELS)
     q3, k3, lead = flatten_qk(q, k, "scores", tiled=version == 2)
     if kernel is None:
-        kernel = scores_kernel_v1 if version == 1 else scores_kernel_v2
+        kernel = KERNELS[version]
     (bh, t_q, d_k), t_k = q3.shape, k3.shape[1]
     d_s = cuda.device_array((bh, t_q, t_k), np.float32)
     grid, block = score_grid(bh, t_q, t_k)

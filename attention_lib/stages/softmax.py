@@ -23,7 +23,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget
+from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget, check_version
 from attention_lib.runtime import SIMULATOR_SHAPES
 from attention_lib.validation import as_float32, require
 
@@ -194,7 +194,7 @@ def softmax(s, version=2, kernel=None):
     version: 1 (one thread per row) or 2 (one block per row); kernel: any kernel with that
     version's signature and thread mapping, launched on its grid (a student's, for instance).
     """
-    require(version in KERNELS, f"version must be 1 or 2, got {version!r}")
+    check_version(version, KERNELS)
     s = as_float32("s", s, "(..., T_q, T_k)", min_ndim=2, allow_neg_inf=True)
     t_k = s.shape[-1]
     rows = math.prod(s.shape[:-1])

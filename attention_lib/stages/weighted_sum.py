@@ -37,7 +37,7 @@ import numpy as np
 from numba import cuda
 
 from attention_lib import reference
-from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget
+from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget, check_version
 from attention_lib.stages import mask
 from attention_lib.stages.projection import BLOCK, TILE, launch_projection, projection_kernel_v1, tile_matmul
 from attention_lib.validation import as_float32, require
@@ -175,7 +175,7 @@ def weighted_sum(a, v, version=2, kernel=None, causal=False):
     projection_kernel_v1's signature, for version 2 any with weighted_sum_kernel_v2's) and is
     launched on the same grid.
     """
-    require(version in KERNELS, f"version must be one of {sorted(KERNELS)}, got {version!r}")
+    check_version(version, KERNELS)
     require(isinstance(causal, (bool, np.bool_)), f"causal must be True or False, got {causal!r}")
     require(not (causal and version == 1), "causal=True needs version 2 (version 1 has no tile to skip)")
     a3, v3, lead = flatten_av(a, v, "weighted_sum", tiled=version == 2)
