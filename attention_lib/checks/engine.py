@@ -206,10 +206,11 @@ def _shares_memory(answer, seen=None):
 
 
 # The convention for an output the kernel must write: output_array prefills it, and its guard zone,
-# with UNWRITTEN, a NaN of its own (the payload 0xFFEE). No arithmetic makes it: a NaN a kernel
-# computes (0 / 0, inf - inf) is the default NaN, on a GPU and in NumPy. So after the launch an entry
-# still holding UNWRITTEN was never written, any other NaN was computed, and the judge tells the
-# two apart (unwritten) without the exercise converting anything.
+# with UNWRITTEN, a NaN of its own (the payload 0xFFEE). Arithmetic on numbers never makes it: 0 / 0
+# and inf - inf give the default NaN, whose payload is another; only a kernel that reads the
+# unwritten entry itself can pass it on. So after the launch an entry still holding UNWRITTEN was
+# never written, any other NaN was computed, and the judge tells the two apart (unwritten) without
+# the exercise converting anything.
 UNWRITTEN = np.array(0x7FC0FFEE, np.uint32).view(np.float32)[()]
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from numba import cuda
 
 from attention_lib.stages import basics
-from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register
+from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register, unwritten
 from attention_lib.launch import ceil_div
 
 
@@ -87,14 +87,14 @@ def _diagnose_transpose(got, a, grid):
     """Diagnosed when the written entries or the values show a typical kernel mistake."""
     rows, cols = a.shape
     bx, by = TRANSPOSE_BLOCK
-    unwritten = np.isnan(got)                                       # (cols, rows), like out
-    if unwritten.any():
+    never = unwritten(got)                                          # (cols, rows), like out
+    if never.any():
         c, r = np.indices(got.shape)
         # a kernel that takes the row from the grid's x reaches rows < gx * bx and cols < gy * by
         reached = (r < grid[0] * bx) & (c < grid[1] * by)
-        if np.array_equal(~unwritten, reached):
+        if np.array_equal(~never, reached):
             raise Diagnosed("row_is_x", (
-                f"{int(unwritten.sum())} entries were never written, those of rows {grid[0] * bx} and on, "
+                f"{int(never.sum())} entries were never written, those of rows {grid[0] * bx} and on, "
                 "or columns past the grid's y: cuda.grid(2) gives (x, y), and x is the column"))
     elif rows == cols > 1 and np.array_equal(got, a):
         raise Diagnosed("not_transposed", "out equals a: element (r, c) of a must land at (c, r) of out")

@@ -29,9 +29,10 @@ the reference. Diagnoses: ``online_softmax_no_rescale``, ``rescale_l_only``,
 ``@cuda.jit(device=True)`` function with the contract of ``flash.v1_walk_keys``; the check puts it in
 that function's place in flash_attention_kernel_v1 (``kernel_around``) and launches the kernel on
 version 1's grid (one thread per query; lse is not checked). Its output comes from the engine's
-output_array (UNWRITTEN where never written; a NaN the kernel computed stays NaN). Besides the engine's diagnoses: ``online_softmax_no_rescale``, ``scaled_by_d_k`` (q_row
-is already scaled), ``mask_not_applied``, ``mask_includes_diagonal``, ``mask_ignores_offset``
-(the queries are the last T_q positions).
+output_array (UNWRITTEN where never written; a NaN the kernel computed stays NaN). Besides the
+engine's diagnoses: ``online_softmax_no_rescale``, ``scaled_by_d_k`` (q_row is already scaled),
+``mask_not_applied``, ``mask_includes_diagonal``, ``mask_ignores_offset`` (the queries are the
+last T_q positions).
 """
 
 import functools
