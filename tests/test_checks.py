@@ -624,3 +624,61 @@ def test_causal_av_mistakes_get_their_diagnosis(answer, diagnosis):
     result = check("05_causal_av", answer, verbose=False)
     assert (result.passed, result.diagnosis) == (False, diagnosis), result
     assert "\n" not in str(result)
+
+
+# --- The engine: the launch it hands each case, and the one prefill convention ----------------
+
+@cuda.jit
+def writes_nan(alpha, x, y, out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = x[i] * (math.inf - math.inf)           # inf - inf: a NaN the kernel computed
+
+
+def test_unwritten_is_a_nan_no_arithmetic_makes():
+    from attention_lib.checks import engine
+    assert np.isnan(engine.UNWRITTEN)
+    with np.errstate(invalid="ignore"):
+        computed = np.float32(np.inf) - np.float32(np.inf)   # inf - inf, the default NaN
+    values = np.array([engine.UNWRITTEN, computed, np.nan, 0.0, -1.0], np.float32)
+    assert engine.unwritten(values).tolist() == [True, False, False, False, False]
+    # A float64 copy of the marker still reads as UNWRITTEN; an integer array never does.
+    assert engine.unwritten(values.astype(np.float64)).tolist() == [True, False, False, False, False]
+    assert not engine.unwritten(np.zeros(3, np.int32)).any()
+
+
+def test_output_array_prefills_out_and_guard_and_read_output_checks_the_guard():
+    from attention_lib.checks import engine
+    full, out = engine.output_array((2, 3), guard=4)
+    assert out.shape == (2, 3) and full.shape == (10,)
+    assert engine.unwritten(full.copy_to_host()).all()
+    out.copy_to_device(np.ones((2, 3), np.float32))
+    assert np.array_equal(engine.read_output(full, out), np.ones((2, 3)))
+    full[7:8].copy_to_device(np.zeros(1, np.float32))    # a write past the end, into the guard zone
+    with pytest.raises(engine.OutOfBoundsWrite, match=r"out\[7\] was written but out has only 6 elements"):
+        engine.read_output(full, out)
+    assert engine.unwritten(engine.host_output((3, 1))).all()
+
+
+def test_a_computed_nan_is_a_wrong_value_not_an_unwritten_entry():
+    result = check("00_scale_add", writes_nan, verbose=False)
+    assert result.diagnosis == "wrong_values"
+    assert "never written" not in result.message and "got nan" in result.message
+
+
+def test_the_judge_hands_each_case_its_launch():
+    """No module state is switched: run receives plain_launch, or race_finding_launch on the
+    cases race-checked (the first, or every one for a kernel with shared memory)."""
+    from attention_lib.checks import engine
+    library = EXERCISES["00_scale_add"]
+    given = []
+
+    def recording_run(answer, case, rng, launch):
+        given.append(launch)
+        return library.run(answer, case, rng, launch)
+
+    exercise = engine.Exercise("test_recording", "scale_add, recorded", "kernel", recording_run,
+                               library.cases, library.hint)
+    assert engine._judge(exercise, basics.scale_add_kernel)[0] == "ok"
+    assert given == [engine.race_finding_launch] + [engine.plain_launch] * (len(library.cases) - 1)
+    assert not hasattr(engine, "_race_checking")

@@ -24,7 +24,11 @@ Hints come in levels: ``hint(exercise_id)`` names the idea, ``hint(exercise_id, 
 where students usually go wrong. No hint gives a line of the solution.
 
 Each exercise is defined in a module ``checks/exNN_<topic>.py`` beside this one and registered
-in ``EXERCISES`` under its id, such as ``"00_scale_add"``.
+in ``EXERCISES`` under its id, such as ``"00_scale_add"``. Its ``run`` launches the answer with
+the launch function the judge hands it (``plain_launch``, or ``race_finding_launch`` on the cases
+that are race-checked): no module state is switched. Every output a kernel must write comes
+from ``output_array`` (or ``host_output`` for a launch on NumPy arrays), prefilled with
+``UNWRITTEN``; the judge reports entries still holding it as never written.
 """
 
 import inspect
@@ -70,8 +74,11 @@ class OutOfBoundsWrite(IndexError):
 class Exercise:
     """One exercise: how to run an answer on one case, and what to tell the student.
 
-    run(answer, case, rng) -> (got, expected), both NumPy arrays. `cases` are the sizes tried,
-    in order, smallest and most awkward first. Differences are accepted within
+    run(answer, case, rng, launch) -> (got, expected, *inputs), got and expected NumPy arrays.
+    launch(kernel, griddim, blockdim, *args) is how run launches the student's kernel: the judge
+    passes plain_launch, or race_finding_launch on the cases it race-checks (a run that launches
+    nothing ignores it). Entries of got that hold UNWRITTEN (output_array) were never written.
+    `cases` are the sizes tried, in order, smallest and most awkward first. Differences are accepted within
     |got - expected| <= atol + rtol * |expected|.
     """
 
@@ -108,27 +115,25 @@ class RaceFound(Exception):
     """The race finder saw two threads touch the same element without a barrier between them."""
 
 
-# Set by _judge while a case is being race-checked: launch() then runs the race finder.
-_race_checking = False
-
-
-def launch(kernel, griddim, blockdim, *args):
+def plain_launch(kernel, griddim, blockdim, *args):
     """Launch a student's kernel as the library would, with out-of-bounds indices caught.
 
     On the simulator every index is checked by the sanitizer, which names the thread, the array
     and the index in one line; on a GPU the kernel runs for real (outputs made with
-    guarded_output catch writes past the end there). While the checker race-checks a case, the
-    launch runs under the sanitizer's race finder instead (on either backend) and raises
-    RaceFound with the first race, in one line.
+    output_array catch writes past the end there).
     """
-    if _race_checking:
-        races = sanitizer.find_races(kernel, griddim, blockdim, *args)
-        if races:
-            raise RaceFound(str(races[0]))
-    elif runtime.ON_SIMULATOR:
+    if runtime.ON_SIMULATOR:
         sanitizer.run(kernel, griddim, blockdim, *args)
     else:
         kernel[griddim, blockdim](*args)
+
+
+def race_finding_launch(kernel, griddim, blockdim, *args):
+    """Launch a student's kernel under the sanitizer's race finder (on either backend); RaceFound
+    with the first race, in one line. Out-of-bounds indices raise IndexError, as in plain_launch."""
+    races = sanitizer.find_races(kernel, griddim, blockdim, *args)
+    if races:
+        raise RaceFound(str(races[0]))
 
 
 class Traced:
@@ -200,31 +205,53 @@ def _shares_memory(answer, seen=None):
     return any(_shares_memory(f, seen) for f in called)
 
 
-def _run_case(exercise, answer, case, rng, race_check):
-    """exercise.run on one case, under the race finder when race_check."""
-    global _race_checking
-    _race_checking = race_check
-    try:
-        return exercise.run(answer, case, rng)
-    finally:
-        _race_checking = False
+# The convention for an output the kernel must write: output_array prefills it, and its guard zone,
+# with UNWRITTEN, a NaN of its own (the payload 0xFFEE). Arithmetic on numbers never makes it: 0 / 0
+# and inf - inf give the default NaN, whose payload is another; only a kernel that reads the
+# unwritten entry itself can pass it on. So after the launch an entry still holding UNWRITTEN was
+# never written, any other NaN was computed, and the judge tells the two apart (unwritten) without
+# the exercise converting anything.
+UNWRITTEN = np.array(0x7FC0FFEE, np.uint32).view(np.float32)[()]
 
 
-def guarded_output(n, guard):
-    """A device vector of n + guard float32 set to NaN, and the view of its first n entries.
+def output_array(shape, guard):
+    """(full, out): a device float32 vector of prod(shape) + guard entries, all UNWRITTEN, and out,
+    the view of its first prod(shape) entries as `shape` (an int or a tuple).
 
-    NaN marks entries the kernel never wrote; the guard zone behind the view catches writes
-    past the end on a real GPU, where they would otherwise land silently.
+    The guard zone behind out catches writes past its end on a real GPU, where they would
+    otherwise land silently; read_output checks it.
     """
-    full = cuda.to_device(np.full(n + guard, np.nan, np.float32))
-    return full, full[:n]
+    n = int(np.prod(shape))
+    full = cuda.to_device(np.full(n + guard, UNWRITTEN, np.float32))
+    return full, full[:n].reshape(shape)
 
 
-def assert_guard_intact(full, n):
+def host_output(shape):
+    """A NumPy float32 array of `shape`, all UNWRITTEN: output_array's convention for a launch on
+    NumPy arrays (a traced launch; or one whose arrays the launch copies back), without a guard
+    zone: the simulator's sanitizer checks every index."""
+    return np.full(shape, UNWRITTEN, np.float32)
+
+
+def unwritten(values):
+    """Where `values` (any float array) still hold UNWRITTEN, bit for bit: a bool array of its shape."""
+    values = np.asarray(values)
+    if values.dtype.kind != "f":
+        return np.zeros(values.shape, bool)
+    with np.errstate(over="ignore"):        # float64 beyond float32's range: inf, not UNWRITTEN
+        return np.asarray(values, np.float32).view(np.uint32) == UNWRITTEN.view(np.uint32)
+
+
+def read_output(full, out):
+    """The host copy of out (output_array's view), once the guard zone behind it is found intact:
+    OutOfBoundsWrite names the first entry written past the end."""
+    n = out.size
     tail = full.copy_to_host()[n:]
-    if not np.all(np.isnan(tail)):
-        first = n + int(np.argmax(~np.isnan(tail)))
+    if not unwritten(tail).all():
+        first = n + int(np.argmax(~unwritten(tail)))
         raise OutOfBoundsWrite(f"out[{first}] was written but out has only {n} elements")
+    return out.copy_to_host()
+
 
 # Filled by the exercise modules (attention_lib/checks/ex*.py) through register().
 EXERCISES = {}
@@ -288,7 +315,8 @@ def _judge(exercise, answer):
         where = exercise.describe_case(case)
         race_check = exercise.kind == "kernel" and (number == 0 or shares_memory)
         try:
-            got, expected, *inputs = _run_case(exercise, answer, case, rng, race_check)
+            launch = race_finding_launch if race_check else plain_launch
+            got, expected, *inputs = exercise.run(answer, case, rng, launch)
         except NotImplementedError:
             return "not_implemented", f"not implemented yet. Hint: {_first_hint(exercise)}"
         except Diagnosed as named:
@@ -304,10 +332,10 @@ def _judge(exercise, answer):
         got = np.asarray(got)
         if got.shape != expected.shape:
             return "wrong_shape", f"at {where}: the result has shape {got.shape}, expected {expected.shape}"
-        unwritten = np.isnan(got) & ~np.isnan(expected)
-        if unwritten.any():
-            return "wrong_values", (f"at {where}: {int(unwritten.sum())} of {got.size} entries were never written "
-                                    f"(first at index {tuple(int(i) for i in np.argwhere(unwritten)[0])}). "
+        never = unwritten(got) & ~np.isnan(expected)
+        if never.any():
+            return "wrong_values", (f"at {where}: {int(never.sum())} of {got.size} entries were never written "
+                                    f"(first at index {tuple(int(i) for i in np.argwhere(never)[0])}). "
                                     "Does every element get a thread?")
         if not np.allclose(got, expected, rtol=exercise.rtol, atol=exercise.atol):
             named = exercise.diagnose and exercise.diagnose(got, expected, *inputs)

@@ -12,19 +12,18 @@ import numpy as np
 from numba import cuda
 
 from attention_lib.stages import basics
-from attention_lib.checks.engine import Diagnosed, Exercise, assert_guard_intact, guarded_output, launch, register
+from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register, unwritten
 from attention_lib.launch import ceil_div
 
 
-def _run_scale_add(kernel, n, rng):
+def _run_scale_add(kernel, n, rng, launch):
     alpha = np.float32(rng.uniform(-2.0, 2.0))
     x = rng.standard_normal(n).astype(np.float32)
     y = rng.standard_normal(n).astype(np.float32)
     threads = basics.THREADS_PER_BLOCK
-    full, out = guarded_output(n, guard=threads)
+    full, out = output_array(n, guard=threads)
     launch(kernel, ceil_div(n, threads), threads, alpha, cuda.to_device(x), cuda.to_device(y), out)
-    assert_guard_intact(full, n)
-    return out.copy_to_host(), basics.scale_add_reference(alpha, x, y)
+    return read_output(full, out), basics.scale_add_reference(alpha, x, y)
 
 
 register(Exercise(
@@ -71,18 +70,15 @@ def _check_grid(transpose_grid):
             "that have nothing to do"))
 
 
-def _run_transpose(answer, shape, rng):
+def _run_transpose(answer, shape, rng, launch):
     transpose_kernel, transpose_grid = answer
     _check_grid(transpose_grid)
     rows, cols = shape
     a = rng.standard_normal((rows, cols)).astype(np.float32)
-    n = rows * cols
-    full, flat = guarded_output(n, guard=TRANSPOSE_BLOCK[0] * TRANSPOSE_BLOCK[1] * (rows + cols))
-    out = flat.reshape(cols, rows)                                  # (cols, rows) view
+    full, out = output_array((cols, rows), guard=TRANSPOSE_BLOCK[0] * TRANSPOSE_BLOCK[1] * (rows + cols))
     grid = transpose_grid(rows, cols, TRANSPOSE_BLOCK)
     launch(transpose_kernel, tuple(grid), TRANSPOSE_BLOCK, cuda.to_device(a), out)
-    assert_guard_intact(full, n)
-    got = out.copy_to_host()
+    got = read_output(full, out)
     _diagnose_transpose(got, a, grid)
     return got, np.ascontiguousarray(a.T)
 
@@ -91,14 +87,14 @@ def _diagnose_transpose(got, a, grid):
     """Diagnosed when the written entries or the values show a typical kernel mistake."""
     rows, cols = a.shape
     bx, by = TRANSPOSE_BLOCK
-    unwritten = np.isnan(got)                                       # (cols, rows), like out
-    if unwritten.any():
+    never = unwritten(got)                                          # (cols, rows), like out
+    if never.any():
         c, r = np.indices(got.shape)
         # a kernel that takes the row from the grid's x reaches rows < gx * bx and cols < gy * by
         reached = (r < grid[0] * bx) & (c < grid[1] * by)
-        if np.array_equal(~unwritten, reached):
+        if np.array_equal(~never, reached):
             raise Diagnosed("row_is_x", (
-                f"{int(unwritten.sum())} entries were never written, those of rows {grid[0] * bx} and on, "
+                f"{int(never.sum())} entries were never written, those of rows {grid[0] * bx} and on, "
                 "or columns past the grid's y: cuda.grid(2) gives (x, y), and x is the column"))
     elif rows == cols > 1 and np.array_equal(got, a):
         raise Diagnosed("not_transposed", "out equals a: element (r, c) of a must land at (c, r) of out")

@@ -19,8 +19,7 @@ from numba import cuda
 from attention_lib import reference, sanitizer
 from attention_lib.launch import ceil_div
 from attention_lib.stages import projection
-from attention_lib.checks.engine import (Diagnosed, Exercise, assert_guard_intact, guarded_output, launch,
-                                         register)
+from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register
 
 
 class Case(NamedTuple):
@@ -42,19 +41,16 @@ def _problem(case, rng):
     return x, w, b
 
 
-def _run_projection(kernel, case, rng):
+def _run_projection(kernel, case, rng, launch):
     x, w, b = _problem(case, rng)
-    n = case.T * case.d_out
-    # NaN-filled output with a guard zone behind it: one tile of rows (and a column) more than
-    # the last block can reach, so a write past the end lands there, also on a real GPU.
-    full, flat = guarded_output(n, guard=projection.TILE * (case.d_out + 1))
-    out = flat.reshape(case.T, case.d_out)                      # (T, d_out) view of the first n
-    # The library's grid and blocks (projection.launch_projection), through the engine's launch
+    # An output with a guard zone behind it: one tile of rows (and a column) more than the last
+    # block can reach, so a write past the end lands there, also on a real GPU.
+    full, out = output_array((case.T, case.d_out), guard=projection.TILE * (case.d_out + 1))
+    # The library's grid and blocks (projection.launch_projection), through the judge's launch
     # so that on the simulator an out-of-bounds index is reported in one line.
     grid, block = projection.launch_shape(case.T, case.d_out)
     launch(kernel, grid, block, cuda.to_device(x), cuda.to_device(w), cuda.to_device(b), out)
-    assert_guard_intact(full, n)
-    return out.copy_to_host(), reference.project(x, w, b if case.bias else None), x, w, b
+    return read_output(full, out), reference.project(x, w, b if case.bias else None), x, w, b
 
 
 def _diagnose(got, expected, x, w, b):
@@ -100,8 +96,8 @@ def read_ceilings(T, d_out, tile=projection.TILE):
     return ceil_div(d_out, tile), ceil_div(T, tile)
 
 
-def _run_tiled(kernel, case, rng):
-    got, expected, x, w, b = _run_projection(kernel, case, rng)
+def _run_tiled(kernel, case, rng, launch):
+    got, expected, x, w, b = _run_projection(kernel, case, rng, launch)
     if case is TILED_CASES[-1] and np.allclose(got, expected, rtol=1e-4, atol=1e-4):
         # Right values at the largest size: now count the reads, once, on the simulator.
         grid, block = projection.launch_shape(case.T, case.d_out)

@@ -19,21 +19,18 @@ from numba import cuda
 from attention_lib import reference
 from attention_lib.launch import ceil_div
 from attention_lib.stages import scores
-from attention_lib.checks.engine import (Diagnosed, Exercise, assert_guard_intact, guarded_output, launch,
-                                         register, traced_launch)
+from attention_lib.checks.engine import (Diagnosed, Exercise, host_output, output_array, read_output, register,
+                                         traced_launch)
 
 
-def _run_scores(kernel, case, rng):
+def _run_scores(kernel, case, rng, launch):
     bh, t_q, t_k, d_k = case
     q = rng.standard_normal((bh, t_q, d_k)).astype(np.float32)
     k = rng.standard_normal((bh, t_k, d_k)).astype(np.float32)
-    n = bh * t_q * t_k
-    full, flat = guarded_output(n, guard=scores.TILE * scores.TILE)   # NaN: never written
-    s = flat.reshape(bh, t_q, t_k)                                     # (BH, T_q, T_k) view
+    full, s = output_array((bh, t_q, t_k), guard=scores.TILE * scores.TILE)
     grid, block = scores.score_grid(bh, t_q, t_k)
     launch(kernel, grid, block, cuda.to_device(q), cuda.to_device(k), scores.scale_factor(d_k), s)
-    assert_guard_intact(full, n)
-    return s.copy_to_host(), reference.scores(q, k), q, k
+    return read_output(full, s), reference.scores(q, k), q, k
 
 
 def _diagnose(got, expected, q, k):
@@ -82,7 +79,7 @@ register(Exercise(
 
 # --- The main exercise: K^T given ----------------------------------------------------------
 
-def _run_scores_kt(kernel, case, rng):
+def _run_scores_kt(kernel, case, rng, launch):
     bh, t_q, t_k, d_k = case
     q = rng.standard_normal((bh, t_q, d_k)).astype(np.float32)
     k = rng.standard_normal((bh, t_k, d_k)).astype(np.float32)
@@ -92,18 +89,15 @@ def _run_scores_kt(kernel, case, rng):
     expected = reference.scores(q, k)
     if case == KT_CASES[-1]:
         # One traced run on the simulator: races, reads per element, segments per warp load.
-        got = np.full((bh, t_q, t_k), np.nan, np.float32)
+        got = host_output((bh, t_q, t_k))
         traced = traced_launch(kernel, grid, block, q, kt, inv_sqrt_dk, got)
         if np.allclose(got, expected, rtol=1e-5, atol=1e-5):
             _check_reuse(traced, t_q, t_k)
             _check_coalescing(traced)
         return got, expected, q, k
-    n = bh * t_q * t_k
-    full, flat = guarded_output(n, guard=scores.TILE * scores.TILE)
-    s = flat.reshape(bh, t_q, t_k)                                    # (BH, T_q, T_k) view
+    full, s = output_array((bh, t_q, t_k), guard=scores.TILE * scores.TILE)
     launch(kernel, grid, block, cuda.to_device(q), cuda.to_device(kt), inv_sqrt_dk, s)
-    assert_guard_intact(full, n)
-    return s.copy_to_host(), expected, q, k
+    return read_output(full, s), expected, q, k
 
 
 def _check_reuse(traced, t_q, t_k):

@@ -28,21 +28,18 @@ from attention_lib import reference
 from attention_lib.launch import ceil_div
 from attention_lib.stages import scores
 from attention_lib.stages.scores import TILE, tile_dot
-from attention_lib.checks.engine import Diagnosed, Exercise, assert_guard_intact, launch, register
+from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register
 
 
-def _run_mask(kernel, case, rng):
+def _run_mask(kernel, case, rng, launch):
     bh, t_q, t_k = case
     s = rng.standard_normal((bh, t_q, t_k)).astype(np.float32)
-    n = s.size
-    guard = scores.TILE * scores.TILE
-    # The scores, then a guard zone of NaN that catches writes past the end on a real GPU.
-    full = cuda.to_device(np.concatenate([s.ravel(), np.full(guard, np.nan, np.float32)]))
-    d_s = full[:n].reshape(bh, t_q, t_k)                 # (BH, T_q, T_k) view, masked in place
+    # The scores, then a guard zone that catches writes past the end on a real GPU.
+    full, d_s = output_array(s.shape, guard=scores.TILE * scores.TILE)
+    d_s.copy_to_device(s)                                # (BH, T_q, T_k), masked in place
     grid, block = scores.score_grid(bh, t_q, t_k)
     launch(kernel, grid, block, d_s)
-    assert_guard_intact(full, n)
-    return d_s.copy_to_host(), reference.apply_causal_mask(s), s
+    return read_output(full, d_s), reference.apply_causal_mask(s), s
 
 
 def _diagnose(got, expected, s):
@@ -160,20 +157,20 @@ def window_kernel(tile_is_masked):
     return _KERNELS[tile_is_masked]
 
 
-def _run_tile_skip(tile_is_masked, case, rng):
+def _run_tile_skip(tile_is_masked, case, rng, launch):
     bh, t_q, t_k, window = case
     d_k = 5
     q = rng.standard_normal((bh, t_q, d_k)).astype(np.float32)
     k = rng.standard_normal((bh, t_k, d_k)).astype(np.float32)
     grid, block = scores.score_grid(bh, t_q, t_k)
-    s = cuda.to_device(np.full((bh, t_q, t_k), np.nan, np.float32))
+    full, s = output_array((bh, t_q, t_k), guard=0)
     skipped = cuda.to_device(np.zeros((bh, grid[1], grid[0]), np.int32))
     launch(window_kernel(tile_is_masked), grid, block, cuda.to_device(q), cuda.to_device(k),
            scores.scale_factor(d_k), window, s, skipped)
     visible = window_visible(t_q, t_k, window)
     expected = np.where(visible, reference.scores(q, k), -np.inf)
     _judge_skipped(skipped.copy_to_host().astype(bool), visible, t_q, t_k, window)
-    return s.copy_to_host(), expected
+    return read_output(full, s), expected
 
 
 def _judge_skipped(skipped, visible, t_q, t_k, window):

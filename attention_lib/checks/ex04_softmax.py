@@ -11,10 +11,9 @@ engine's diagnoses:
 - ``softmax_wrong_axis``: the weights sum to 1 down each column instead of along each row;
 - ``fully_masked_row``: a row whose every score is -inf came out NaN instead of all zeros.
 
-A NaN the answer computed must not pass for an entry it never wrote (the engine's NaN
-marker), so the output is prefilled with -1, a value no softmax produces: -1 left over
-becomes NaN (never written), and a computed NaN reaches the engine as +inf, the original
-handed to the diagnosis.
+The output is prefilled by the engine's output_array: an entry left UNWRITTEN was never
+written, and a NaN the kernel computed (a fully masked row's 0 / 0) stays a NaN, which the
+diagnosis names.
 """
 
 import math
@@ -25,9 +24,8 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.stages import softmax
-from attention_lib.checks.engine import Exercise, assert_guard_intact, guarded_output, launch, register
+from attention_lib.checks.engine import Exercise, output_array, read_output, register
 
-UNWRITTEN = -1.0         # prefill of the output: never a softmax weight
 LARGE = 1000.0           # scores of the large case: exp(1000) overflows float32 (max about 88.7)
 SPREAD = 500.0           # half the span of a "spread" row's scores
 
@@ -47,17 +45,15 @@ def _scores(rows, t_k, kind, rng):
     return s.astype(np.float32)
 
 
-def _run_softmax(kernel, case, rng):
+def _run_softmax(kernel, case, rng, launch):
     rows, t_k, kind = case
     s = _scores(rows, t_k, kind, rng)
     guard = softmax.ROWS_PER_BLOCK * t_k             # the rows of a whole extra block
     # Inputs and output followed by guard zones, so reads and writes past the last row stay
     # inside the allocation on a GPU, and writes there are caught.
     d_s_full = cuda.to_device(np.concatenate([s.ravel(), np.zeros(guard, np.float32)]))
-    full = cuda.to_device(np.concatenate([np.full(s.size, UNWRITTEN, np.float32),
-                                          np.full(guard, np.nan, np.float32)]))
-    d_s = d_s_full[:s.size].reshape(rows, t_k)       # (rows, T_k) views
-    d_out = full[:s.size].reshape(rows, t_k)
+    full, d_out = output_array((rows, t_k), guard)
+    d_s = d_s_full[:s.size].reshape(rows, t_k)       # (rows, T_k) view
     grid, block = softmax.softmax_grid(rows, version=1)
     error = None
     try:
@@ -72,14 +68,11 @@ def _run_softmax(kernel, case, rng):
         error = caught
     expected = reference.softmax(s)
     if error is not None:                # nothing usable came out: every entry counts as wrong
-        return np.full(s.shape, np.inf), expected, s, None, error
-    assert_guard_intact(full, s.size)
-    raw = d_out.copy_to_host()
-    got = np.where(raw == UNWRITTEN, np.nan, np.where(np.isnan(raw), np.inf, raw))
-    return got, expected, s, raw, None
+        return np.full(s.shape, np.inf), expected, s, error
+    return read_output(full, d_out), expected, s, None
 
 
-def _diagnose(got, expected, s, raw, error):
+def _diagnose(got, expected, s, error):
     """Name the mistake; None when it is none of the known ones (the engine shows where)."""
     if np.abs(s[np.isfinite(s)]).max() > 100:       # the large and spread cases
         if error is not None:
@@ -90,24 +83,24 @@ def _diagnose(got, expected, s, raw, error):
                 f"large scores made the kernel raise {type(error).__name__}: {why}. "
                 "Subtract the row maximum first (no other score of the row will do): exp(s - max) <= 1 "
                 "and the largest term is exactly 1")
-        if not np.isfinite(raw).all():
+        if not np.isfinite(got).all():
             return "unstable_softmax", (
-                f"large scores gave {int((~np.isfinite(raw)).sum())} NaN or inf weights: "
+                f"large scores gave {int((~np.isfinite(got)).sum())} NaN or inf weights: "
                 "exp(1000) overflows float32 and exp(-1000) underflows to 0 (0 / 0). "
                 "Subtract the row maximum first (no other score of the row will do): exp(s - max) <= 1 "
                 "and the largest term is 1")
     masked_rows = np.isneginf(s).all(axis=-1)
-    if masked_rows.any() and np.isnan(raw[masked_rows]).any():
-        row = int(np.flatnonzero(masked_rows & np.isnan(raw).any(axis=-1))[0])
+    if masked_rows.any() and np.isnan(got[masked_rows]).any():
+        row = int(np.flatnonzero(masked_rows & np.isnan(got).any(axis=-1))[0])
         return "fully_masked_row", (
             f"row {row} has every score -inf (fully masked) and its weights came out NaN "
             "(-inf - (-inf) = NaN, or 0 / 0): when the row max is -inf, write zeros, the row attends to nothing")
-    if np.allclose(raw, reference.softmax(s, axis=0), rtol=1e-5, atol=1e-6):
+    if np.allclose(got, reference.softmax(s, axis=0), rtol=1e-5, atol=1e-6):
         return "softmax_wrong_axis", (
             "each column sums to 1, not each row: thread `row` must take the max and the sum "
             "over s[row, j] for every key j, along the row")
-    if np.isnan(raw).any():
-        where = tuple(int(i) for i in np.argwhere(np.isnan(raw))[0])
+    if np.isnan(got).any():
+        where = tuple(int(i) for i in np.argwhere(np.isnan(got))[0])
         return "wrong_values", f"the kernel computed NaN at {where}, where the weight is {expected[where]:.6g}"
     return None
 
@@ -173,21 +166,19 @@ def _row_stats(s):
     return np.stack([m, np.exp(s - shift[:, None]).sum(axis=-1)], axis=-1)
 
 
-def _run_block_reduction(kernel, case, rng):
+def _run_block_reduction(kernel, case, rng, launch):
     rows, t_k, kind = case
     s = _scores(rows, t_k, kind, rng).astype(np.float32)
-    full, d_stats = guarded_output(2 * rows, 2 * softmax.THREADS_PER_ROW)
+    full, d_stats = output_array((rows, 2), guard=2 * softmax.THREADS_PER_ROW)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)   # an unstable answer warns in every thread
-            launch(kernel, rows, softmax.THREADS_PER_ROW, cuda.to_device(s), d_stats.reshape(rows, 2))
+            launch(kernel, rows, softmax.THREADS_PER_ROW, cuda.to_device(s), d_stats)
     except (OverflowError, ZeroDivisionError, FloatingPointError):
         if kind != "large":
             raise                        # not the overflow this case tests: the engine reports it
         return np.full((rows, 2), np.inf), _row_stats(s.astype(np.float64)), s   # nothing usable came out
-    assert_guard_intact(full, 2 * rows)
-    got = d_stats.copy_to_host().reshape(rows, 2)
-    return got, _row_stats(s.astype(np.float64)), s
+    return read_output(full, d_stats), _row_stats(s.astype(np.float64)), s
 
 
 def _per_thread_stats(s):

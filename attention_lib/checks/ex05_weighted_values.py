@@ -20,7 +20,7 @@ import numpy as np
 from numba import cuda, float32
 
 from attention_lib import reference, sanitizer
-from attention_lib.checks.engine import Diagnosed, Exercise, assert_guard_intact, guarded_output, launch, register
+from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register
 from attention_lib.stages.projection import TILE
 
 
@@ -36,7 +36,7 @@ class Case(NamedTuple):
         return f"(T {self.T}, d_model {self.d_model}, d_k {self.d_k}, {'causal' if self.causal else 'not causal'})"
 
 
-def _run_single_head(answer, case, rng):
+def _run_single_head(answer, case, rng, _launch):       # NumPy: no kernel to launch
     x = rng.standard_normal((case.T, case.d_model)).astype(np.float32)
     # Weights scaled by 1/sqrt(d_model), as at initialisation, so that q, k, v have entries of
     # order 1 and the scaled scores too: the softmax is neither uniform nor one-hot, and every
@@ -172,18 +172,16 @@ def _visible_keys(block_row, t_q, t_k):
     return min(t_k, (block_row + 1) * TILE + t_k - t_q)
 
 
-def _run_causal_av(kernel, case, rng):
+def _run_causal_av(kernel, case, rng, launch):
     from attention_lib.stages import weighted_sum
     bh, t_q, t_k, d_v = case
     s = reference.apply_causal_mask(rng.standard_normal((bh, t_q, t_k)))
     a = reference.softmax(s).astype(np.float32)                      # zero above the diagonal
     v = rng.standard_normal((bh, t_k, d_v)).astype(np.float32)
-    full, flat = guarded_output(bh * t_q * d_v, TILE * (d_v + 1))
-    out = flat.reshape(bh, t_q, d_v)
+    full, out = output_array((bh, t_q, d_v), guard=TILE * (d_v + 1))
     grid, block = weighted_sum.weighted_sum_grid(bh, t_q, d_v)
     launch(kernel, grid, block, cuda.to_device(a), cuda.to_device(v), out)
-    assert_guard_intact(full, bh * t_q * d_v)
-    got, expected = out.copy_to_host(), a.astype(np.float64) @ v
+    got, expected = read_output(full, out), a.astype(np.float64) @ v
     if np.allclose(got, expected, rtol=1e-5, atol=1e-5):            # right: were the zero tiles read?
         loads = sanitizer.count_memory(kernel, grid, block, a, v, np.zeros((bh, t_q, d_v), np.float32)).loads("a")
         for block_row in range(-(-t_q // TILE)):

@@ -17,7 +17,7 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.stages import multihead
-from attention_lib.checks.engine import Exercise, assert_guard_intact, guarded_output, launch, register
+from attention_lib.checks.engine import Exercise, output_array, read_output, register
 
 
 class Case(NamedTuple):
@@ -32,7 +32,7 @@ class Case(NamedTuple):
         return f"(B {self.B}, T {self.T}, n_head {self.n_head}, d_k {self.d_k})"
 
 
-def _run_split(kernel, case, rng):
+def _run_split(kernel, case, rng, launch):
     B, T, n_head, d_k = case
     d_model = n_head * d_k
     x = rng.standard_normal((B, T, d_model)).astype(np.float32)
@@ -43,12 +43,10 @@ def _run_split(kernel, case, rng):
     # is caught first.
     d_x_full = cuda.to_device(np.concatenate([x.ravel(), np.zeros(ty * (d_model + 1) + tx, np.float32)]))
     d_x = d_x_full[:x.size].reshape(B, T, d_model)                # (B, T, d_model) view
-    full, flat = guarded_output(x.size, ty * (d_k + 1) + tx)
-    out = flat.reshape(B, n_head, T, d_k)                          # NaN until written
+    full, out = output_array((B, n_head, T, d_k), guard=ty * (d_k + 1) + tx)
     grid, block = multihead.head_grid(B * n_head, T, d_k)
     launch(kernel, grid, block, d_x, out)
-    assert_guard_intact(full, x.size)
-    return out.copy_to_host(), reference.split_heads(x, n_head), x, n_head
+    return read_output(full, out), reference.split_heads(x, n_head), x, n_head
 
 
 def _diagnose(got, expected, x, n_head):
@@ -111,7 +109,7 @@ def _fused_layout(p, h, c, d_k, n_head):
     return p * n_head * d_k + h * d_k + c
 
 
-def _run_split_qkv(kernel, case, rng):
+def _run_split_qkv(kernel, case, rng, launch):
     B, T, n_head, d_k = case
     d_model = n_head * d_k
     qkv = rng.standard_normal((B, T, 3 * d_model)).astype(np.float32)
@@ -120,12 +118,10 @@ def _run_split_qkv(kernel, case, rng):
     # columns past the end of either array.
     d_in_full = cuda.to_device(np.concatenate([qkv.ravel(), np.zeros(ty * (3 * d_model + 1) + tx, np.float32)]))
     d_in = d_in_full[:qkv.size].reshape(B, T, 3 * d_model)
-    full, flat = guarded_output(qkv.size, ty * (d_k + 1) + tx)
-    out = flat.reshape(3, B, n_head, T, d_k)                          # NaN until written
+    full, out = output_array((3, B, n_head, T, d_k), guard=ty * (d_k + 1) + tx)
     grid, block = multihead.head_grid(3 * B * n_head, T, d_k)
     launch(kernel, grid, block, d_in, out)
-    assert_guard_intact(full, qkv.size)
-    return out.copy_to_host(), _expected_qkv(qkv, n_head, _fused_layout), qkv, n_head
+    return read_output(full, out), _expected_qkv(qkv, n_head, _fused_layout), qkv, n_head
 
 
 def _diagnose_split_qkv(got, expected, qkv, n_head):

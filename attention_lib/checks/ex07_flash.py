@@ -28,11 +28,11 @@ the reference. Diagnoses: ``online_softmax_no_rescale``, ``rescale_l_only``,
 ``07_flash_inner`` (optional, harder): ``walk_keys(q_row, acc, k, v, h, i, t_q, causal)``, a
 ``@cuda.jit(device=True)`` function with the contract of ``flash.v1_walk_keys``; the check puts it in
 that function's place in flash_attention_kernel_v1 (``kernel_around``) and launches the kernel on
-version 1's grid (one thread per query; lse is not checked). Its output is prefilled with
-UNWRITTEN (NaN for the engine when left there; a NaN the kernel computed reaches the engine as
-inf). Besides the engine's diagnoses: ``online_softmax_no_rescale``, ``scaled_by_d_k`` (q_row
-is already scaled), ``mask_not_applied``, ``mask_includes_diagonal``, ``mask_ignores_offset``
-(the queries are the last T_q positions).
+version 1's grid (one thread per query; lse is not checked). Its output comes from the engine's
+output_array (UNWRITTEN where never written; a NaN the kernel computed stays NaN). Besides the
+engine's diagnoses: ``online_softmax_no_rescale``, ``scaled_by_d_k`` (q_row is already scaled),
+``mask_not_applied``, ``mask_includes_diagonal``, ``mask_ignores_offset`` (the queries are the
+last T_q positions).
 """
 
 import functools
@@ -44,7 +44,7 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.stages import flash
-from attention_lib.checks.engine import Exercise, assert_guard_intact, launch, register
+from attention_lib.checks.engine import Exercise, output_array, read_output, register
 
 
 class Case(NamedTuple):
@@ -105,12 +105,10 @@ def _update_without_rescale(rescale_l, rescale_acc):
     return update
 
 
-def _run_update(answer, case, rng):
+def _run_update(answer, case, rng, _launch):                  # NumPy: no kernel to launch
     s = _scores(case, rng)
     v = rng.standard_normal((case.T_k, case.d_v))
-    got = _fold(answer, s, v, case.block)
-    # A NaN the answer computed must not pass for "never written" (the engine's reading of NaN).
-    return np.where(np.isnan(got), np.inf, got), _exact(s, v), s, v, case.block
+    return _fold(answer, s, v, case.block), _exact(s, v), s, v, case.block
 
 
 def _diagnose(got, expected, s, v, block):
@@ -160,9 +158,6 @@ register(Exercise(
 
 # --- The optional exercise: the fused kernel's inner loop -----------------------------------
 
-UNWRITTEN = 12345.0      # prefill of the output: attention outputs are means of values of size ~1
-
-
 class KernelCase(NamedTuple):
     """One launch tried: BH heads of T_q queries against T_k keys, widths d_k and d_v."""
 
@@ -195,15 +190,12 @@ def kernel_around(walk_keys):
     return kernel
 
 
-def _run_kernel(walk_keys, case, rng):
+def _run_kernel(walk_keys, case, rng, launch):
     q = rng.standard_normal((case.BH, case.T_q, case.d_k)).astype(np.float32)
     k = rng.standard_normal((case.BH, case.T_k, case.d_k)).astype(np.float32)
     v = rng.standard_normal((case.BH, case.T_k, case.d_v)).astype(np.float32)
-    n = case.BH * case.T_q * case.d_v
-    guard = flash.ROWS_PER_BLOCK * case.d_v                 # the rows of a whole extra block
-    full = cuda.to_device(np.concatenate([np.full(n, UNWRITTEN, np.float32),
-                                          np.full(guard, np.nan, np.float32)]))
-    out = full[:n].reshape(case.BH, case.T_q, case.d_v)     # (BH, T_q, d_v) view of the first n
+    # A guard zone of the rows of a whole extra block behind the (BH, T_q, d_v) output.
+    full, out = output_array((case.BH, case.T_q, case.d_v), guard=flash.ROWS_PER_BLOCK * case.d_v)
     grid, block = flash.flash_grid(case.BH, case.T_q, version=1)
     with warnings.catch_warnings():
         # A wrong answer's float32 scalars may overflow in every simulated thread; the
@@ -212,10 +204,7 @@ def _run_kernel(walk_keys, case, rng):
         launch(kernel_around(walk_keys), grid, block, cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
                np.float32(1.0 / np.sqrt(case.d_k)), case.causal, out,
                cuda.device_array((case.BH, case.T_q), np.float32))
-    assert_guard_intact(full, n)
-    raw = out.copy_to_host()
-    got = np.where(raw == UNWRITTEN, np.nan, np.where(np.isnan(raw), np.inf, raw))
-    return got, reference.attention(q, k, v, case.causal), q, k, v, case.causal
+    return read_output(full, out), reference.attention(q, k, v, case.causal), q, k, v, case.causal
 
 
 def _attention_with(q, k, v, visible, scale):
@@ -268,8 +257,8 @@ def _diagnose_kernel(got, expected, q, k, v, causal):
             return code, message
         if not seen.any() and code == "mask_includes_diagonal" and not np.any(np.isfinite(got) & (got != 0)):
             return code, message          # one key, its own: missing it leaves l = 0, and write_row zeros
-    if np.isinf(got).any():                                  # a NaN the kernel computed
-        where = tuple(int(x) for x in np.argwhere(np.isinf(got))[0])
+    if np.isnan(got).any():                                  # a NaN the kernel computed
+        where = tuple(int(x) for x in np.argwhere(np.isnan(got))[0])
         return "wrong_values", (f"the kernel computed NaN at {where}: a division by l = 0, or "
                                 "exp(-inf - (-inf))? Score only the visible keys")
     return None
@@ -317,7 +306,7 @@ class UpdateCase(NamedTuple):
                 f"{'causal' if self.causal else 'not causal'}{', large scores' if self.gain > 1 else ''})")
 
 
-def _run_update_kernel(update, case, rng):
+def _run_update_kernel(update, case, rng, _launch):   # flash_attention launches it
     q, k, v = (rng.standard_normal((case.BH, t, case.d_k)).astype(np.float32)
                for t in (case.T_q, case.T_k, case.T_k))
     q *= np.float32(case.gain)
@@ -325,7 +314,6 @@ def _run_update_kernel(update, case, rng):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)    # a wrong update's overflows: said once
         got = flash.flash_attention(q, k, v, case.causal, version=3, kernel=kernel)
-    got = np.where(np.isnan(got), np.inf, got)             # NaN is the engine's "never written"
     return got, reference.attention(q, k, v, case.causal), q, k, v, case.causal
 
 

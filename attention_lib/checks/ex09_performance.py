@@ -29,7 +29,7 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.stages import projection
-from attention_lib.checks.engine import Exercise, launch, register
+from attention_lib.checks.engine import Exercise, output_array, read_output, register
 from attention_lib.launch import ceil_div
 
 BYTES = 4                       # float32
@@ -61,7 +61,7 @@ def expected_cost(T, d_model, d_out, tile, floor=False):
     return np.array([[f, b, f / b] for f, b in cost], dtype=np.float64)
 
 
-def _run(answer, case, rng):
+def _run(answer, case, rng, _launch):                   # NumPy: no kernel to launch
     got = answer(case.T, case.d_model, case.d_out, case.tile)
     return np.asarray(got, dtype=np.float64), expected_cost(*case), case
 
@@ -131,18 +131,18 @@ def compiled_report(kernel):
         return {"error": f"{type(error).__name__}: {lines[-1]}"}
 
 
-def launch_row_scores(kernel, q, k):
+def launch_row_scores(kernel, q, k, launch):
     """Run a kernel with the signature (q, k, out), one thread per query row, on ROWS_PER_BLOCK-thread
-    blocks: q (T_q, D), k (T_k, D) float32 device arrays -> out (T_q, T_k) float32 device array
-    (NaN where never written)."""
+    blocks, through `launch` (the judge's): q (T_q, D), k (T_k, D) float32 device arrays -> out
+    (T_q, T_k) float32 NumPy array (the engine's UNWRITTEN where never written)."""
     if q.shape[1] != D or k.shape[1] != D:
         raise ValueError(f"q and k must be (T, {D}) float32, got {q.shape} and {k.shape}")
-    out = cuda.to_device(np.full((q.shape[0], k.shape[0]), np.nan, np.float32))
+    full, out = output_array((q.shape[0], k.shape[0]), guard=0)
     launch(kernel, ceil_div(q.shape[0], ROWS_PER_BLOCK), ROWS_PER_BLOCK, q, k, out)
-    return out
+    return read_output(full, out)
 
 
-def _run_rows(kernel, case, rng):
+def _run_rows(kernel, case, rng, launch):
     if case == COMPILED:
         report = compiled_report(kernel)
         if "error" in report:
@@ -152,8 +152,8 @@ def _run_rows(kernel, case, rng):
     t_q, t_k = case
     q = rng.standard_normal((t_q, D)).astype(np.float32)
     k = rng.standard_normal((t_k, D)).astype(np.float32)
-    out = launch_row_scores(kernel, cuda.to_device(q), cuda.to_device(k))
-    return out.copy_to_host(), reference.scores(q, k, scale=False), None
+    got = launch_row_scores(kernel, cuda.to_device(q), cuda.to_device(k), launch)
+    return got, reference.scores(q, k, scale=False), None
 
 
 def _diagnose_rows(got, expected, report):

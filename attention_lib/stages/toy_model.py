@@ -126,6 +126,24 @@ def _layer_backward(params, s, layer, dx, grads, n_head, attention_grad):
     return d_input
 
 
+def layer_heads(params, tokens, layer, n_head=N_HEAD):
+    """One layer's heads on one token sequence, as the attention kernels take them.
+
+    tokens: (T,) int, T <= toy_model.T. Returns q, k, v, each (n_head, T, d_k) float32 (the
+    layer's input x, the residual stream after the layers before it, times W_Q, W_K, W_V, split
+    into heads), and the model's own float64 weights softmax(mask(q k^T / sqrt(d_k))), (n_head, T, T).
+    """
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(f"tokens must be a (T,) integer array, got shape {tokens.shape} dtype {tokens.dtype}")
+    layers = sum(name.startswith("w_q") for name in params)
+    if not 0 <= layer < layers:
+        raise ValueError(f"layer must be in 0..{layers - 1}, got {layer!r}")
+    _, saved, _ = forward(params, tokens[None], n_head)                # a batch of one
+    q, k, v = (saved[layer][name][0].astype(np.float32) for name in ("q", "k", "v"))
+    return q, k, v, saved[layer]["weights"][0]
+
+
 def accuracy(params, tokens, scored, n_head=N_HEAD):
     """Fraction of the scored positions whose most likely next token is the right one."""
     logits, _, _ = forward(params, tokens, n_head)
