@@ -315,3 +315,18 @@ def test_the_fused_backward_at_the_gpu_block_sizes():
     done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "GPU block sizes ran" in done.stdout
+
+
+def test_a_trained_layers_heads_rebuild_its_weights_and_bad_input_is_named():
+    from attention_lib.stages import toy_model
+    params, _ = toy_model.load_trained()
+    tokens, _, _ = toy_model.induction_batch(np.random.default_rng(5), 1)
+    for layer in (0, 1):
+        q, k, v, weights = toy_model.layer_heads(params, tokens[0], layer)
+        assert q.dtype == np.float32 and q.shape == k.shape == v.shape == (toy_model.N_HEAD, tokens.shape[1], 16)
+        # The float64 reference on the float32 heads gives the model's own weights back.
+        assert np.abs(reference.attention_weights(q, k) - weights).max() < 1e-4
+    with pytest.raises(ValueError, match=r"^tokens must be a \(T,\) integer array, got shape \(1, 24\) dtype int"):
+        toy_model.layer_heads(params, tokens, 0)
+    with pytest.raises(ValueError, match=r"^layer must be in 0\.\.1, got 2$"):
+        toy_model.layer_heads(params, tokens[0], 2)
