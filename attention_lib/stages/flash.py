@@ -165,7 +165,7 @@ def v1_walk_keys(q_row, acc, k, v, h, i, t_q, causal, window):
     and the returned (m, l)."""
     t_k, d_k, d_v = k.shape[1], k.shape[2], v.shape[2]
     m, l = NEG_INF, np.float32(0.0)     # running max and sum of exp(s - m); float32, as on a GPU
-    for j in range(first_key(i, t_q, t_k, window), visible_keys(i, t_q, t_k, causal)):   # masked keys are never scored
+    for j in range(first_key(i, t_q, t_k, window), visible_keys(i, t_q, t_k, causal)):   # no masked key
         s = np.float32(0.0)
         for c in range(d_k):
             s += q_row[c] * k[h, j, c]

@@ -32,6 +32,7 @@ from attention_lib.launch import ceil_div, check_grid, check_simulator_budget
 from attention_lib.stages.scores import TILE, flatten_qk, scale_factor, score_grid, tile_dot
 from attention_lib.validation import as_float32
 
+
 # --- Kernels -----------------------------------------------------------------------------
 
 @cuda.jit
