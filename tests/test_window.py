@@ -168,3 +168,22 @@ def test_bad_windows_are_one_line_errors_naming_window(kwargs, message):
 def test_a_numpy_int_window_is_accepted(rng):
     q, k, v = qkv(rng, (), 9, 9, 5)
     assert np.array_equal(flash.flash_attention(q, k, v, window=np.int64(3)), flash.flash_attention(q, k, v, window=3))
+
+
+def masks_every_score(s, q0, k0, rg, cg, t_q, t_k, causal, window):
+    """A stand-in for v3_mask that hides every score of the tiles it is called for."""
+    for x in range(S_SIZE):          # S_SIZE, NEG_INF: flash's compile-time names, as build_flash_v3 binds them
+        s[x] = NEG_INF
+
+
+def test_v3_masks_only_the_tiles_an_edge_of_the_band_crosses(rng):
+    """T 128, window 96, d_k 5 (blocks of 64 queries, key tiles of 32): every query 64 .. 127 sees
+    keys 32 .. 64, so of that block's tiles 0, 32, 64, 96 only tile 32 (keys 32 .. 63) holds no edge
+    of the band. With v3_mask hiding everything, that tile alone is left: rows 64 .. 127 become
+    attention over keys 32 .. 63, and rows 0 .. 63, whose every tile an edge crosses, see nothing."""
+    q, k, v = qkv(rng, (1,), 128, 128, 5)
+    kernel = flash.build_flash_v3(5, {"v3_mask": masks_every_score})
+    got = flash.flash_attention(q, k, v, version=3, kernel=kernel, window=96)
+    assert (got[0, :64] == 0).all()
+    want = reference.attention(q[:, 64:], k[:, 32:64], v[:, 32:64], causal=False)
+    assert np.allclose(got[0, 64:], want[0], rtol=1e-5, atol=1e-5)
