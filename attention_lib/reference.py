@@ -37,24 +37,44 @@ def scores(q, k, scale=True):
     return raw / np.sqrt(q.shape[-1]) if scale else raw
 
 
-def causal_mask(T_q, T_k=None):
+def check_window(window, causal=True):
+    """The sliding window `window` (an int >= 1, or None for none), or a one-line ValueError.
+
+    A window is an option of the causal mask: it needs causal=True.
+    """
+    if window is None:
+        return None
+    if isinstance(window, (bool, np.bool_)) or not isinstance(window, (int, np.integer)) or window < 1:
+        raise ValueError(f"window must be None or an int >= 1 (the keys a query sees, itself included), got {window!r}")
+    if not causal:
+        raise ValueError(f"window {window} needs causal=True (a sliding window is a causal mask), got causal=False")
+    return int(window)
+
+
+def causal_mask(T_q, T_k=None, window=None):
     """Boolean (T_q, T_k) matrix, True where query i may see key j.
 
     With T_k > T_q the queries are the *last* T_q positions (as when decoding with a cache):
-    query i sits at position i + (T_k - T_q) and sees keys 0 .. that position.
+    query i sits at position i + (T_k - T_q) and sees keys 0 .. that position. With a sliding
+    `window` (an int >= 1) it sees only the last `window` of them: key j is visible when
+    i + off - window < j <= i + off, off = T_k - T_q (a window >= T_k is the plain causal mask).
     """
     T_k = T_q if T_k is None else T_k
-    offset = T_k - T_q
-    return np.arange(T_k)[None, :] <= np.arange(T_q)[:, None] + offset
+    window = check_window(window)
+    position = np.arange(T_q)[:, None] + (T_k - T_q)          # (T_q, 1): where query i sits
+    j = np.arange(T_k)[None, :]                                # (1, T_k)
+    visible = j <= position
+    return visible if window is None else visible & (j > position - window)
 
 
-def apply_causal_mask(s):
-    """Scores with every future position (key j after query i) set to -inf.
+def apply_causal_mask(s, window=None):
+    """Scores with every future position (key j after query i) set to -inf, and with a sliding
+    `window` every key more than window - 1 positions behind the query too.
 
     s: (..., T_q, T_k) -> same shape, a new array.
     """
     s = _f64(s).copy()
-    s[..., ~causal_mask(s.shape[-2], s.shape[-1])] = -np.inf
+    s[..., ~causal_mask(s.shape[-2], s.shape[-1], window)] = -np.inf
     return s
 
 
@@ -107,18 +127,23 @@ def merge_heads(h):
     return side_by_side.reshape(*lead, T, n_head * d_k)        # (..., T, d_model)
 
 
-def attention_weights(q, k, causal=True):
-    """softmax(mask(q k^T / sqrt(d_k))): (..., T_q, d_k), (..., T_k, d_k) -> (..., T_q, T_k)."""
+def attention_weights(q, k, causal=True, window=None):
+    """softmax(mask(q k^T / sqrt(d_k))): (..., T_q, d_k), (..., T_k, d_k) -> (..., T_q, T_k).
+
+    window: a sliding window (causal only, see causal_mask) or None.
+    """
+    window = check_window(window, causal)
     s = scores(q, k, scale=True)
-    return softmax(apply_causal_mask(s) if causal else s)
+    return softmax(apply_causal_mask(s, window) if causal else s)
 
 
-def attention(q, k, v, causal=True):
+def attention(q, k, v, causal=True, window=None):
     """Scaled dot-product attention of one or many heads.
 
     q: (..., T_q, d_k); k: (..., T_k, d_k); v: (..., T_k, d_v) -> (..., T_q, d_v).
+    window: a sliding window (causal only, see causal_mask) or None.
     """
-    return weighted_sum(attention_weights(q, k, causal), v)
+    return weighted_sum(attention_weights(q, k, causal, window), v)
 
 
 def multi_head_attention(x, w_q, w_k, w_v, w_o, n_head, causal=True,

@@ -217,10 +217,11 @@ def test_the_fused_kernel_moves_less_than_the_pipeline_and_the_gap_grows_with_t(
 
 # --- Barriers -----------------------------------------------------------------------------
 
-def launch_args(version, q, k, v, causal=True):
-    """The arguments flash_attention passes to a kernel, with out and lse zeroed."""
+def launch_args(version, q, k, v, causal=True, window=0):
+    """The arguments flash_attention passes to a kernel, with out and lse zeroed (group 1)."""
     out = np.zeros((q.shape[0], q.shape[1], v.shape[2]), np.float32)
-    return (q, k, v, flash.flash_scale(version, q.shape[2]), causal, out, np.zeros(q.shape[:2], np.float32))
+    return (q, k, v, flash.flash_scale(version, q.shape[2]), causal, np.int32(window), np.int32(1),
+            out, np.zeros(q.shape[:2], np.float32))
 
 
 @pytest.mark.parametrize("version", [1, 2, 3])
@@ -231,7 +232,7 @@ def test_the_kernels_have_no_race(rng, version, t_q, t_k):
     args = launch_args(version, q, k, v)
     races = sanitizer.find_races(kernel, *flash.flash_grid(2, t_q, version, 5), *args)
     assert races == [], [str(r) for r in races]
-    assert_close_float32(args[5], reference.attention(q, k, v))
+    assert_close_float32(args[7], reference.attention(q, k, v))
 
 
 # Barrier mutants, generated from the library's source: the n-th cuda.syncthreads() of a
@@ -289,7 +290,7 @@ def zeroed_shared(monkeypatch):
 def races_of(kernel, version, t):
     q, k, v = (a.reshape(1, t, 5) for a in qkv(np.random.default_rng(3), (), t, t, 5))
     args = launch_args(version, q, k, v)
-    return sanitizer.find_races(kernel, *flash.flash_grid(1, t, version, 5), *args), args[5], (q, k, v)
+    return sanitizer.find_races(kernel, *flash.flash_grid(1, t, version, 5), *args), args[7], (q, k, v)
 
 
 @pytest.mark.parametrize("function, missing, arrays", [
@@ -426,23 +427,24 @@ def test_planted_mistakes_get_their_diagnosis(answer, diagnosis, says):
 
 # The guard, the scaled query and the division by l are given (flash.v1_start_row and
 # flash.write_row, put around the answer by the check): the mistakes are the walk's own.
-NO_RESCALE, SCALED_AGAIN, MISSES_OWN_KEY, NO_MASK, IGNORES_OFFSET = range(1, 6)
+NO_RESCALE, SCALED_AGAIN, MISSES_OWN_KEY, NO_MASK, IGNORES_OFFSET, IGNORES_WINDOW = range(1, 7)
 
 
 def walk_with_mistake(mistake):
     """flash.v1_walk_keys with one typical mistake planted (an int, compiled in)."""
     @cuda.jit(device=True)
-    def planted(q_row, acc, k, v, h, i, t_q, causal):
+    def planted(q_row, acc, k, v, h, i, t_q, causal, window):
         t_k, d_k, d_v = k.shape[1], k.shape[2], v.shape[2]
         m, l = np.float32(-math.inf), np.float32(0.0)
         n = flash.visible_keys(i, t_q, t_k, causal)
+        first = 0 if mistake == IGNORES_WINDOW else flash.first_key(i, t_q, t_k, window)
         if mistake == MISSES_OWN_KEY:
             n -= 1
         elif mistake == NO_MASK:
             n = t_k
         elif mistake == IGNORES_OFFSET and causal:
             n = min(i + 1, t_k)
-        for j in range(n):
+        for j in range(first, n):
             s = np.float32(0.0)
             for c in range(d_k):
                 s += q_row[c] * k[h, j, c]
@@ -460,7 +462,7 @@ def walk_with_mistake(mistake):
 
 
 @cuda.jit(device=True)
-def walk_stub(q_row, acc, k, v, h, i, t_q, causal):
+def walk_stub(q_row, acc, k, v, h, i, t_q, causal, window):
     raise NotImplementedError()
 
 
@@ -477,6 +479,7 @@ def test_the_library_walk_passes_the_kernel_exercise(capsys):
     (MISSES_OWN_KEY, "mask_includes_diagonal", "missed its own key"),
     (NO_MASK, "mask_not_applied", "every query saw every key"),
     (IGNORES_OFFSET, "mask_ignores_offset", "the last T_q positions"),
+    (IGNORES_WINDOW, "mask_ignores_window", "with a window of 4"),
 ])
 def test_planted_walk_mistakes_get_their_diagnosis(mistake, diagnosis, says):
     result = check("07_flash_inner", walk_with_mistake(mistake), verbose=False)

@@ -106,12 +106,21 @@ def test_the_fused_kernel_skips_the_tiles_above_the_diagonal(rng):
     assert (fused.loads("q").sum(), unfused.loads("q").sum()) == (1224, 2376)
 
 
-def test_the_sliding_window_mask():
-    assert np.array_equal(mask.sliding_window_mask(9, 9), reference.causal_mask(9))
-    assert np.array_equal(mask.sliding_window_mask(6, 1), np.eye(6, dtype=bool))
-    window = mask.sliding_window_mask(8, 3)
-    assert list(window.sum(axis=1)) == [1, 2, 3, 3, 3, 3, 3, 3]
-    assert window[5, 3] and not window[5, 2] and not window[5, 6]
+@pytest.mark.parametrize("shape, window", [((1, 1), 1), ((3, 7, 7), 3), ((2, 33, 33), 16), ((2, 5, 9), 2),
+                                           ((6, 4), 2), ((19, 19), 40), ((19, 19), 1)],
+                         ids=lambda c: "x".join(map(str, c)) if isinstance(c, tuple) else str(c))
+def test_the_window_option_matches_the_reference_exactly(rng, shape, window):
+    s = rng.standard_normal(shape).astype(np.float32)
+    got = mask.apply_causal_mask(s, window=window)
+    assert got.dtype == np.float32 and np.array_equal(got, reference.apply_causal_mask(s, window))
+    visible = reference.causal_mask(*shape[-2:], window=window)
+    assert np.isneginf(got[..., ~visible]).all() and np.isfinite(got[..., visible]).all()
+
+
+def test_a_window_as_wide_as_the_context_is_the_causal_mask(rng):
+    s = rng.standard_normal((2, 7, 12)).astype(np.float32)
+    assert np.array_equal(mask.apply_causal_mask(s, window=12), mask.apply_causal_mask(s))
+    assert not np.array_equal(mask.apply_causal_mask(s, window=6), mask.apply_causal_mask(s))
 
 
 @pytest.mark.parametrize("call, error, message", [
@@ -125,6 +134,10 @@ def test_the_sliding_window_mask():
      r"^s must be a float array of shape \(\.\.\., T_q, T_k\), got dtype bool$"),
     (lambda: mask.causal_scores(np.zeros((3, 4)), np.zeros((3, 5))), ValueError,
      r"^k must have d_k = 4 in its last axis, like q \(3, 4\); got shape \(3, 5\)$"),
+    (lambda: mask.apply_causal_mask(np.zeros((3, 3)), window=0), ValueError,
+     r"^window must be None or an int >= 1 \(the keys a query sees, itself included\), got 0$"),
+    (lambda: mask.apply_causal_mask(np.zeros((3, 3)), window=1.5), ValueError,
+     r"^window must be None or an int >= 1 .*, got 1\.5$"),
 ])
 def test_bad_inputs_are_one_line_errors_naming_the_argument(call, error, message):
     with pytest.raises(error, match=message):
@@ -134,7 +147,7 @@ def test_bad_inputs_are_one_line_errors_naming_the_argument(call, error, message
 # --- The exercise: planted mistakes --------------------------------------------------------
 
 @cuda.jit
-def masks_the_diagonal_too(s):
+def masks_the_diagonal_too(s, window):
     j, i = cuda.grid(2)
     h = cuda.blockIdx.z
     if i < s.shape[1] and j < s.shape[2] and j >= i + (s.shape[2] - s.shape[1]):
@@ -142,7 +155,7 @@ def masks_the_diagonal_too(s):
 
 
 @cuda.jit
-def masks_the_past(s):
+def masks_the_past(s, window):
     j, i = cuda.grid(2)
     h = cuda.blockIdx.z
     if i < s.shape[1] and j < s.shape[2] and j < i + (s.shape[2] - s.shape[1]):
@@ -150,14 +163,14 @@ def masks_the_past(s):
 
 
 @cuda.jit
-def masks_nothing(s):
+def masks_nothing(s, window):
     j, i = cuda.grid(2)
     if i < s.shape[1] and j < s.shape[2] and j > s.shape[2]:
         s[cuda.blockIdx.z, i, j] = -math.inf
 
 
 @cuda.jit
-def ignores_the_offset(s):
+def ignores_the_offset(s, window):
     j, i = cuda.grid(2)
     h = cuda.blockIdx.z
     if i < s.shape[1] and j < s.shape[2] and j > i:
@@ -165,7 +178,7 @@ def ignores_the_offset(s):
 
 
 @cuda.jit
-def masks_with_minus_1e9(s):
+def masks_with_minus_1e9(s, window):
     j, i = cuda.grid(2)
     h = cuda.blockIdx.z
     if i < s.shape[1] and j < s.shape[2] and j > i + (s.shape[2] - s.shape[1]):
@@ -173,14 +186,21 @@ def masks_with_minus_1e9(s):
 
 
 @cuda.jit
-def no_bounds_guard(s):
+def no_bounds_guard(s, window):
     j, i = cuda.grid(2)
     if j > i + (s.shape[2] - s.shape[1]):
         s[cuda.blockIdx.z, i, j] = -math.inf
 
 
 @cuda.jit
-def only_head_zero(s):
+def ignores_the_window(s, window):
+    j, i = cuda.grid(2)
+    if i < s.shape[1] and j < s.shape[2] and j > i + (s.shape[2] - s.shape[1]):
+        s[cuda.blockIdx.z, i, j] = -math.inf
+
+
+@cuda.jit
+def only_head_zero(s, window):
     j, i = cuda.grid(2)
     if i < s.shape[1] and j < s.shape[2] and j > i + (s.shape[2] - s.shape[1]):
         s[0, i, j] = -math.inf
@@ -200,6 +220,7 @@ def test_the_library_kernel_passes_the_exercise(capsys):
     (masks_with_minus_1e9, "mask_value_not_neg_inf", "-1e+09"),
     (no_bounds_guard, "out_of_bounds", "Guard the index"),
     (only_head_zero, "wrong_values", "entries differ"),
+    (ignores_the_window, "mask_ignores_window", "with window = 4"),
 ])
 def test_planted_mistakes_get_their_diagnosis(answer, diagnosis, says):
     result = check("03_causal_mask", answer, verbose=False)

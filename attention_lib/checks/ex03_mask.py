@@ -1,14 +1,15 @@
 """Notebook 03's exercises: the in-place causal mask, then the tile-skip test of a fused kernel.
 
-``03_causal_mask`` (warm-up): the answer has mask_kernel_v1's signature ``(s)`` and is launched on the library's grid over
-random finite scores. A wrong answer is compared with the usual wrong masks, by which entries
+``03_causal_mask`` (warm-up): the answer has mask_kernel_v1's signature ``(s, window)`` and is launched on the library's
+grid over random finite scores, with window 0 (none) and, in the last cases, a sliding window. A wrong
+answer is compared with the usual wrong masks, by which entries
 it changed: ``mask_not_applied`` (none), ``mask_includes_diagonal`` (j >= i: a position may
 not even see itself), ``mask_wrong_side`` (the past masked instead of the future),
 ``mask_ignores_offset`` (j > i when T_k > T_q: the queries are the last T_q positions), and
 ``mask_value_not_neg_inf`` (the right entries, but set to something else than -inf, such as
 -1e9 or 0), ``grid_axes_swapped`` (i taken from the grid's x: with T_q much larger than
 T_k, whole rows are never reached, and on a GPU neighbouring threads would write addresses a
-row apart, uncoalesced).
+row apart, uncoalesced), ``mask_ignores_window`` (only the future masked when a window was given).
 
 ``03_tile_skip`` (main): a fused scores kernel for a sliding-window causal mask (query i sees
 keys j with i + off - window < j <= i + off, off = T_k - T_q) calls the student's device
@@ -32,17 +33,17 @@ from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_
 
 
 def _run_mask(kernel, case, rng, launch):
-    bh, t_q, t_k = case
+    bh, t_q, t_k, window = case
     s = rng.standard_normal((bh, t_q, t_k)).astype(np.float32)
     # The scores, then a guard zone that catches writes past the end on a real GPU.
     full, d_s = output_array(s.shape, guard=scores.TILE * scores.TILE)
     d_s.copy_to_device(s)                                # (BH, T_q, T_k), masked in place
     grid, block = scores.score_grid(bh, t_q, t_k)
-    launch(kernel, grid, block, d_s)
-    return read_output(full, d_s), reference.apply_causal_mask(s), s
+    launch(kernel, grid, block, d_s, np.int32(window))
+    return read_output(full, d_s), reference.apply_causal_mask(s, window or None), s, window
 
 
-def _diagnose(got, expected, s):
+def _diagnose(got, expected, s, window):
     """Name the mistake from the set of entries the answer changed; None when it is none of them."""
     t_q, t_k = s.shape[-2:]
     offset = t_k - t_q
@@ -61,6 +62,11 @@ def _diagnose(got, expected, s):
     if not (changed == changed[0]).all():
         return None                                     # heads differ: the engine shows where
     changed = changed[0]                                # (T_q, T_k), the same in every head
+    if window:
+        if np.array_equal(changed, future):
+            return "mask_ignores_window", (f"only the future was masked: with window = {window}, query i also may "
+                                           "not see keys j <= i + (T_k - T_q) - window, too far behind it")
+        return None                                     # the cases without a window named the rest
     if np.array_equal(changed, j > i + offset) and not np.isneginf(got[..., j > i + offset]).all():
         value = got[..., j > i + offset][~np.isneginf(got[..., j > i + offset])][0]
         return "mask_value_not_neg_inf", (f"the right scores were masked, but with {value:.6g}; use -math.inf, "
@@ -79,16 +85,18 @@ def _diagnose(got, expected, s):
 
 register(Exercise(
     exercise_id="03_causal_mask",
-    title="s[h, i, j] = -inf where j > i + (T_k - T_q), in place, one thread per score",
+    title="s[h, i, j] = -inf where j > i + (T_k - T_q), or j <= i + (T_k - T_q) - window, in place",
     kind="kernel",
     run=_run_mask,
     # (BH, T_q, T_k): one score; 7 x 7 (less than a block); 33 x 33 (a partly used last block,
     # several heads); then 5 queries against 9 keys, as when decoding with a cache; then 40
-    # queries against 5 keys (rows 0..34 fully masked), where swapped grid axes miss rows.
-    cases=[(1, 1, 1), (2, 7, 7), (3, 33, 33), (2, 5, 9), (1, 40, 5)],
-    describe_case=lambda c: f"BH = {c[0]}, T_q = {c[1]}, T_k = {c[2]}",
-    hint=("one thread per score: a thread whose key lies in its query's future overwrites its "
-          "score with minus infinity, every other thread leaves its score alone"),
+    # queries against 5 keys (rows 0..34 fully masked), where swapped grid axes miss rows; then
+    # sliding windows: 4 over 19 x 19, and 3 with 5 queries against 12 keys.
+    cases=[(1, 1, 1, 0), (2, 7, 7, 0), (3, 33, 33, 0), (2, 5, 9, 0), (1, 40, 5, 0), (2, 19, 19, 4), (1, 5, 12, 3)],
+    describe_case=lambda c: f"BH = {c[0]}, T_q = {c[1]}, T_k = {c[2]}" + (f", window = {c[3]}" if c[3] else ""),
+    hint=("one thread per score: a thread whose key lies in its query's future (or, with a window, "
+          "too far in its past) overwrites its score with minus infinity, every other thread leaves "
+          "its score alone"),
     more_hints=("where it goes wrong: with T_k keys and T_q queries the queries are the last T_q "
                 "positions, so the diagonal is shifted by T_k - T_q; the diagonal itself stays visible; "
                 "the grid's x axis is the key",),
@@ -96,22 +104,11 @@ register(Exercise(
     atol=0.0,
     diagnose=_diagnose,
     diagnoses=('mask_includes_diagonal', 'mask_wrong_side', 'mask_not_applied', 'mask_ignores_offset',
-               'mask_value_not_neg_inf', 'grid_axes_swapped'),
+               'mask_value_not_neg_inf', 'grid_axes_swapped', 'mask_ignores_window'),
 ))
 
 
 # --- The main exercise: which tiles a sliding-window kernel may skip ------------------------
-
-def window_visible(t_q, t_k, window, offset=None):
-    """(t_q, t_k) bool, True where query i sees key j: i + off - window < j <= i + off.
-
-    off = t_k - t_q (the queries are the last t_q positions) unless `offset` is given; a
-    window of t_k or more is the plain causal mask.
-    """
-    offset = t_k - t_q if offset is None else offset
-    i, j = np.arange(t_q)[:, None], np.arange(t_k)[None, :]
-    return (j <= i + offset) & (j > i + offset - window)
-
 
 def wholly_masked_tiles(visible, tile=TILE):
     """(row blocks, col blocks) bool: True for the tiles of `visible` in which no score is visible."""
@@ -167,7 +164,7 @@ def _run_tile_skip(tile_is_masked, case, rng, launch):
     skipped = cuda.to_device(np.zeros((bh, grid[1], grid[0]), np.int32))
     launch(window_kernel(tile_is_masked), grid, block, cuda.to_device(q), cuda.to_device(k),
            scores.scale_factor(d_k), window, s, skipped)
-    visible = window_visible(t_q, t_k, window)
+    visible = reference.causal_mask(t_q, t_k, window)
     expected = np.where(visible, reference.scores(q, k), -np.inf)
     _judge_skipped(skipped.copy_to_host().astype(bool), visible, t_q, t_k, window)
     return read_output(full, s), expected
@@ -186,7 +183,7 @@ def _judge_skipped(skipped, visible, t_q, t_k, window):
             f"tile (row block {r}, col block {c}) was skipped but holds a visible score: "
             "test the tile's corner that is closest to being visible, for each side of the band"))
     if (masked & ~skipped).any():
-        future = wholly_masked_tiles(window_visible(t_q, t_k, t_k + t_q))   # the causal mask alone
+        future = wholly_masked_tiles(reference.causal_mask(t_q, t_k))   # the causal mask alone
         missed = masked & ~skipped
         kind = ("before the window (too far in the past)" if not (missed & future).any()
                 else "above the diagonal (in the future)")

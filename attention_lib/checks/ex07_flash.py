@@ -25,14 +25,15 @@ that function's place (``flash.build_flash_v3``) and compares the fused kernel's
 the reference. Diagnoses: ``online_softmax_no_rescale``, ``rescale_l_only``,
 ``rescale_o_only``, ``max_not_updated``, ``natural_exp`` (exp of base-2 scores).
 
-``07_flash_inner`` (optional, harder): ``walk_keys(q_row, acc, k, v, h, i, t_q, causal)``, a
+``07_flash_inner`` (optional, harder): ``walk_keys(q_row, acc, k, v, h, i, t_q, causal, window)``, a
 ``@cuda.jit(device=True)`` function with the contract of ``flash.v1_walk_keys``; the check puts it in
 that function's place in flash_attention_kernel_v1 (``kernel_around``) and launches the kernel on
 version 1's grid (one thread per query; lse is not checked). Its output comes from the engine's
 output_array (UNWRITTEN where never written; a NaN the kernel computed stays NaN). Besides the
 engine's diagnoses: ``online_softmax_no_rescale``, ``scaled_by_d_k`` (q_row is already scaled),
 ``mask_not_applied``, ``mask_includes_diagonal``, ``mask_ignores_offset`` (the queries are the
-last T_q positions).
+last T_q positions), ``mask_ignores_window`` (a sliding window's case saw the keys before the
+window).
 """
 
 import functools
@@ -167,10 +168,11 @@ class KernelCase(NamedTuple):
     d_k: int
     d_v: int
     causal: bool
+    window: int = 0      # a sliding window, 0 for none
 
     def __str__(self):
         return (f"(BH {self.BH}, T_q {self.T_q}, T_k {self.T_k}, d_k {self.d_k}, d_v {self.d_v}, "
-                f"{'causal' if self.causal else 'not causal'})")
+                f"{'causal' if self.causal else 'not causal'}{f', window {self.window}' if self.window else ''})")
 
 
 @functools.lru_cache(maxsize=None)
@@ -178,14 +180,14 @@ def kernel_around(walk_keys):
     """flash_attention_kernel_v1 with walk_keys in v1_walk_keys' place: the guard, the scaled
     query, acc's zeros and the division by l are the library's (v1_start_row, write_row)."""
     @cuda.jit
-    def kernel(q, k, v, scale, causal, out, lse):
+    def kernel(q, k, v, scale, causal, window, group, out, lse):
         i, h = cuda.grid(2)
         if i >= q.shape[1]:
             return
         q_row = cuda.local.array(flash.MAX_D, np.float32)
         acc = cuda.local.array(flash.MAX_D, np.float32)
         flash.v1_start_row(q_row, acc, q, h, i, scale, v.shape[2])
-        m, l = walk_keys(q_row, acc, k, v, h, i, q.shape[1], causal)
+        m, l = walk_keys(q_row, acc, k, v, h, i, q.shape[1], causal, window)
         flash.write_row(out, lse, h, i, acc, m, l)
     return kernel
 
@@ -202,9 +204,10 @@ def _run_kernel(walk_keys, case, rng, launch):
         # diagnosis says it once.
         warnings.simplefilter("ignore", RuntimeWarning)
         launch(kernel_around(walk_keys), grid, block, cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
-               np.float32(1.0 / np.sqrt(case.d_k)), case.causal, out,
+               np.float32(1.0 / np.sqrt(case.d_k)), case.causal, np.int32(case.window), np.int32(1), out,
                cuda.device_array((case.BH, case.T_q), np.float32))
-    return read_output(full, out), reference.attention(q, k, v, case.causal), q, k, v, case.causal
+    window = case.window or None
+    return read_output(full, out), reference.attention(q, k, v, case.causal, window), q, k, v, case.causal, window
 
 
 def _attention_with(q, k, v, visible, scale):
@@ -225,11 +228,11 @@ def _without_rescale(q, k, v, visible, scale):
         return (e @ v) / e.sum(axis=-1, keepdims=True)
 
 
-def _diagnose_kernel(got, expected, q, k, v, causal):
+def _diagnose_kernel(got, expected, q, k, v, causal, window):
     t_q, t_k, d_k = q.shape[1], k.shape[1], q.shape[2]
     i, j = np.arange(t_q)[:, None], np.arange(t_k)[None, :]
     offset = t_k - t_q
-    visible = j <= i + offset if causal else np.ones((t_q, t_k), bool)
+    visible = reference.causal_mask(t_q, t_k, window) if causal else np.ones((t_q, t_k), bool)
     scale = 1.0 / np.sqrt(d_k)
     candidates = [
         ("online_softmax_no_rescale", _without_rescale(q, k, v, visible, scale),
@@ -238,7 +241,11 @@ def _diagnose_kernel(got, expected, q, k, v, causal):
         ("scaled_by_d_k", _attention_with(q, k, v, visible, 1.0 / d_k),
          "the scores are divided by d_k: q_row already holds q / sqrt(d_k), scale it no further"),
     ]
-    if causal:
+    if window:
+        candidates.append(("mask_ignores_window", _attention_with(q, k, v, j <= i + offset, scale),
+                           f"with a window of {window} query i sees only keys j > i + (T_k - T_q) - window: "
+                           "start the walk at first_key, not at key 0"))
+    elif causal:
         candidates += [
             ("mask_not_applied", _attention_with(q, k, v, np.ones((t_q, t_k), bool), scale),
              "every query saw every key: with causal, query i sees keys 0 .. i + (T_k - T_q) only"),
@@ -270,12 +277,12 @@ register(Exercise(
     kind="function",
     run=_run_kernel,
     # One query and key; a few heads of 7; 33 queries (a partly used second block) with
-    # d_v != d_k; fewer queries than keys (the causal offset); not causal.
+    # d_v != d_k; fewer queries than keys (the causal offset); not causal; a sliding window of 4.
     cases=[KernelCase(1, 1, 1, 1, 1, True), KernelCase(2, 7, 7, 5, 5, True),
            KernelCase(1, 33, 33, 24, 16, True), KernelCase(2, 5, 12, 5, 5, True),
-           KernelCase(1, 9, 9, 5, 5, False)],
+           KernelCase(1, 9, 9, 5, 5, False), KernelCase(1, 19, 19, 5, 5, True, 4)],
     describe_case=str,
-    hint=("walk only the keys query i sees (visible_keys counts them); score each against the "
+    hint=("walk only the keys query i sees (first_key and visible_keys bound them); score each against the "
           "scaled query and fold it into (m, l, acc) as online_update folds a block: whenever the "
           "max grows, the sums so far were taken against the old max and must shrink to match"),
     # float32 scores, exp and sums of up to 33 terms against float64: errors around 1e-6.
@@ -283,7 +290,7 @@ register(Exercise(
     atol=1e-5,
     diagnose=_diagnose_kernel,
     diagnoses=('online_softmax_no_rescale', 'scaled_by_d_k', 'mask_not_applied',
-               'mask_includes_diagonal', 'mask_ignores_offset'),
+               'mask_includes_diagonal', 'mask_ignores_offset', 'mask_ignores_window'),
 ))
 
 

@@ -27,11 +27,17 @@ output stays unnormalised until a single division by l at the end.
   never loaded, the longest causal blocks first. Built from short ``v3_*`` device functions; the
   head width is compile-time: ``make_flash_v3(d_k)`` (cached) or ``build_flash_v3`` rebuilds
   them for another d_k. ``FAST`` declares its floors for the kernel report.
-- ``visible_count`` and ``block_key_tiles``: the causal mask's key counts and tile skipping on
-  the host, for every tiled kernel; ``flash_tile_counts`` and ``flash_traffic``: the fused
+- Sliding windows (``window``, with causal; Mistral-style): query i sees only the last `window`
+  positions up to its own (reference.causal_mask). ``first_key`` is where its keys start, as
+  ``visible_keys`` is where they end; ``block_band`` gives a block's key range: its key loop
+  starts at the tile holding its first visible key, so tiles wholly before the window are
+  never loaded, and v3 masks only the tiles an edge of the band crosses.
+- ``visible_count``, ``first_visible``, ``block_key_tiles`` and ``band_key_tiles``: the same key
+  counts and tile skipping on the host, for every tiled kernel; ``flash_tile_counts`` and ``flash_traffic``: the fused
   kernel's work and main-memory traffic, as formulas. ``attention_lib.traffic`` counts the same
   traffic with the sanitizer, and the pipeline's (tests/test_flash.py checks that they agree).
-- Launcher ``flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=False)``:
+- Launcher ``flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=False,
+  window=None)``:
   version 3 on a GPU, 2 on the simulator (v3's 128-thread blocks simulated 2 to 13 times slower
   than v2 at T 1 to 40, measured);
   with return_lse also the natural log-sum-exp of each row, which the backward pass rebuilds P from.
@@ -121,6 +127,28 @@ def visible_keys(i, t_q, t_k, causal):
 
 
 @cuda.jit(device=True)
+def first_key(i, t_q, t_k, window):
+    """The first key query i sees: 0 without a sliding window (window 0); with one, the oldest
+    of the last `window` positions up to its own, i + (T_k - T_q) - window + 1, never below 0.
+    Query i sees keys first_key .. visible_keys - 1 (reference.causal_mask with the window)."""
+    if window == 0:
+        return 0
+    return max(0, i + (t_k - t_q) - window + 1)
+
+
+@cuda.jit(device=True)
+def block_band(q0, last, t_q, t_k, causal, window, tile):
+    """The key range of the block of queries q0 .. last, the same in all its threads:
+    (start, end, clear_from, clear_to). It loads key tiles of `tile` from `start` (the tile
+    holding the first key its first query sees) up to key `end` (its last query's last); the
+    tiles before start hold no key any of its queries sees, and are never loaded. Keys
+    clear_from .. clear_to - 1 are seen by every query of the block: a tile within them needs no mask."""
+    start = first_key(q0, t_q, t_k, window) // tile * tile
+    end = visible_keys(last, t_q, t_k, causal)
+    return start, end, first_key(last, t_q, t_k, window), visible_keys(q0, t_q, t_k, causal)
+
+
+@cuda.jit(device=True)
 def v1_start_row(q_row, acc, q, h, i, scale, d_v):
     """Thread i's starting state in its local arrays ((MAX_D,) float32): q_row <- q[h, i] * scale
     (the scale folded into q once), acc[:d_v] <- 0."""
@@ -131,12 +159,13 @@ def v1_start_row(q_row, acc, q, h, i, scale, d_v):
 
 
 @cuda.jit(device=True)
-def v1_walk_keys(q_row, acc, k, v, h, i, t_q, causal):
-    """Query i's walk over the keys of head h it sees, one key at a time: score it against q_row
-    (scaled, (d_k,)), fold it into acc ((d_v,), unnormalised) and the returned (m, l)."""
+def v1_walk_keys(q_row, acc, k, v, h, i, t_q, causal, window):
+    """Query i's walk over the keys of head h it sees (window: 0, or a sliding window), one key
+    at a time: score it against q_row (scaled, (d_k,)), fold it into acc ((d_v,), unnormalised)
+    and the returned (m, l)."""
     t_k, d_k, d_v = k.shape[1], k.shape[2], v.shape[2]
     m, l = NEG_INF, np.float32(0.0)     # running max and sum of exp(s - m); float32, as on a GPU
-    for j in range(visible_keys(i, t_q, t_k, causal)):   # masked keys are never scored
+    for j in range(first_key(i, t_q, t_k, window), visible_keys(i, t_q, t_k, causal)):   # no masked key
         s = np.float32(0.0)
         for c in range(d_k):
             s += q_row[c] * k[h, j, c]
@@ -161,11 +190,13 @@ def write_row(out, lse, h, i, acc, m, l):
 
 
 @cuda.jit
-def flash_attention_kernel_v1(q, k, v, scale, causal, out, lse):
+def flash_attention_kernel_v1(q, k, v, scale, causal, window, group, out, lse):
     """Fused attention, one thread per query, reading K and V straight from global memory.
 
     q: (BH, T_q, d_k), k: (BH, T_k, d_k), v: (BH, T_k, d_v) float32, d_k, d_v <= MAX_D; scale:
-    float32, 1/sqrt(d_k); causal: bool; out: (BH, T_q, d_v) and lse: (BH, T_q) float32, written.
+    float32, 1/sqrt(d_k); causal: bool; window: int32, a sliding window (0: none; with causal
+    only); group: int32, query heads per key/value head, 1 here (k and v share q's head);
+    out: (BH, T_q, d_v) and lse: (BH, T_q) float32, written.
     Grid: x over queries i (ROWS_PER_BLOCK to a block), y over heads h.
     """
     i, h = cuda.grid(2)                          # x: the query, y: the head (blocks 1 high)
@@ -174,7 +205,7 @@ def flash_attention_kernel_v1(q, k, v, scale, causal, out, lse):
     q_row = cuda.local.array(MAX_D, np.float32)  # indexed by a run-time c: local memory
     acc = cuda.local.array(MAX_D, np.float32)
     v1_start_row(q_row, acc, q, h, i, scale, v.shape[2])
-    m, l = v1_walk_keys(q_row, acc, k, v, h, i, q.shape[1], causal)
+    m, l = v1_walk_keys(q_row, acc, k, v, h, i, q.shape[1], causal, window)
     write_row(out, lse, h, i, acc, m, l)
 
 
@@ -190,11 +221,11 @@ def v2_stage_rows(tile, src, h, r0, n, scale):
 
 
 @cuda.jit(device=True)
-def v2_score_tile(p_row, q_row, k_tile, mine, d_k):
-    """p_row[jj] <- q_row . k_tile[jj] for the tile's first `mine` keys; returns their max.
+def v2_score_tile(p_row, q_row, k_tile, first, mine, d_k):
+    """p_row[jj] <- q_row . k_tile[jj] for the tile's keys first .. mine - 1; returns their max.
     Every thread reads the same k_tile[jj, c] at the same moment: one broadcast."""
     tile_max = NEG_INF
-    for jj in range(mine):
+    for jj in range(first, mine):
         s = np.float32(0.0)
         for c in range(d_k):
             s += q_row[c] * k_tile[jj, c]
@@ -204,15 +235,15 @@ def v2_score_tile(p_row, q_row, k_tile, mine, d_k):
 
 
 @cuda.jit(device=True)
-def v2_fold_tile(acc, m, l, tile_max, p_row, v_tile, mine, d_v):
-    """Fold a tile's `mine` scores p_row and values v_tile into (m, l, acc): l and acc are
+def v2_fold_tile(acc, m, l, tile_max, p_row, v_tile, first, mine, d_v):
+    """Fold a tile's scores p_row[first:mine] and values v_tile into (m, l, acc): l and acc are
     rescaled once per tile (not once per key), then take the tile's terms; returns (m, l)."""
     m_new = max(m, tile_max)
     rescale = math.exp(m - m_new)
     l *= rescale
     for c in range(d_v):
         acc[c] *= rescale
-    for jj in range(mine):
+    for jj in range(first, mine):
         p = math.exp(p_row[jj] - m_new)
         l += p
         for c in range(d_v):
@@ -236,25 +267,26 @@ def v2_stage_queries(q_tile, q_row, acc, q, q0, n_rows, scale, d_v):
 
 
 @cuda.jit(device=True)
-def v2_key_tile(k_tile, v_tile, q_row, acc, m, l, k, v, k0, block_keys, my_keys):
-    """One key tile from k0, by the whole block: copy its K and V rows (block_keys at most in
-    all) into the shared tiles, then fold the keys of it this thread's query sees (my_keys in
-    all) into (m, l, acc); returns (m, l). Every thread must call it: it holds two barriers."""
+def v2_key_tile(k_tile, v_tile, q_row, acc, m, l, k, v, k0, block_keys, my_first, my_keys):
+    """One key tile from k0, by the whole block: copy its K and V rows (up to key block_keys)
+    into the shared tiles, then fold the keys of it this thread's query sees (my_first ..
+    my_keys - 1) into (m, l, acc); returns (m, l). Every thread must call it: it holds two barriers."""
     p_row = cuda.local.array(BLOCK_K, np.float32)  # this thread's scores against the tile
     n = min(BLOCK_K, block_keys - k0)              # keys in this tile
     v2_stage_rows(k_tile, k, cuda.blockIdx.y, k0, n, np.float32(1.0))
     v2_stage_rows(v_tile, v, cuda.blockIdx.y, k0, n, np.float32(1.0))
     cuda.syncthreads()                             # wait: the K and V tiles are complete
-    mine = min(n, my_keys - k0)                    # keys of this tile this query sees (causal)
-    if mine > 0:
-        tile_max = v2_score_tile(p_row, q_row, k_tile, mine, k.shape[2])
-        m, l = v2_fold_tile(acc, m, l, tile_max, p_row, v_tile, mine, v.shape[2])
+    first = max(0, my_first - k0)                  # keys of this tile this query sees: the
+    mine = min(n, my_keys - k0)                    # window's start and the causal end
+    if mine > first:
+        tile_max = v2_score_tile(p_row, q_row, k_tile, first, mine, k.shape[2])
+        m, l = v2_fold_tile(acc, m, l, tile_max, p_row, v_tile, first, mine, v.shape[2])
     cuda.syncthreads()                             # wait: every thread is done with the tiles before the next copy
     return m, l
 
 
 @cuda.jit
-def flash_attention_kernel_v2(q, k, v, scale, causal, out, lse):
+def flash_attention_kernel_v2(q, k, v, scale, causal, window, group, out, lse):
     """Fused, tiled attention, flash_attention_kernel_v1's arguments: a block of BLOCK_Q threads
     owns BLOCK_Q queries of head blockIdx.y. Grid (ceil(T_q / BLOCK_Q), BH), block BLOCK_Q."""
     q_tile = cuda.shared.array((BLOCK_Q, MAX_D), np.float32)  # the block's queries, scaled
@@ -266,9 +298,10 @@ def flash_attention_kernel_v2(q, k, v, scale, causal, out, lse):
     n_rows = min(BLOCK_Q, q.shape[1] - q0)                    # the last block may have fewer
     m, l = v2_stage_queries(q_tile, q_row, acc, q, q0, n_rows, scale, v.shape[2])
     my_keys = visible_keys(i, q.shape[1], k.shape[1], causal) if i < q0 + n_rows else 0
-    block_keys = visible_keys(q0 + n_rows - 1, q.shape[1], k.shape[1], causal)   # same in all threads
-    for k0 in range(0, block_keys, BLOCK_K):
-        m, l = v2_key_tile(k_tile, v_tile, q_row, acc, m, l, k, v, k0, block_keys, my_keys)
+    start, block_keys, _, _ = block_band(q0, q0 + n_rows - 1, q.shape[1], k.shape[1], causal, window, BLOCK_K)
+    for k0 in range(start, block_keys, BLOCK_K):   # the same tiles in all threads
+        m, l = v2_key_tile(k_tile, v_tile, q_row, acc, m, l, k, v, k0, block_keys,
+                           first_key(i, q.shape[1], k.shape[1], window), my_keys)
     if i < q0 + n_rows:
         write_row(out, lse, cuda.blockIdx.y, i, acc, m, l)
 
@@ -378,13 +411,15 @@ def v3_scores(s, q_tile, k_tile, rg, cg):
 
 
 @cuda.jit(device=True)
-def v3_mask(s, q0, k0, rg, cg, t_q, t_k, causal):
-    """Set to -inf the scores of keys a row does not see: after it (causal) or past T_k. The
-    kernel calls it only for a tile that holds such a key: the diagonal tiles and the last."""
+def v3_mask(s, q0, k0, rg, cg, t_q, t_k, causal, window):
+    """Set to -inf the scores of keys a row does not see: after it (causal), past T_k, or
+    before its sliding window. The kernel calls it only for a tile that holds such a key:
+    the tiles the diagonal or the window's edge crosses, and the last."""
     for a in range(MICRO_M):
+        first = first_key(q0 + rg + ROW_GROUPS * a, t_q, t_k, window)
         seen = visible_keys(q0 + rg + ROW_GROUPS * a, t_q, t_k, causal)
         for b in range(MICRO_N):
-            if k0 + cg + COL_GROUPS * b >= seen:
+            if k0 + cg + COL_GROUPS * b >= seen or k0 + cg + COL_GROUPS * b < first:
                 s[a * MICRO_N + b] = NEG_INF
 
 
@@ -508,7 +543,7 @@ def v3_start(m, l, o):
 
 
 @cuda.jit(device=True)
-def v3_key_tile(k, v, smem, regs, h, q0, k0, n, masked, rg, cg, t_q, causal):
+def v3_key_tile(k, v, smem, regs, h, q0, k0, n, masked, rg, cg, t_q, causal, window):
     """Keys k0 .. k0 + n - 1 (n <= TILE_N): copy K and V, score S (masked if `masked`), row max, online
     update, O += P V. smem: shared (q_tile, k_tile, v_tile, p_tile, red); regs: (s, m, l, o, tile_max)."""
     q_tile, k_tile, v_tile, p_tile, red = smem
@@ -518,7 +553,7 @@ def v3_key_tile(k, v, smem, regs, h, q0, k0, n, masked, rg, cg, t_q, causal):
     cuda.syncthreads()                   # wait: the K and V tiles (the first time, Q too) are complete
     v3_scores(s, q_tile, k_tile, rg, cg)
     if masked:
-        v3_mask(s, q0, k0, rg, cg, t_q, k.shape[1], causal)
+        v3_mask(s, q0, k0, rg, cg, t_q, k.shape[1], causal, window)
     v3_tile_max(tile_max, s)
     v3_row_reduce(tile_max, red, rg, cg, True)
     v3_online_update(s, m, l, o, tile_max)
@@ -545,27 +580,26 @@ def v3_write(out, lse, regs, h, q0, rg, cg, t_q):
 
 
 @cuda.jit(device=True)
-def v3_block(q, k, v, scale, causal, out, lse, smem, regs):
+def v3_block(q, k, v, scale, causal, window, out, lse, smem, regs):
     """The work of one block: its TILE_M queries of head blockIdx.y, against every key tile
-    that holds a key one of them sees. Block x takes the x-th block of queries from the end:
-    in a causal launch the longest blocks start first, and the short ones fill in at the end."""
+    that holds a key one of them sees (block_band). Block x takes the x-th block of queries from
+    the end: in a causal launch the longest blocks start first, the short ones fill in at the end."""
     rg, cg = cuda.threadIdx.x // COL_GROUPS, cuda.threadIdx.x % COL_GROUPS
     h, q0 = cuda.blockIdx.y, (cuda.gridDim.x - 1 - cuda.blockIdx.x) * TILE_M
     t_q, t_k = q.shape[1], k.shape[1]
     last = min(q0 + TILE_M, t_q) - 1                 # the block's last query
     v3_load_tile(smem[0], q, h, q0, last + 1 - q0, scale)
     v3_start(regs[1], regs[2], regs[3])
-    seen_by_all = visible_keys(q0, t_q, t_k, causal)  # a tile within these needs no mask
-    block_keys = visible_keys(last, t_q, t_k, causal)  # tiles after these: never loaded
-    for k0 in range(0, block_keys, TILE_N):
+    start, block_keys, clear_from, clear_to = block_band(q0, last, t_q, t_k, causal, window, TILE_N)
+    for k0 in range(start, block_keys, TILE_N):      # masked: a tile an edge of the band crosses
         v3_key_tile(k, v, smem, regs, h, q0, k0, min(TILE_N, block_keys - k0),
-                    k0 + TILE_N > seen_by_all, rg, cg, t_q, causal)
+                    k0 < clear_from or k0 + TILE_N > clear_to, rg, cg, t_q, causal, window)
     v3_row_reduce(regs[2], smem[4], rg, cg, False)   # l: the row's total, from the 8 partial sums
     v3_write(out, lse, regs, h, q0, rg, cg, t_q)
 
 
 @cuda.jit(**V3_JIT)
-def flash_attention_kernel_v3(q, k, v, scale, causal, out, lse):
+def flash_attention_kernel_v3(q, k, v, scale, causal, window, group, out, lse):
     """FlashAttention-2's forward for heads of width HEAD: v1's arguments, but scale is
     log2(e) / sqrt(d_k) (the scores come out in base 2, for exp2). Grid
     (ceil(T_q / TILE_M), BH), block THREADS_V3; every per-thread array below is registers."""
@@ -580,7 +614,7 @@ def flash_attention_kernel_v3(q, k, v, scale, causal, out, lse):
             cuda.local.array(MICRO_M, np.float32),                   # l: partial sum per row
             cuda.local.array(O_SIZE, np.float32),                    # o: unnormalised output
             cuda.local.array(MICRO_M, np.float32))                   # tile_max
-    v3_block(q, k, v, scale, causal, out, lse, smem, regs)
+    v3_block(q, k, v, scale, causal, window, out, lse, smem, regs)
 
 
 # The device functions of flash v3, callees first: make_flash_v3 recompiles them for a head width.
@@ -617,6 +651,11 @@ def visible_count(i, t_q, t_k, causal):
     return t_k if not causal else max(0, min(t_k, i + (t_k - t_q) + 1))
 
 
+def first_visible(i, t_q, t_k, window=None):
+    """first_key on the host: the first key query i sees (0 without a window, None)."""
+    return 0 if window is None else max(0, i + (t_k - t_q) - window + 1)
+
+
 def block_key_tiles(t_q, t_k, causal, block_q, block_k):
     """The causal tile skipping of a tiled kernel, one head: [(q0, rows, tiles), ...], one entry
     per block of block_q queries (q0 its first query, rows how many it has), where `tiles` is how
@@ -628,34 +667,48 @@ def block_key_tiles(t_q, t_k, causal, block_q, block_k):
             for q0 in range(0, t_q, block_q)]
 
 
-def flash_tile_counts(t_q, t_k=None, causal=True, block_q=BLOCK_Q, block_k=BLOCK_K):
+def band_key_tiles(t_q, t_k, causal, window, block_q, block_k):
+    """block_key_tiles with a sliding window (None: none), as block_band skips tiles, one head:
+    [(q0, rows, first, tiles), ...], where the block of queries q0 .. q0 + rows - 1 loads the
+    key tiles first .. first + tiles - 1 of block_k: from the one holding its first query's first
+    visible key to the one holding its last query's last. No key of the others is visible to it.
+    """
+    return [(q0, rows, first_visible(q0, t_q, t_k, window) // block_k,
+             tiles - first_visible(q0, t_q, t_k, window) // block_k)
+            for q0, rows, tiles in block_key_tiles(t_q, t_k, causal, block_q, block_k)]
+
+
+def flash_tile_counts(t_q, t_k=None, causal=True, block_q=BLOCK_Q, block_k=BLOCK_K, window=None):
     """Key tiles of one head that flash_attention_kernel_v2 loads and skips: (loaded, skipped).
 
-    Summed over the ceil(T_q / block_q) blocks of queries; each block loads the tiles up to its
-    last query's last visible key and skips the rest.
+    Summed over the ceil(T_q / block_q) blocks of queries; each block loads the tiles from its
+    first query's first visible key (0 without a window) to its last query's last visible key
+    and skips the rest (band_key_tiles).
     """
     t_k = t_q if t_k is None else t_k
-    per_block = block_key_tiles(t_q, t_k, causal, block_q, block_k)
-    loaded = sum(tiles for _, _, tiles in per_block)
+    per_block = band_key_tiles(t_q, t_k, causal, window, block_q, block_k)
+    loaded = sum(tiles for _, _, _, tiles in per_block)
     return loaded, len(per_block) * ceil_div(t_k, block_k) - loaded
 
 
-def flash_traffic(t_q, t_k, d_k, d_v=None, causal=True, version=2, block_q=None):
+def flash_traffic(t_q, t_k, d_k, d_v=None, causal=True, version=2, block_q=None, window=None):
     """Global-memory accesses of one head in the fused kernel, as count_memory counts them.
 
     -> {"q": loads, "k": loads, "v": loads, "out": stores, "lse": stores}, in elements (4 bytes
     each). v1: every query reads each of its visible keys and values itself. v2 and v3: a block
     of block_q queries (default: the version's, BLOCK_Q or v3's TILE_M for d_k) reads the keys
-    and values up to its last query's last visible key, once.
+    and values once, from the start of its first key tile (band_key_tiles, in tiles of BLOCK_K
+    or v3's TILE_N) to its last query's last visible key. window: a sliding window or None.
     """
     d_v = d_k if d_v is None else d_v
     if block_q is None:
         block_q = v3_sizes(d_k)["TILE_M"] if version == 3 else BLOCK_Q
     if version == 1:
-        keys = sum(visible_count(i, t_q, t_k, causal) for i in range(t_q))
+        keys = sum(visible_count(i, t_q, t_k, causal) - first_visible(i, t_q, t_k, window) for i in range(t_q))
     else:
-        keys = sum(visible_count(q0 + rows - 1, t_q, t_k, causal)
-                   for q0, rows, _ in block_key_tiles(t_q, t_k, causal, block_q, 1))
+        block_k = v3_sizes(d_k)["TILE_N"] if version == 3 else BLOCK_K
+        keys = sum(visible_count(q0 + rows - 1, t_q, t_k, causal) - first * block_k
+                   for q0, rows, first, _ in band_key_tiles(t_q, t_k, causal, window, block_q, block_k))
     return {"q": t_q * d_k, "k": keys * d_k, "v": keys * d_v, "out": t_q * d_v, "lse": t_q}
 
 
@@ -683,10 +736,11 @@ def flash_scale(version, d_k):
     return np.float32((LOG2E if version == 3 else 1.0) / math.sqrt(d_k))
 
 
-def check_flash_inputs(q, k, v, version, causal):
+def check_flash_inputs(q, k, v, version, causal, window=None):
     """q, k, v as float32 arrays, or a one-line error naming the argument that is wrong."""
     require(version in KERNELS, f"version must be 1, 2 or 3, got {version!r}")
     require(isinstance(causal, (bool, np.bool_)), f"causal must be True or False, got {causal!r}")
+    reference.check_window(window, causal)
     q = as_float32("q", q, "(..., T_q, d_k)", min_ndim=2)
     k = as_float32("k", k, "(..., T_k, d_k)", min_ndim=2)
     v = as_float32("v", v, "(..., T_k, d_v)", min_ndim=2)
@@ -703,7 +757,7 @@ def check_flash_inputs(q, k, v, version, causal):
     return q, k, v
 
 
-def flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=False):
+def flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=False, window=None):
     """Attention softmax(mask(q k^T / sqrt(d_k))) v in one fused kernel, on the device.
 
     q: (..., T_q, d_k); k: (..., T_k, d_k); v: (..., T_k, d_v), float, same leading axes,
@@ -711,19 +765,22 @@ def flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=
     return_lse also lse (..., T_q) float32, the natural log of each row's sum of exp(score)
     (-inf for a row that sees no key): the backward pass recomputes the weights from it.
     causal: key j is hidden from query i when j > i + (T_k - T_q) (the queries are the last
-    T_q positions); a query that sees no key gets zeros. version: 1 (one thread per query),
+    T_q positions); a query that sees no key gets zeros. window: with causal, a sliding window
+    (an int >= 1): query i sees only keys i + (T_k - T_q) - window < j, and key tiles wholly
+    before the window are never loaded; None for none. version: 1 (one thread per query),
     2 (tiled), 3 (FlashAttention-2 style); default DEFAULT_VERSION. kernel: any kernel with
     the version's signature, launched on its grid with its scale (flash_scale).
     """
     version = DEFAULT_VERSION if version is None else version
-    q, k, v = check_flash_inputs(q, k, v, version, causal)
+    q, k, v = check_flash_inputs(q, k, v, version, causal, window)
     lead = q.shape[:-2]
     (t_q, d_k), t_k, d_v = q.shape[-2:], k.shape[-2], v.shape[-1]
     bh = math.prod(lead)
     grid, block = flash_grid(bh, t_q, version, d_k)
     check_grid("flash_attention", grid, x="q's T_q in blocks of queries", y="q's batch x heads")
     # Thread-equivalents for the shared budget: the multiply-adds dominate, not the thread count.
-    madds = bh * sum(visible_count(i, t_q, t_k, causal) for i in range(t_q)) * (d_k + d_v)
+    madds = bh * sum(visible_count(i, t_q, t_k, causal) - first_visible(i, t_q, t_k, window)
+                     for i in range(t_q)) * (d_k + d_v)
     check_simulator_budget("flash_attention", max(math.prod(grid) * block,
                                                   madds * SIMULATOR_THREADS_PER_SECOND // SIMULATOR_MADDS_PER_SECOND))
     checked = kernel is None                                # a kernel passed in answers for itself
@@ -734,7 +791,8 @@ def flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=
     kernel[grid, block](cuda.to_device(q.reshape(bh, t_q, d_k)),     # (BH, T_q, d_k)
                         cuda.to_device(k.reshape(bh, t_k, d_k)),     # (BH, T_k, d_k)
                         cuda.to_device(v.reshape(bh, t_k, d_v)),     # (BH, T_k, d_v)
-                        flash_scale(version, d_k), bool(causal), d_out, d_lse)
+                        flash_scale(version, d_k), bool(causal), np.int32(window or 0), np.int32(1),
+                        d_out, d_lse)
     out = d_out.copy_to_host().reshape(*lead, t_q, d_v)    # (..., T_q, d_v)
     if checked:
         require_finite_result("flash_attention", out, "q, k or v")

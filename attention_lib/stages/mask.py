@@ -6,15 +6,20 @@ query i sits at position i + (T_k - T_q) and key j is masked when j > i + (T_k -
 whose every key is masked (possible when T_q > T_k) gets an all -inf row, which the library's
 softmax turns into all-zero weights (it attends to nothing), never NaN.
 
-- NumPy reference: ``attention_lib.reference.causal_mask`` and ``apply_causal_mask``.
-- ``mask_kernel_v1``: masks a scores matrix in place, one thread per score.
+A sliding window is an option of the causal mask (Mistral-style models): with `window` W, query
+i sees only the last W positions up to its own, keys i + off - W < j <= i + off (off = T_k -
+T_q), so each query costs at most W keys however long the context.
+
+- NumPy reference: ``attention_lib.reference.causal_mask`` and ``apply_causal_mask`` (both with
+  ``window=``: the one definition of the window).
+- ``mask_kernel_v1``: masks a scores matrix in place, one thread per score, with or without a
+  window.
 - ``tile_is_future`` + ``mask_kernel_v2``: the tiled scores kernel of ``scores.py`` with the
   mask fused in. A tile of S wholly above the diagonal (``tile_is_future``, the same answer for
   every thread of a block) is written as -inf without loading q or k or computing a dot
   product: for T much larger than TILE, almost half of the work.
 - ``causal_tile_counts``: how many tiles the fused kernel computes and skips.
-- ``sliding_window_mask``: a NumPy variant (position i sees only the last `window` positions).
-- Launchers ``apply_causal_mask(s)`` and ``causal_scores(q, k, scale=True)``.
+- Launchers ``apply_causal_mask(s, window=None)`` and ``causal_scores(q, k, scale=True)``.
 """
 
 import math
@@ -22,35 +27,29 @@ import math
 import numpy as np
 from numba import cuda
 
+from attention_lib import reference
 from attention_lib.launch import ceil_div, check_grid, check_simulator_budget
 from attention_lib.stages.scores import TILE, flatten_qk, scale_factor, score_grid, tile_dot
 from attention_lib.validation import as_float32
-
-# --- NumPy: a variant of the mask --------------------------------------------------------
-
-def sliding_window_mask(T, window):
-    """Boolean (T, T), True where query i may see key j: the last `window` positions up to i.
-
-    i sees j in [i - window + 1, i]; window >= T gives the plain causal mask.
-    """
-    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
-    return (j <= i) & (j > i - window)
 
 
 # --- Kernels -----------------------------------------------------------------------------
 
 @cuda.jit
-def mask_kernel_v1(s):
-    """Causal mask in place: s[h, i, j] = -inf where j > i + (T_k - T_q); one thread per score.
+def mask_kernel_v1(s, window):
+    """Causal mask in place: s[h, i, j] = -inf where j > i + (T_k - T_q), and with a sliding
+    window (window >= 1; 0 for none) also where j <= i + (T_k - T_q) - window; one thread per score.
 
-    s: (BH, T_q, T_k) float32. Grid as for the scores kernels: x over keys j, y over queries i,
-    z over heads h. Scores that stay are neither read nor written.
+    s: (BH, T_q, T_k) float32; window: int32. Grid as for the scores kernels: x over keys j,
+    y over queries i, z over heads h. Scores that stay are neither read nor written.
     """
     j, i = cuda.grid(2)
     h = cuda.blockIdx.z
     t_q, t_k = s.shape[1], s.shape[2]
-    if i < t_q and j < t_k and j > i + (t_k - t_q):   # bounds first, then the future
-        s[h, i, j] = -math.inf
+    if i < t_q and j < t_k:                            # bounds first
+        position = i + (t_k - t_q)                     # where query i sits
+        if j > position or (window > 0 and j <= position - window):   # the future, or too old
+            s[h, i, j] = -math.inf
 
 
 @cuda.jit(device=True)
@@ -108,12 +107,15 @@ def causal_tile_counts(t_q, t_k=None, tile=TILE):
 
 # --- Launchers ---------------------------------------------------------------------------
 
-def apply_causal_mask(s, kernel=None):
+def apply_causal_mask(s, window=None, kernel=None):
     """Scores with every future key set to -inf, on the device; `s` itself is left unchanged.
 
     s: (..., T_q, T_k) float (-inf allowed: already masked scores) -> (..., T_q, T_k) float32.
-    kernel: any kernel with mask_kernel_v1's signature (default mask_kernel_v1).
+    window: a sliding window (an int >= 1: keys more than window - 1 positions behind the query
+    are masked too, as reference.causal_mask), or None. kernel: any kernel with
+    mask_kernel_v1's signature (default mask_kernel_v1).
     """
+    window = reference.check_window(window)
     s = as_float32("s", s, "(..., T_q, T_k)", min_ndim=2, allow_neg_inf=True)
     t_q, t_k = s.shape[-2:]
     bh = math.prod(s.shape[:-2])
@@ -121,7 +123,7 @@ def apply_causal_mask(s, kernel=None):
     check_grid("apply_causal_mask", grid, x="s's T_k in tiles of 16", y="s's T_q in tiles of 16", z="s's batch x heads")
     check_simulator_budget("apply_causal_mask", math.prod(grid) * math.prod(block))
     d_s = cuda.to_device(s.reshape(bh, t_q, t_k))      # (BH, T_q, T_k): a copy, masked in place
-    (mask_kernel_v1 if kernel is None else kernel)[grid, block](d_s)
+    (mask_kernel_v1 if kernel is None else kernel)[grid, block](d_s, np.int32(window or 0))
     return d_s.copy_to_host().reshape(s.shape)
 
 
