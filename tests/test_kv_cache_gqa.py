@@ -4,7 +4,10 @@ import math
 
 import numpy as np
 import pytest
+from numba import cuda
+
 from attention_lib import reference, sanitizer
+from attention_lib.checks import check
 from attention_lib.runtime import ANDREA_120M
 from attention_lib.stages import kv_cache
 from attention_lib.stages.kv_cache import KEYS_PER_CHUNK, KVCache
@@ -239,3 +242,64 @@ def test_bad_gqa_layer_arguments_name_the_argument(gqa_layer, change, says):
     args = dict(w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, n_head=4, n_kv_head=2) | change
     with pytest.raises(ValueError, match=f"^{says}$"):
         kv_cache.generate_layer_outputs(x, **args)
+
+
+# --- The exercise: the kv head of a query head ------------------------------------------------------
+
+@cuda.jit
+def kv_head_solution(kv_of, n_kv_head):
+    h = cuda.grid(1)
+    if h < kv_of.shape[0]:
+        kv_of[h] = h // (kv_of.shape[0] // n_kv_head)
+
+
+@cuda.jit
+def kv_head_interleaved(kv_of, n_kv_head):
+    h = cuda.grid(1)
+    if h < kv_of.shape[0]:
+        kv_of[h] = h % n_kv_head
+
+
+@cuda.jit
+def kv_head_divided_by_n_kv_head(kv_of, n_kv_head):
+    h = cuda.grid(1)
+    if h < kv_of.shape[0]:
+        kv_of[h] = h // n_kv_head
+
+
+@cuda.jit
+def kv_head_multiplied_by_group(kv_of, n_kv_head):
+    h = cuda.grid(1)
+    if h < kv_of.shape[0]:
+        kv_of[h] = h * (kv_of.shape[0] // n_kv_head)
+
+
+@cuda.jit
+def kv_head_true_division(kv_of, n_kv_head):
+    h = cuda.grid(1)
+    if h < kv_of.shape[0]:
+        kv_of[h] = h / (kv_of.shape[0] / n_kv_head)
+
+
+@cuda.jit
+def kv_head_unguarded(kv_of, n_kv_head):
+    h = cuda.grid(1)
+    kv_of[h] = h // (kv_of.shape[0] // n_kv_head)
+
+
+def test_the_kv_head_solution_passes():
+    result = check("08_kv_head", kv_head_solution, verbose=False)
+    assert result.passed and result.diagnosis == "ok"
+
+
+@pytest.mark.parametrize("answer, diagnosis, says", [
+    (kv_head_interleaved, "heads_interleaved", "dealt out in turn (0, 1, 0, 1, 0, ...)"),
+    (kv_head_divided_by_n_kv_head, "divided_by_n_kv_head", "n_head // n_kv_head = 4, not by the number of kv heads, 2"),
+    (kv_head_multiplied_by_group, "multiplied_by_group", "got kv head h * 4"),
+    (kv_head_true_division, "not_whole_number", "query head 1 got kv head 0.25"),
+    (kv_head_unguarded, "out_of_bounds", ""),
+])
+def test_kv_head_mistakes_get_their_diagnosis(answer, diagnosis, says):
+    result = check("08_kv_head", answer, verbose=False)
+    assert not result.passed and result.diagnosis == diagnosis, result
+    assert says in result.message and "\n" not in str(result)

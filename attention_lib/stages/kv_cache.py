@@ -274,15 +274,14 @@ class KVCache(CacheBookkeeping):
 def stage_tile(k_s, v_s, k_cache, v_cache, g, start, n_keys, tid, n_threads):
     """k_s[t, e] = k_cache[g, start + t, e] and v_s alike, for the tile's first n_keys rows.
 
-    The block's n_threads threads take elements tid, tid + n_threads, ... of the tile in the
-    cache's order: neighbouring threads read neighbouring addresses, and each cached number is
-    read from main memory once, for every query head of kv head g.
+    Row by row, the block's n_threads threads take components tid, tid + n_threads, ...:
+    neighbouring threads read neighbouring addresses, and each cached number is read from main
+    memory once, for every query head of kv head g.
     """
-    d_k = k_cache.shape[2]
-    for i in range(tid, n_keys * d_k, n_threads):
-        t, e = i // d_k, i % d_k
-        k_s[t, e] = k_cache[g, start + t, e]
-        v_s[t, e] = v_cache[g, start + t, e]
+    for t in range(n_keys):
+        for e in range(tid, k_cache.shape[2], n_threads):
+            k_s[t, e] = k_cache[g, start + t, e]
+            v_s[t, e] = v_cache[g, start + t, e]
 
 
 @cuda.jit(device=True)
