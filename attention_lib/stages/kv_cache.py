@@ -139,10 +139,8 @@ def merge_partials(m, l, acc):
 def decode_layer_numpy(x, w_q, w_k, w_v, w_o, n_head, n_kv_head=None):
     """A multi-head attention layer run token by token with a NumPy KV cache, in float64.
 
-    x: (T, d_model) the layer's input at each position; w_q, w_o: (d_model, d_model); w_k, w_v:
-    (d_model, n_kv_head * d_k), d_k = d_model // n_head, n_kv_head dividing n_head (None: n_head)
-    -> (T, d_model), equal to reference.multi_head_attention(x, ..., causal=True) up to rounding
-    when n_kv_head = n_head; with fewer kv heads, query head h attends with kv head h // group.
+    x: (T, d_model); w_q, w_o: (d_model, d_model); w_k, w_v: (d_model, n_kv_head * d_k) ->
+    (T, d_model), reference.multi_head_attention(x, ..., causal=True) when n_kv_head = n_head.
     """
     T, d_model = x.shape
     n_kv_head = n_head if n_kv_head is None else n_kv_head
@@ -328,10 +326,8 @@ def write_normalised(out, acc, h, l, d_k):
 def decode_kernel_v1(q, k_cache, v_cache, length, scale, out):
     """One query per head against the first `length` cached positions; a block per kv head.
 
-    q, out (written): (n_head, d_k); k_cache, v_cache: (n_kv_head, capacity, d_k); all float32;
-    n_kv_head divides n_head; 1 <= length <= capacity; scale: float32, 1/sqrt(d_k). Block g
-    serves kv head g with group = n_head // n_kv_head threads, thread tid query head
-    g * group + tid; the cache comes in tiles of KEYS_PER_CHUNK positions, staged once for all.
+    q, out (written): (n_head, d_k); k_cache, v_cache: (n_kv_head, capacity, d_k); float32;
+    1 <= length <= capacity; scale: float32, 1/sqrt(d_k). Block g: kv head g, group threads.
     """
     k_s = cuda.shared.array(TILE_SHAPE, np.float32)   # the tile's keys, read by every thread
     v_s = cuda.shared.array(TILE_SHAPE, np.float32)   # and its values
