@@ -7,7 +7,7 @@ import pytest
 from numba import cuda
 
 from attention_lib import reference, sanitizer
-from attention_lib.checks import check
+from attention_lib.checks import EXERCISES, check, hint
 from attention_lib.runtime import ANDREA_120M
 from attention_lib.stages import kv_cache
 from attention_lib.stages.kv_cache import KEYS_PER_CHUNK, KVCache
@@ -303,3 +303,12 @@ def test_kv_head_mistakes_get_their_diagnosis(answer, diagnosis, says):
     result = check("08_kv_head", answer, verbose=False)
     assert not result.passed and result.diagnosis == diagnosis, result
     assert says in result.message and "\n" not in str(result)
+
+
+def test_the_kv_head_hints_name_the_idea_and_give_no_code(capsys):
+    hints = EXERCISES["08_kv_head"].hints
+    assert len(hints) >= 2
+    hint("08_kv_head", 2)
+    assert capsys.readouterr().out.startswith(f"08_kv_head, hint 2 of {len(hints)}: where")
+    for text in hints:                 # no code: no assignment, no indexing, no operator of the answer
+        assert not any(token in text for token in ("=", "[", "cuda.", "//", "%")), text

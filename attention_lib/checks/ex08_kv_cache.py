@@ -311,7 +311,7 @@ register(Exercise(
     # a single head.
     cases=KV_HEAD_CASES,
     describe_case=lambda c: f"n_head = {c[0]}, n_kv_head = {c[1]}",
-    hint=("the query heads come in groups of n_head // n_kv_head neighbours, and each group shares one kv head: "
+    hint=("the query heads come in groups of neighbours, all of one size, one group per kv head: "
           "which group is head h in?"),
     more_hints=("where answers go wrong: dealing heads out in turn instead of in blocks, dividing by the number "
                 "of kv heads instead of the group size, and threads past the last head that still write",),
