@@ -312,3 +312,11 @@ def test_the_kv_head_hints_name_the_idea_and_give_no_code(capsys):
     assert capsys.readouterr().out.startswith(f"08_kv_head, hint 2 of {len(hints)}: where")
     for text in hints:                 # no code: no assignment, no indexing, no operator of the answer
         assert not any(token in text for token in ("=", "[", "cuda.", "//", "%")), text
+
+
+def test_version_1_refuses_a_group_larger_than_a_block():
+    cache = KVCache(2048, 2, 1, n_kv_head=1)             # 2,048 query heads on one kv head
+    cache.append(np.zeros((1, 1, 1)), np.zeros((1, 1, 1)))
+    with pytest.raises(ValueError, match=r"^version 1 runs a block of n_head // n_kv_head threads, at most 1024: "
+                                         r"cache has 2048; use version 2$"):
+        kv_cache.decode_step(np.zeros((2048, 1)), cache, version=1)

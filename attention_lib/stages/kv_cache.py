@@ -69,6 +69,8 @@ MAX_D_K = 128
 # key of row t), 129-float rows put them in 32 different banks, 128-float rows all in one (from
 # the index arithmetic: bank = (t * row + e) mod 32).
 TILE_SHAPE = (KEYS_PER_CHUNK, MAX_D_K + 1)
+# CUDA's limit on the threads of a block: version 1's block is one kv head's group of query heads.
+MAX_THREADS_PER_BLOCK = 1024
 # The merge kernel: 16 output components x 4 heads per block, x along d_k.
 MERGE_BLOCK = (16, 4)
 # The projections of the layer helpers: the 128 x 128 kernel v4 on a GPU; the naive v1 on the
@@ -506,6 +508,9 @@ def decode_step(q, cache, version=2, kernel=None, merge_kernel=None):
     """
     require(version in KERNELS, f"version must be 1 or 2, got {version!r}")
     q = _check_query(q, cache)
+    require(version == 2 or cache.group <= MAX_THREADS_PER_BLOCK,
+            f"version 1 runs a block of n_head // n_kv_head threads, at most {MAX_THREADS_PER_BLOCK}: "
+            f"cache has {cache.group}; use version 2")
     n_head, n_kv_head, d_k, length = cache.n_head, cache.n_kv_head, cache.d_k, cache.length
     launches = decode_grid(n_head, d_k, length, version, n_kv_head)
     if version == 1:
