@@ -141,15 +141,12 @@ def merge_partials(m, l, acc):
 def decode_layer_numpy(x, w_q, w_k, w_v, w_o, n_head, n_kv_head=None):
     """A multi-head attention layer run token by token with a NumPy KV cache, in float64.
 
-    x: (T, d_model); w_q, w_o: (d_model, d_model); w_k, w_v: (d_model, n_kv_head * d_k) ->
-    (T, d_model), reference.multi_head_attention(x, ..., causal=True) when n_kv_head = n_head.
-    """
+    x: (T, d_model); w_q, w_o: (d_model, d_model); w_k, w_v: (d_model, n_kv_head * d_k) -> (T, d_model),
+    reference.multi_head_attention(x, ..., causal=True) when n_kv_head = n_head."""
     T, d_model = x.shape
-    n_kv_head = n_head if n_kv_head is None else n_kv_head
-    group = n_head // n_kv_head                                    # query heads per kv head
-    k_cache = np.zeros((n_kv_head, T, d_model // n_head))         # (n_kv_head, capacity, d_k)
-    v_cache = np.zeros_like(k_cache)
-    out = np.zeros((T, d_model))
+    n_kv_head = n_head if n_kv_head is None else n_kv_head       # group: query heads per kv head
+    group, k_cache = n_head // n_kv_head, np.zeros((n_kv_head, T, d_model // n_head))   # (n_kv_head, capacity, d_k)
+    v_cache, out = np.zeros_like(k_cache), np.zeros((T, d_model))
     for t in range(T):
         x_t = x[t:t + 1]                                           # (1, d_model)
         q = reference.split_heads(reference.project(x_t, w_q), n_head)   # (n_head, 1, d_k)
@@ -247,10 +244,7 @@ class CacheBookkeeping:
 class KVCache(CacheBookkeeping):
     """The K and V of every position so far, for ONE attention layer of ONE sequence.
 
-    The layer has n_head query heads and n_kv_head (dividing n_head; None: n_head) key/value
-    heads. Float32 device arrays (n_kv_head, capacity, d_k), allocated once; positions
-    0 .. length - 1 filled.
-    """
+    n_head query heads share n_kv_head (None: n_head) kv heads: float32 (n_kv_head, capacity, d_k)."""
 
     def __init__(self, n_head, capacity, d_k, n_kv_head=None):
         n_head, capacity, d_k, n_kv_head = self._check_sizes(n_head, capacity, d_k, n_kv_head)
@@ -271,17 +265,20 @@ class KVCache(CacheBookkeeping):
 # --- Kernels -------------------------------------------------------------------------------
 
 @cuda.jit(device=True)
-def stage_tile(k_s, v_s, k_cache, v_cache, g, start, n_keys, tid, n_threads):
-    """k_s[t, e] = k_cache[g, start + t, e] and v_s alike, for the tile's first n_keys rows.
+def stage_tile(k_s, v_s, k_cache, v_cache, g, start, length, tid, n_threads):
+    """k_s[t, e] = k_cache[g, start + t, e] and v_s alike for the filled positions of the tile
+    starting at `start`; returns n_keys, their number (the last tile may be partial).
 
     Row by row, the block's n_threads threads take components tid, tid + n_threads, ...:
     neighbouring threads read neighbouring addresses, and each cached number is read from main
     memory once, for every query head of kv head g.
     """
+    n_keys = min(KEYS_PER_CHUNK, length - start)
     for t in range(n_keys):
         for e in range(tid, k_cache.shape[2], n_threads):
             k_s[t, e] = k_cache[g, start + t, e]
             v_s[t, e] = v_cache[g, start + t, e]
+    return n_keys
 
 
 @cuda.jit(device=True)
@@ -324,37 +321,33 @@ def write_normalised(out, acc, h, l, d_k):
         out[h, c] = acc[c] * inv_l
 
 
+@cuda.jit(device=True)
+def attend_tile(acc, q_row, k_s, v_s, n_keys, d_k, m, l):
+    """Fold the tile's n_keys staged keys and values into the running (m, l, acc); returns (m, l)."""
+    for t in range(n_keys):
+        m, l = online_step(acc, v_s, t, d_k, key_score(q_row, k_s, t, d_k), m, l)
+    return m, l
+
+
 @cuda.jit
 def decode_kernel_v1(q, k_cache, v_cache, length, scale, out):
-    """One query per head against the first `length` cached positions; a block per kv head.
+    """One query per head against the first `length` cached positions; block g: kv head g.
 
-    q, out (written): (n_head, d_k); k_cache, v_cache: (n_kv_head, capacity, d_k); float32;
-    1 <= length <= capacity; scale: float32, 1/sqrt(d_k). Block g: kv head g, group threads.
-    """
+    q, out (written): (n_head, d_k); k_cache, v_cache: (n_kv_head, capacity, d_k); float32."""
     k_s = cuda.shared.array(TILE_SHAPE, np.float32)   # the tile's keys, read by every thread
     v_s = cuda.shared.array(TILE_SHAPE, np.float32)   # and its values
-    g, tid = cuda.blockIdx.x, cuda.threadIdx.x
-    group = q.shape[0] // k_cache.shape[0]
+    g, tid, group = cuda.blockIdx.x, cuda.threadIdx.x, q.shape[0] // k_cache.shape[0]
     h, d_k = g * group + tid, q.shape[1]         # the thread's query head: h // group = g
     q_row = cuda.local.array(MAX_D_K, np.float32)   # private to the thread
     acc = cuda.local.array(MAX_D_K, np.float32)
     stage_query(q_row, acc, q, h, scale)
     m, l = np.float32(-math.inf), np.float32(0.0)   # float32 throughout, as on a GPU
     for start in range(0, length, KEYS_PER_CHUNK):   # only the filled positions
-        n_keys = min(KEYS_PER_CHUNK, length - start)
         cuda.syncthreads()                       # wait: every thread is done with the last tile
-        stage_tile(k_s, v_s, k_cache, v_cache, g, start, n_keys, tid, group)
+        n_keys = stage_tile(k_s, v_s, k_cache, v_cache, g, start, length, tid, group)
         cuda.syncthreads()                       # wait: the tile is staged
-        for t in range(n_keys):
-            m, l = online_step(acc, v_s, t, d_k, key_score(q_row, k_s, t, d_k), m, l)
+        m, l = attend_tile(acc, q_row, k_s, v_s, n_keys, d_k, m, l)
     write_normalised(out, acc, h, l, d_k)
-
-
-@cuda.jit(device=True)
-def chunk_bounds(c, length):
-    """Chunk c's first position and its number of filled keys (the last chunk may be partial)."""
-    start = c * KEYS_PER_CHUNK
-    return start, min(KEYS_PER_CHUNK, length - start)
 
 
 @cuda.jit(device=True)
@@ -372,6 +365,14 @@ def score_chunk(s_chunk, q_s, k_s, n_keys, d_k, tid):
         for e in range(d_k):
             s += q_s[e] * k_s[tid, e]                     # rows of 129 floats: 32 banks, no conflict
         s_chunk[tid] = s
+
+
+@cuda.jit(device=True)
+def score_head(s_chunk, q_s, q, h, scale, k_s, n_keys, tid):
+    """Steps 1 and 2 for query head h: q[h] * scale staged, then each thread scores its key."""
+    stage_scaled_query(q_s, q, h, scale, tid)
+    cuda.syncthreads()                                    # wait: the chunk and q[h] are staged
+    score_chunk(s_chunk, q_s, k_s, n_keys, q.shape[1], tid)
 
 
 @cuda.jit(device=True)
@@ -412,28 +413,22 @@ def chunk_stats(m_part, l_part, p_chunk, h, c, m, n_keys, tid):
 
 @cuda.jit
 def decode_partial_kernel(q, k_cache, v_cache, length, scale, m_part, l_part, acc_part):
-    """Split-K decoding, step 1: block (c, g) of grid (n_chunks, n_kv_head) attends the query
-    heads of kv head g to chunk c, one head after another, from the chunk staged once.
+    """Split-K decoding, step 1: block (c, g) attends kv head g's query heads to chunk c, staged once.
 
-    Writes m_part, l_part (n_head, n_chunks), acc_part (n_head, n_chunks, d_k); the rest as decode_kernel_v1.
-    """
+    Writes m_part, l_part (n_head, n_chunks), acc_part (n_head, n_chunks, d_k); the rest as decode_kernel_v1."""
     k_s = cuda.shared.array(TILE_SHAPE, np.float32)       # the chunk's keys
     v_s = cuda.shared.array(TILE_SHAPE, np.float32)       # and values
     q_s = cuda.shared.array(MAX_D_K, np.float32)          # q[h] * scale, read by every thread
     s_chunk = cuda.shared.array(KEYS_PER_CHUNK, np.float32)   # the chunk's scores
     p_chunk = cuda.shared.array(KEYS_PER_CHUNK, np.float32)   # exp(score - chunk max)
-    c, g, tid = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
-    group, d_k = q.shape[0] // k_cache.shape[0], q.shape[1]
-    start, n_keys = chunk_bounds(c, length)
-    stage_tile(k_s, v_s, k_cache, v_cache, g, start, n_keys, tid, KEYS_PER_CHUNK)
+    c, g, tid, group = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x, q.shape[0] // k_cache.shape[0]
+    n_keys = stage_tile(k_s, v_s, k_cache, v_cache, g, c * KEYS_PER_CHUNK, length, tid, KEYS_PER_CHUNK)
     for h in range(g * group, (g + 1) * group):           # the query heads with h // group = g
-        stage_scaled_query(q_s, q, h, scale, tid)
-        cuda.syncthreads()                                # wait: the chunk and q[h] are staged
-        score_chunk(s_chunk, q_s, k_s, n_keys, d_k, tid)
+        score_head(s_chunk, q_s, q, h, scale, k_s, n_keys, tid)
         cuda.syncthreads()                                # wait: every score of the chunk is in
         m = weigh_chunk(p_chunk, s_chunk, n_keys, tid)
         cuda.syncthreads()                                # wait: every weight of the chunk is in
-        chunk_output(acc_part, p_chunk, v_s, h, c, n_keys, d_k, tid)
+        chunk_output(acc_part, p_chunk, v_s, h, c, n_keys, q.shape[1], tid)
         chunk_stats(m_part, l_part, p_chunk, h, c, m, n_keys, tid)
 
 
