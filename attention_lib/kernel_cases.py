@@ -88,9 +88,9 @@ def _mask(name):
 def _kv_cache(name):
     from attention_lib.stages import kv_cache
     rng = _rng()
-    cache = kv_cache.KVCache(2, 24, 5)
+    cache = kv_cache.KVCache(4, 24, 5, n_kv_head=2)      # grouped-query: 2 query heads per kv head
     cache.append(*rng.standard_normal((2, 2, 19, 5)))   # 19 positions: several chunks, the last partly filled
-    q = rng.standard_normal((2, 5))
+    q = rng.standard_normal((4, 5))
     if name == "decode_kernel_v1":
         return lambda k: kv_cache.decode_step(q, cache, version=1, kernel=k)
     if name == "decode_partial_kernel":

@@ -26,7 +26,7 @@ CONTEXT_BYTES = 1 << 30
 T4_FREE_BYTES = 15 << 30
 S = ANDREA_120M
 H, T, D, DK, B = S.n_head, S.T, S.d_model, S.d_k, S.batch
-CHUNKS = math.ceil(T / 64)                    # the decode kernel's chunks of 64 keys on a GPU
+CHUNKS = math.ceil(T / 32)                    # the decode kernel's chunks of 32 keys on a GPU
 
 
 def layer(batch):

@@ -19,7 +19,7 @@ assert runtime.ON_SIMULATOR and not runtime.SIMULATOR_SHAPES
 # The GPU values, as the stage modules write them.
 assert flash.BLOCK_Q == flash.BLOCK_Q_GPU == 32, flash.BLOCK_Q
 assert softmax.THREADS_PER_ROW == 128, softmax.THREADS_PER_ROW
-assert kv_cache.KEYS_PER_CHUNK == 64, kv_cache.KEYS_PER_CHUNK
+assert kv_cache.KEYS_PER_CHUNK == 32, kv_cache.KEYS_PER_CHUNK
 assert attention.SOFTMAX_VERSION == 2
 assert kv_cache.PROJECTION_VERSION == multihead.PROJECTION_VERSION == projection.layer_version() == 4
 

@@ -16,20 +16,23 @@ C = KEYS_PER_CHUNK
 LENGTHS = [1, 7, C, C + 1, 4 * C + 1]
 
 
-def filled_cache(rng, n_head, length, d_k, capacity=None, stale=np.nan):
+def filled_cache(rng, n_head, length, d_k, capacity=None, stale=np.nan, n_kv_head=None):
     """A KVCache with `length` random positions; the slots after them hold `stale` (NaN by
     default: a kernel that reads an unfilled slot gets NaN in its output)."""
-    cache = KVCache(n_head, capacity or length, d_k)
-    junk = np.full((n_head, cache.capacity, d_k), stale, np.float32)
+    cache = KVCache(n_head, capacity or length, d_k, n_kv_head)
+    junk = np.full((cache.n_kv_head, cache.capacity, d_k), stale, np.float32)
     cache.k_device.copy_to_device(junk)
     cache.v_device.copy_to_device(junk)
-    cache.append(rng.standard_normal((n_head, length, d_k)), rng.standard_normal((n_head, length, d_k)))
+    shape = (cache.n_kv_head, length, d_k)
+    cache.append(rng.standard_normal(shape), rng.standard_normal(shape))
     return cache
 
 
 def expected_decode(q, cache):
-    """reference.attention with one query per head: T_q = 1 < T_k, so it sees every key."""
-    return reference.attention(np.reshape(q, (cache.n_head, 1, cache.d_k)), cache.keys, cache.values)[:, 0]
+    """reference.attention with one query per head: T_q = 1 < T_k, so it sees every key. Query
+    head h reads kv head h // group: np.repeat gives each query head its own copy."""
+    keys, values = (np.repeat(a, cache.group, axis=0) for a in (cache.keys, cache.values))
+    return reference.attention(np.reshape(q, (cache.n_head, 1, cache.d_k)), keys, values)[:, 0]
 
 
 def assert_decode_matches(got, q, cache):
@@ -102,7 +105,7 @@ def test_appending_past_the_capacity_is_refused_and_changes_nothing(rng):
 
 
 @pytest.mark.parametrize("k_new, v_new, error, says", [
-    (np.zeros((3, 1, 5)), np.zeros((2, 1, 5)), ValueError, r"^k_new must have shape \(n_head, t_new, d_k\) = \(2, t_new, 5\), got \(3, 1, 5\)"),
+    (np.zeros((3, 1, 5)), np.zeros((2, 1, 5)), ValueError, r"^k_new must have shape \(n_kv_head, t_new, d_k\) = \(2, t_new, 5\), got \(3, 1, 5\)"),
     (np.zeros((2, 1, 5)), np.zeros((2, 1, 4)), ValueError, r"^v_new must have shape .* got \(2, 1, 4\)"),
     (np.zeros((2, 1, 5)), np.zeros((2, 2, 5)), ValueError, r"^v_new must have the shape of k_new \(2, 1, 5\), got \(2, 2, 5\)"),
     (np.zeros((2, 5)), np.zeros((2, 5)), ValueError, r"^k_new must have shape .*\(3 axes\), got shape \(2, 5\)"),
@@ -162,10 +165,13 @@ def test_the_two_versions_agree_and_the_kernel_arguments_are_launched_the_same_w
 
 
 def test_the_grids(rng):
-    assert kv_cache.decode_grid(12, 64, 1024, 1) == [(1, kv_cache.HEADS_PER_BLOCK)]
+    assert kv_cache.decode_grid(12, 64, 1024, 1) == [(12, 1)]          # a block per kv head
+    assert kv_cache.decode_grid(12, 64, 1024, 1, n_kv_head=4) == [(4, 3)]   # of a thread per query head
     (grid, block), (merge_grid, merge_block) = kv_cache.decode_grid(4, 16, 2 * C + 1, 2)
     assert grid == (3, 4) and block == C
     assert merge_grid == (1, 1) and merge_block == kv_cache.MERGE_BLOCK
+    (grid, block), (merge_grid, _) = kv_cache.decode_grid(4, 16, 2 * C + 1, 2, n_kv_head=1)
+    assert grid == (3, 1) and block == C and merge_grid == (1, 1)      # the merge is per query head
 
 
 @pytest.mark.parametrize("q, cache_length, error, says", [

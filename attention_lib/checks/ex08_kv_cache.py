@@ -1,4 +1,5 @@
-"""Notebook 08's exercise: one decode step with a NumPy KV cache, with its typical mistakes named.
+"""Notebook 08's exercises, with their typical mistakes named: one decode step with a NumPy KV
+cache (below), the log-sum-exp merge of split-K partials, and the kv head of a query head.
 
 The answer is a function ``decode_step_numpy(q, k_new, v_new, k_cache, v_cache, length)``:
 q, k_new, v_new (n_head, d_k) are the new token's query, key and value per head; k_cache and
@@ -248,4 +249,71 @@ register(Exercise(
     atol=1e-5,
     diagnose=_diagnose_lse_merge,
     diagnoses=("unstable_softmax", "merge_unweighted", "weights_not_normalised", "lse_is_max"),
+))
+
+
+# --- Grouped-query attention: which kv head a query head reads -----------------------------------
+# The answer has the signature ``(kv_of, n_kv_head)``: kv_of (n_head,) float32, n_head =
+# kv_of.shape[0] a multiple of n_kv_head; thread h = cuda.grid(1) writes kv_of[h], the kv head
+# whose keys and values query head h reads, h // (n_head // n_kv_head): the group of
+# n_head // n_kv_head consecutive query heads 0 .. group - 1 shares kv head 0, and so on. The
+# grid has more threads than heads. Besides the engine's diagnoses:
+#
+# - ``heads_interleaved``: h % n_kv_head, the query heads dealt out to the kv heads in turn;
+# - ``divided_by_n_kv_head``: h // n_kv_head, dividing by the number of kv heads, not the group;
+# - ``multiplied_by_group``: h * group, going up from a query head instead of down;
+# - ``not_whole_number``: h / group, a true division where an integer index is needed.
+
+KV_HEAD_CASES = [(8, 2), (12, 12), (12, 1), (33, 11), (32, 8), (1, 1)]
+KV_HEAD_BLOCK = 32
+
+
+def _run_kv_head(kernel, case, rng):
+    n_head, n_kv_head = case
+    expected = (np.arange(n_head) // (n_head // n_kv_head)).astype(np.float64)
+    full, d_kv_of = guarded_output(n_head, KV_HEAD_BLOCK)
+    blocks = (n_head + KV_HEAD_BLOCK - 1) // KV_HEAD_BLOCK
+    launch(kernel, blocks + 1, KV_HEAD_BLOCK, d_kv_of, n_kv_head)   # a whole block of threads too many
+    assert_guard_intact(full, n_head)
+    return d_kv_of.copy_to_host().astype(np.float64), expected, n_head, n_kv_head
+
+
+def _diagnose_kv_head(got, expected, n_head, n_kv_head):
+    h, group = np.arange(n_head), n_head // n_kv_head
+    mistakes = [
+        (h % n_kv_head, "heads_interleaved",
+         f"query head h got kv head h % n_kv_head: the heads are dealt out in turn ({', '.join(map(str, (h % n_kv_head)[:5]))}, ...); "
+         f"a kv head serves {group} neighbouring query heads, as the projection lays them out"),
+        (h // n_kv_head, "divided_by_n_kv_head",
+         f"query head h got kv head h // n_kv_head: divide by the size of a group, n_head // n_kv_head = {group}, "
+         f"not by the number of kv heads, {n_kv_head}"),
+        (h * group, "multiplied_by_group",
+         f"query head h got kv head h * {group}: from a query head to its kv head the index goes down, by the group size"),
+        (h / group, "not_whole_number",
+         f"query head 1 got kv head {1 / group:g}: an index must be a whole number, use integer division"),
+    ]
+    for candidate, code, message in mistakes:
+        if got.shape == candidate.shape and np.array_equal(got, candidate):
+            return code, message
+    return None
+
+
+register(Exercise(
+    exercise_id="08_kv_head",
+    title="grouped-query attention: the kv head that query head h reads, one thread per query head",
+    kind="kernel",
+    run=_run_kv_head,
+    # (n_head, n_kv_head): a group of 4 first (every mistake shows); plain multi-head (group 1);
+    # multi-query (one kv head); 33 heads in groups of 3 (past one block); a Llama-style 32 / 8;
+    # a single head.
+    cases=KV_HEAD_CASES,
+    describe_case=lambda c: f"n_head = {c[0]}, n_kv_head = {c[1]}",
+    hint=("the query heads come in groups of neighbours, all of one size, one group per kv head: "
+          "which group is head h in?"),
+    more_hints=("where answers go wrong: dealing heads out in turn instead of in blocks, dividing by the number "
+                "of kv heads instead of the group size, and threads past the last head that still write",),
+    rtol=0.0,
+    atol=0.0,                       # whole numbers: exact
+    diagnose=_diagnose_kv_head,
+    diagnoses=("heads_interleaved", "divided_by_n_kv_head", "multiplied_by_group", "not_whole_number"),
 ))

@@ -7,18 +7,27 @@ been processed. The cache keeps them. A step then projects only the new token's 
 v, appends k and v to the cache, and attends with the one query per head to every cached
 position, the new one included.
 
-- Sizes: ``cache_bytes`` (2 * n_layer * n_head * T * d_k values per sequence: a K and a V for
-  every position, head and layer).
+- Grouped-query attention (GQA): the cache holds n_kv_head heads of K and V, and the n_head
+  query heads share them in groups of n_head // n_kv_head: query head h reads kv head
+  h // (n_head // n_kv_head). n_kv_head = n_head is plain multi-head attention, n_kv_head = 1
+  multi-query attention (MQA).
+- Sizes: ``cache_bytes`` (2 * n_layer * n_kv_head * T * d_k values per sequence: a K and a V for
+  every position, kv head and layer) and ``bytes_per_token`` (what a decode step reads per
+  generated token: every layer's cache, plus the weights once per step of the batch).
 - NumPy: ``chunk_partials`` and ``merge_partials``: attention of one query computed chunk by
   chunk of the cache, each chunk giving (m, l, acc) and the chunks merged with log-sum-exp
   (notebook 07's online-softmax algebra); ``decode_layer_numpy``: a whole attention layer run
   token by token with a NumPy cache, the reference of the decode path.
-- ``KVCache``: K and V of the heads of ONE attention layer of ONE sequence, preallocated on the
-  device as (n_head, capacity, d_k) arrays; ``append`` fills them from the front.
-- ``decode_kernel_v1``: one thread per head walks all cached keys with the online softmax.
+- ``KVCache``: K and V of the kv heads of ONE attention layer of ONE sequence, preallocated on
+  the device as (n_kv_head, capacity, d_k) arrays; ``append`` fills them from the front.
+- Both decode kernels read each cached key and value from main memory once for all the query
+  heads that share it: a block serves one kv head, stages its keys and values in shared memory
+  and uses them for every query head of the group.
+- ``decode_kernel_v1``: a block per kv head, one thread per query head of its group, walks all
+  cached keys, tile by tile, with the online softmax.
 - ``decode_partial_kernel`` + ``decode_merge_kernel`` (version 2, flash-decoding / split-K):
-  a block per (chunk of KEYS_PER_CHUNK positions, head) writes a partial (m, l, acc); a second
-  small kernel merges the chunks of each head.
+  a block per (chunk of KEYS_PER_CHUNK positions, kv head) writes a partial (m, l, acc) for each
+  query head of the group; a second small kernel merges the chunks of each query head.
 - Launcher ``decode_step(q, cache, version=2, kernel=None, merge_kernel=None)``.
 - A multi-head attention layer with a cache, on the device: ``qkv_heads`` (the fused Q/K/V
   projection, cut into heads), ``prefill`` (the prompt in one causal pass, filling the cache),
@@ -42,18 +51,26 @@ from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_si
 from attention_lib.runtime import SIMULATOR_SHAPES
 from attention_lib.validation import as_float32, require, require_finite_result
 
-# Cached positions per chunk of the split-K kernel, and threads per block (one position each).
-# On a GPU 64 (two warps): ANDREA-120M's T = 1024 is 16 chunks per head, 12 heads x 16 = 192
-# blocks for one sequence, 1.45 per SM of an H200's 132: 2 or 4 warps of an SM's 64 (3 to 6 %
-# occupancy, from the grid). A fixed chunk keeps the kernel simple; production split-decoding
-# picks the number of splits from batch x heads and the SM count. On the simulator 8:
-# ANDREA-sim's T = 32 is 4 chunks, and every barrier costs tens of milliseconds per block.
-KEYS_PER_CHUNK = 8 if SIMULATOR_SHAPES else 64
+# Cached positions per chunk of the split-K kernel, and threads per block (one position each);
+# also the tile of positions kernel 1 stages at a time. On a GPU 32 (one warp): a chunk's keys
+# and values staged in shared memory, 2 x 32 x 129 float32, take 33,024 bytes, and 64 positions
+# would pass the 48 KB a block may hold statically. ANDREA-120M's T = 1024 is 32 chunks per
+# head, 12 kv heads x 32 = 384 blocks for one sequence, 2.9 per SM of an H200's 132: 2 or 3
+# warps of an SM's 64 (3 to 5 % occupancy, from the grid). A fixed chunk keeps the kernel
+# simple; production split-decoding picks the number of splits from batch x heads and the SM
+# count. On the simulator 8: ANDREA-sim's T = 32 is 4 chunks, and every barrier costs tens of
+# milliseconds per block.
+KEYS_PER_CHUNK = 8 if SIMULATOR_SHAPES else 32
 # Largest head width the kernels accept: q is staged in arrays of MAX_D_K float32, whose size
 # must be known when compiling (the same limit as flash.MAX_D).
 MAX_D_K = 128
-# v1: heads (threads) per block.
-HEADS_PER_BLOCK = 32
+# A tile of KEYS_PER_CHUNK cached keys (or values) in shared memory, one position per row. The
+# row is one float longer than MAX_D_K: when the threads of a warp read a column (thread t the
+# key of row t), 129-float rows put them in 32 different banks, 128-float rows all in one (from
+# the index arithmetic: bank = (t * row + e) mod 32).
+TILE_SHAPE = (KEYS_PER_CHUNK, MAX_D_K + 1)
+# CUDA's limit on the threads of a block: version 1's block is one kv head's group of query heads.
+MAX_THREADS_PER_BLOCK = 1024
 # The merge kernel: 16 output components x 4 heads per block, x along d_k.
 MERGE_BLOCK = (16, 4)
 # The projections of the layer helpers: the 128 x 128 kernel v4 on a GPU; the naive v1 on the
@@ -63,14 +80,27 @@ PROJECTION_VERSION = projection.layer_version()
 
 # --- Sizes ---------------------------------------------------------------------------------
 
-def cache_bytes(n_layer, n_head, T, d_k, bytes_per_value=4, batch=1):
-    """Bytes of a KV cache: a key and a value of d_k numbers for every position, head and layer.
+def cache_bytes(n_layer, n_head, T, d_k, bytes_per_value=4, batch=1, n_kv_head=None):
+    """Bytes of a KV cache: a key and a value of d_k numbers for every position, kv head and layer.
 
-    2 * n_layer * n_head * T * d_k * bytes_per_value * batch; bytes_per_value 4 for float32,
-    2 for float16. ANDREA-120M, T 1024, float32: 2 * 12 * 12 * 1024 * 64 * 4 = 75,497,472 bytes
-    per sequence.
+    2 * n_layer * n_kv_head * T * d_k * bytes_per_value * batch; n_kv_head None means n_head
+    (one kv head per query head); bytes_per_value 4 for float32, 2 for float16. ANDREA-120M,
+    T 1024, float32: 2 * 12 * 12 * 1024 * 64 * 4 = 75,497,472 bytes per sequence.
     """
-    return 2 * n_layer * n_head * T * d_k * bytes_per_value * batch
+    n_kv_head = n_head if n_kv_head is None else n_kv_head   # the query heads do not count
+    return 2 * n_layer * n_kv_head * T * d_k * bytes_per_value * batch
+
+
+def bytes_per_token(n_layer, n_head, T, d_k, weight_bytes, batch=1, n_kv_head=None, bytes_per_value=4):
+    """Main-memory bytes one decode step reads per generated token, at context T.
+
+    A step of a batch of `batch` sequences reads the weights (weight_bytes, the whole model)
+    once for all its tokens, and each sequence's own cache of every layer for its token only:
+    -> cache_bytes(n_layer, n_head, T, d_k, bytes_per_value, n_kv_head=n_kv_head)
+    + weight_bytes / batch, a float. Activations (a few d_model per layer) are left out.
+    """
+    own_cache = cache_bytes(n_layer, n_head, T, d_k, bytes_per_value, n_kv_head=n_kv_head)
+    return own_cache + weight_bytes / batch
 
 
 # --- NumPy: one query against the cache, chunk by chunk --------------------------------------
@@ -108,22 +138,23 @@ def merge_partials(m, l, acc):
     return (weight[..., None] * acc).sum(axis=-2) / (weight * l).sum(axis=-1)[..., None]
 
 
-def decode_layer_numpy(x, w_q, w_k, w_v, w_o, n_head):
+def decode_layer_numpy(x, w_q, w_k, w_v, w_o, n_head, n_kv_head=None):
     """A multi-head attention layer run token by token with a NumPy KV cache, in float64.
 
-    x: (T, d_model) the layer's input at each position; w_*: (d_model, d_model)
-    -> (T, d_model), equal to reference.multi_head_attention(x, ..., causal=True) up to rounding.
-    """
+    x: (T, d_model); w_q, w_o: (d_model, d_model); w_k, w_v: (d_model, n_kv_head * d_k) -> (T, d_model),
+    reference.multi_head_attention(x, ..., causal=True) when n_kv_head = n_head."""
     T, d_model = x.shape
-    k_cache = np.zeros((n_head, T, d_model // n_head))            # (n_head, capacity, d_k)
-    v_cache = np.zeros_like(k_cache)
-    out = np.zeros((T, d_model))
+    n_kv_head = n_head if n_kv_head is None else n_kv_head       # group: query heads per kv head
+    group, k_cache = n_head // n_kv_head, np.zeros((n_kv_head, T, d_model // n_head))   # (n_kv_head, capacity, d_k)
+    v_cache, out = np.zeros_like(k_cache), np.zeros((T, d_model))
     for t in range(T):
         x_t = x[t:t + 1]                                           # (1, d_model)
         q = reference.split_heads(reference.project(x_t, w_q), n_head)   # (n_head, 1, d_k)
-        k_cache[:, t:t + 1] = reference.split_heads(reference.project(x_t, w_k), n_head)
-        v_cache[:, t:t + 1] = reference.split_heads(reference.project(x_t, w_v), n_head)
-        heads = reference.attention(q, k_cache[:, :t + 1], v_cache[:, :t + 1], causal=False)
+        k_cache[:, t:t + 1] = reference.split_heads(reference.project(x_t, w_k), n_kv_head)
+        v_cache[:, t:t + 1] = reference.split_heads(reference.project(x_t, w_v), n_kv_head)
+        keys = np.repeat(k_cache[:, :t + 1], group, axis=0)        # (n_head, t + 1, d_k): kv head h // group
+        values = np.repeat(v_cache[:, :t + 1], group, axis=0)
+        heads = reference.attention(q, keys, values, causal=False)
         out[t] = reference.project(reference.merge_heads(heads), w_o)[0]  # (n_head, 1, d_k) -> (d_model,)
     return out
 
@@ -141,24 +172,30 @@ class CacheBookkeeping:
     """What a KVCache needs besides storing and appending: its sizes checked, its shape, copies.
 
     A mixin for KVCache (which notebook 08 shows): the one-line errors of the constructor and
-    of append, the properties n_head, capacity, d_k, nbytes, keys and values, and __repr__.
+    of append, the properties n_kv_head, group, capacity, d_k, nbytes, keys and values, and
+    __repr__.
     """
 
     @staticmethod
-    def _check_sizes(n_head, capacity, d_k):
-        """(n_head, capacity, d_k) as ints; TypeError or ValueError naming the argument otherwise."""
+    def _check_sizes(n_head, capacity, d_k, n_kv_head):
+        """(n_head, capacity, d_k, n_kv_head) as ints, n_kv_head None meaning n_head; TypeError
+        or ValueError naming the argument otherwise."""
+        n_kv_head = n_head if n_kv_head is None else n_kv_head
         sizes = tuple(_positive_int(name, value) for name, value in
-                      (("n_head", n_head), ("capacity", capacity), ("d_k", d_k)))
+                      (("n_head", n_head), ("capacity", capacity), ("d_k", d_k), ("n_kv_head", n_kv_head)))
         require(sizes[2] <= MAX_D_K, f"d_k must be at most MAX_D_K = {MAX_D_K}, got {sizes[2]}")
+        require(sizes[0] % sizes[3] == 0,
+                f"n_kv_head must divide n_head = {sizes[0]} (each kv head serves a whole group of "
+                f"query heads), got {sizes[3]}")
         return sizes
 
     def _check_new(self, k_new, v_new):
-        """k_new, v_new as float32 (n_head, t_new, d_k) arrays that fit after the filled positions."""
-        hint = f"(n_head, t_new, d_k) = ({self.n_head}, t_new, {self.d_k})"
+        """k_new, v_new as float32 (n_kv_head, t_new, d_k) arrays that fit after the filled positions."""
+        hint = f"(n_kv_head, t_new, d_k) = ({self.n_kv_head}, t_new, {self.d_k})"
         k_new = as_float32("k_new", k_new, hint, ndim=3)
         v_new = as_float32("v_new", v_new, hint, ndim=3)
         for name, a in (("k_new", k_new), ("v_new", v_new)):
-            require(a.shape[0] == self.n_head and a.shape[2] == self.d_k,
+            require(a.shape[0] == self.n_kv_head and a.shape[2] == self.d_k,
                     f"{name} must have shape {hint}, got {a.shape}")
         require(v_new.shape == k_new.shape,
                 f"v_new must have the shape of k_new {k_new.shape}, got {v_new.shape}")
@@ -168,8 +205,13 @@ class CacheBookkeeping:
         return k_new, v_new
 
     @property
-    def n_head(self):
+    def n_kv_head(self):
         return self.k_device.shape[0]
+
+    @property
+    def group(self):
+        """Query heads per kv head."""
+        return self.n_head // self.n_kv_head
 
     @property
     def capacity(self):
@@ -186,41 +228,58 @@ class CacheBookkeeping:
 
     @property
     def keys(self):
-        """The cached keys, (n_head, length, d_k) float32: a NumPy copy."""
+        """The cached keys, (n_kv_head, length, d_k) float32: a NumPy copy."""
         return np.ascontiguousarray(self.k_device.copy_to_host()[:, :self.length])
 
     @property
     def values(self):
-        """The cached values, (n_head, length, d_k) float32: a NumPy copy."""
+        """The cached values, (n_kv_head, length, d_k) float32: a NumPy copy."""
         return np.ascontiguousarray(self.v_device.copy_to_host()[:, :self.length])
 
     def __repr__(self):
         return (f"KVCache(n_head={self.n_head}, capacity={self.capacity}, d_k={self.d_k}, "
-                f"length={self.length})")
+                f"n_kv_head={self.n_kv_head}, length={self.length})")
 
 
 class KVCache(CacheBookkeeping):
-    """The K and V of every position so far, for all heads of ONE attention layer of ONE sequence.
+    """The K and V of every position so far, for ONE attention layer of ONE sequence.
 
-    Float32 device arrays (n_head, capacity, d_k), allocated once; positions 0 .. length - 1 filled.
-    """
+    n_head query heads share n_kv_head (None: n_head) kv heads: float32 (n_kv_head, capacity, d_k)."""
 
-    def __init__(self, n_head, capacity, d_k):
-        n_head, capacity, d_k = self._check_sizes(n_head, capacity, d_k)   # one-line errors
-        self.k_device = cuda.device_array((n_head, capacity, d_k), np.float32)
-        self.v_device = cuda.device_array((n_head, capacity, d_k), np.float32)
+    def __init__(self, n_head, capacity, d_k, n_kv_head=None):
+        n_head, capacity, d_k, n_kv_head = self._check_sizes(n_head, capacity, d_k, n_kv_head)
+        self.n_head = n_head                                       # the queries a decode step brings
+        self.k_device = cuda.device_array((n_kv_head, capacity, d_k), np.float32)
+        self.v_device = cuda.device_array((n_kv_head, capacity, d_k), np.float32)
         self.length = 0                                            # positions filled
 
     def append(self, k_new, v_new):
-        """Store t_new positions after the filled ones: k_new, v_new (n_head, t_new, d_k) float."""
+        """Store t_new positions after the filled ones: k_new, v_new (n_kv_head, t_new, d_k) float."""
         k_new, v_new = self._check_new(k_new, v_new)               # refuses what does not fit
         start, t_new = self.length, k_new.shape[1]
-        self.k_device[:, start:start + t_new] = k_new              # (n_head, t_new, d_k) slots
+        self.k_device[:, start:start + t_new] = k_new              # (n_kv_head, t_new, d_k) slots
         self.v_device[:, start:start + t_new] = v_new
         self.length = start + t_new
 
 
 # --- Kernels -------------------------------------------------------------------------------
+
+@cuda.jit(device=True)
+def stage_tile(k_s, v_s, k_cache, v_cache, g, start, length, tid, n_threads):
+    """k_s[t, e] = k_cache[g, start + t, e] and v_s alike for the filled positions of the tile
+    starting at `start`; returns n_keys, their number (the last tile may be partial).
+
+    Row by row, the block's n_threads threads take components tid, tid + n_threads, ...:
+    neighbouring threads read neighbouring addresses, and each cached number is read from main
+    memory once, for every query head of kv head g.
+    """
+    n_keys = min(KEYS_PER_CHUNK, length - start)
+    for t in range(n_keys):
+        for e in range(tid, k_cache.shape[2], n_threads):
+            k_s[t, e] = k_cache[g, start + t, e]
+            v_s[t, e] = v_cache[g, start + t, e]
+    return n_keys
+
 
 @cuda.jit(device=True)
 def stage_query(q_row, acc, q, h, scale):
@@ -231,17 +290,17 @@ def stage_query(q_row, acc, q, h, scale):
 
 
 @cuda.jit(device=True)
-def key_score(q_row, k_cache, h, j, d_k):
-    """The scaled score of cached key j of head h: q_row . k_cache[h, j, :], float32."""
+def key_score(q_row, k_s, t, d_k):
+    """The scaled score of the staged key in row t of the tile: q_row . k_s[t, :], float32."""
     s = np.float32(0.0)
     for c in range(d_k):
-        s += q_row[c] * k_cache[h, j, c]
+        s += q_row[c] * k_s[t, c]
     return s
 
 
 @cuda.jit(device=True)
-def online_step(acc, v_cache, h, j, d_k, s, m, l):
-    """Fold key j, with score s, into the running (m, l, acc); returns the new (m, l).
+def online_step(acc, v_s, t, d_k, s, m, l):
+    """Fold the key in row t of the tile, with score s, into the running (m, l, acc); returns the new (m, l).
 
     acc (d_k,) holds sum exp(s - m) * v over the keys so far; rescaling it and l to the new
     maximum keeps every exponent <= 0.
@@ -250,7 +309,7 @@ def online_step(acc, v_cache, h, j, d_k, s, m, l):
     rescale = math.exp(m - m_new)                # 1 if the max stayed, 0 for the first key
     p = math.exp(s - m_new)
     for c in range(d_k):
-        acc[c] = acc[c] * rescale + p * v_cache[h, j, c]
+        acc[c] = acc[c] * rescale + p * v_s[t, c]
     return m_new, l * rescale + p
 
 
@@ -262,31 +321,33 @@ def write_normalised(out, acc, h, l, d_k):
         out[h, c] = acc[c] * inv_l
 
 
+@cuda.jit(device=True)
+def attend_tile(acc, q_row, k_s, v_s, n_keys, d_k, m, l):
+    """Fold the tile's n_keys staged keys and values into the running (m, l, acc); returns (m, l)."""
+    for t in range(n_keys):
+        m, l = online_step(acc, v_s, t, d_k, key_score(q_row, k_s, t, d_k), m, l)
+    return m, l
+
+
 @cuda.jit
 def decode_kernel_v1(q, k_cache, v_cache, length, scale, out):
-    """One query per head against the first `length` cached positions; one thread per head.
+    """One query per head against the first `length` cached positions; block g: kv head g.
 
-    q, out (written): (n_head, d_k); k_cache, v_cache: (n_head, capacity, d_k); all float32;
-    1 <= length <= capacity; scale: float32, 1/sqrt(d_k). Thread h = cuda.grid(1).
-    """
-    h = cuda.grid(1)
-    if h >= q.shape[0]:                          # the block hangs past the last head
-        return
-    d_k = q.shape[1]
+    q, out (written): (n_head, d_k); k_cache, v_cache: (n_kv_head, capacity, d_k); float32."""
+    k_s = cuda.shared.array(TILE_SHAPE, np.float32)   # the tile's keys, read by every thread
+    v_s = cuda.shared.array(TILE_SHAPE, np.float32)   # and its values
+    g, tid, group = cuda.blockIdx.x, cuda.threadIdx.x, q.shape[0] // k_cache.shape[0]
+    h, d_k = g * group + tid, q.shape[1]         # the thread's query head: h // group = g
     q_row = cuda.local.array(MAX_D_K, np.float32)   # private to the thread
     acc = cuda.local.array(MAX_D_K, np.float32)
     stage_query(q_row, acc, q, h, scale)
     m, l = np.float32(-math.inf), np.float32(0.0)   # float32 throughout, as on a GPU
-    for j in range(length):                      # only the filled positions
-        m, l = online_step(acc, v_cache, h, j, d_k, key_score(q_row, k_cache, h, j, d_k), m, l)
+    for start in range(0, length, KEYS_PER_CHUNK):   # only the filled positions
+        cuda.syncthreads()                       # wait: every thread is done with the last tile
+        n_keys = stage_tile(k_s, v_s, k_cache, v_cache, g, start, length, tid, group)
+        cuda.syncthreads()                       # wait: the tile is staged
+        m, l = attend_tile(acc, q_row, k_s, v_s, n_keys, d_k, m, l)
     write_normalised(out, acc, h, l, d_k)
-
-
-@cuda.jit(device=True)
-def chunk_bounds(c, length):
-    """Chunk c's first position and its number of filled keys (the last chunk may be partial)."""
-    start = c * KEYS_PER_CHUNK
-    return start, min(KEYS_PER_CHUNK, length - start)
 
 
 @cuda.jit(device=True)
@@ -297,13 +358,21 @@ def stage_scaled_query(q_s, q, h, scale, tid):
 
 
 @cuda.jit(device=True)
-def score_chunk(s_chunk, q_s, k_cache, h, start, n_keys, tid):
-    """s_chunk[tid] = q_s . k_cache[h, start + tid, :]: thread tid scores one key of the chunk."""
+def score_chunk(s_chunk, q_s, k_s, n_keys, d_k, tid):
+    """s_chunk[tid] = q_s . k_s[tid, :]: thread tid scores one staged key of the chunk."""
     if tid < n_keys:
         s = np.float32(0.0)
-        for e in range(k_cache.shape[2]):
-            s += q_s[e] * k_cache[h, start + tid, e]
+        for e in range(d_k):
+            s += q_s[e] * k_s[tid, e]                     # rows of 129 floats: 32 banks, no conflict
         s_chunk[tid] = s
+
+
+@cuda.jit(device=True)
+def score_head(s_chunk, q_s, q, h, scale, k_s, n_keys, tid):
+    """Steps 1 and 2 for query head h: q[h] * scale staged, then each thread scores its key."""
+    stage_scaled_query(q_s, q, h, scale, tid)
+    cuda.syncthreads()                                    # wait: the chunk and q[h] are staged
+    score_chunk(s_chunk, q_s, k_s, n_keys, q.shape[1], tid)
 
 
 @cuda.jit(device=True)
@@ -322,12 +391,12 @@ def weigh_chunk(p_chunk, s_chunk, n_keys, tid):
 
 
 @cuda.jit(device=True)
-def chunk_output(acc_part, p_chunk, v_cache, h, c, start, n_keys, tid):
-    """acc_part[h, c, e] = sum_t p_chunk[t] * v_cache[h, start + t, e] for e = tid, tid + KEYS_PER_CHUNK, ..."""
-    for e in range(tid, v_cache.shape[2], KEYS_PER_CHUNK):   # one output component per thread
+def chunk_output(acc_part, p_chunk, v_s, h, c, n_keys, d_k, tid):
+    """acc_part[h, c, e] = sum_t p_chunk[t] * v_s[t, e] for e = tid, tid + KEYS_PER_CHUNK, ..."""
+    for e in range(tid, d_k, KEYS_PER_CHUNK):             # one output component per thread
         acc = np.float32(0.0)
         for t in range(n_keys):
-            acc += p_chunk[t] * v_cache[h, start + t, e]  # threads side by side: addresses side by side
+            acc += p_chunk[t] * v_s[t, e]                 # threads side by side: banks side by side
         acc_part[h, c, e] = acc
 
 
@@ -344,23 +413,23 @@ def chunk_stats(m_part, l_part, p_chunk, h, c, m, n_keys, tid):
 
 @cuda.jit
 def decode_partial_kernel(q, k_cache, v_cache, length, scale, m_part, l_part, acc_part):
-    """Split-K decoding, step 1: block (c, h) of grid (n_chunks, n_head) attends q[h] to chunk c.
+    """Split-K decoding, step 1: block (c, g) attends kv head g's query heads to chunk c, staged once.
 
-    Writes m_part, l_part (n_head, n_chunks), acc_part (n_head, n_chunks, d_k); the rest as decode_kernel_v1.
-    """
+    Writes m_part, l_part (n_head, n_chunks), acc_part (n_head, n_chunks, d_k); the rest as decode_kernel_v1."""
+    k_s = cuda.shared.array(TILE_SHAPE, np.float32)       # the chunk's keys
+    v_s = cuda.shared.array(TILE_SHAPE, np.float32)       # and values
     q_s = cuda.shared.array(MAX_D_K, np.float32)          # q[h] * scale, read by every thread
     s_chunk = cuda.shared.array(KEYS_PER_CHUNK, np.float32)   # the chunk's scores
     p_chunk = cuda.shared.array(KEYS_PER_CHUNK, np.float32)   # exp(score - chunk max)
-    c, h, tid = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
-    start, n_keys = chunk_bounds(c, length)
-    stage_scaled_query(q_s, q, h, scale, tid)
-    cuda.syncthreads()                                    # wait: q is staged
-    score_chunk(s_chunk, q_s, k_cache, h, start, n_keys, tid)
-    cuda.syncthreads()                                    # wait: every score of the chunk is in
-    m = weigh_chunk(p_chunk, s_chunk, n_keys, tid)
-    cuda.syncthreads()                                    # wait: every weight of the chunk is in
-    chunk_output(acc_part, p_chunk, v_cache, h, c, start, n_keys, tid)
-    chunk_stats(m_part, l_part, p_chunk, h, c, m, n_keys, tid)
+    c, g, tid, group = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x, q.shape[0] // k_cache.shape[0]
+    n_keys = stage_tile(k_s, v_s, k_cache, v_cache, g, c * KEYS_PER_CHUNK, length, tid, KEYS_PER_CHUNK)
+    for h in range(g * group, (g + 1) * group):           # the query heads with h // group = g
+        score_head(s_chunk, q_s, q, h, scale, k_s, n_keys, tid)
+        cuda.syncthreads()                                # wait: every score of the chunk is in
+        m = weigh_chunk(p_chunk, s_chunk, n_keys, tid)
+        cuda.syncthreads()                                # wait: every weight of the chunk is in
+        chunk_output(acc_part, p_chunk, v_s, h, c, n_keys, q.shape[1], tid)
+        chunk_stats(m_part, l_part, p_chunk, h, c, m, n_keys, tid)
 
 
 @cuda.jit
@@ -394,18 +463,23 @@ def n_chunks(length):
     return ceil_div(length, KEYS_PER_CHUNK)
 
 
-def decode_grid(n_head, d_k, length, version):
-    """[(grid, block), ...] of the launches of one decode step, in order."""
+def decode_grid(n_head, d_k, length, version, n_kv_head=None):
+    """[(grid, block), ...] of the launches of one decode step, in order; n_kv_head None: n_head.
+
+    Version 1: a block per kv head, of one thread per query head of its group; version 2: a
+    block per (chunk, kv head), then the merge over (component, query head).
+    """
+    n_kv_head = n_head if n_kv_head is None else n_kv_head
     if version == 1:
-        return [(ceil_div(n_head, HEADS_PER_BLOCK), HEADS_PER_BLOCK)]
+        return [(n_kv_head, n_head // n_kv_head)]
     merge_grid = (ceil_div(d_k, MERGE_BLOCK[0]), ceil_div(n_head, MERGE_BLOCK[1]))
-    return [((n_chunks(length), n_head), KEYS_PER_CHUNK), (merge_grid, MERGE_BLOCK)]
+    return [((n_chunks(length), n_kv_head), KEYS_PER_CHUNK), (merge_grid, MERGE_BLOCK)]
 
 
 def _check_query(q, cache):
     """q as a float32 (n_head, d_k) array matching the cache."""
     # Duck-typed, so that a KVCache class typed into a notebook works as well as this one.
-    require(all(hasattr(cache, a) for a in ("k_device", "v_device", "length", "n_head", "d_k")),
+    require(all(hasattr(cache, a) for a in ("k_device", "v_device", "length", "n_head", "n_kv_head", "d_k")),
             f"cache must be a KVCache, got {type(cache).__name__}")
     hint = f"(n_head, d_k) = ({cache.n_head}, {cache.d_k}) or ({cache.n_head}, 1, {cache.d_k})"
     q = as_float32("q", q, hint, min_ndim=2)
@@ -419,19 +493,29 @@ def decode_step(q, cache, version=2, kernel=None, merge_kernel=None):
     """Attention of one new query per head over every cached position, on the device.
 
     q: (n_head, d_k) or (n_head, 1, d_k) float, the new token's queries; cache: KVCache
-    holding positions 0 .. length - 1, the new token's own k and v included (append first)
-    -> (n_head, d_k) float32: softmax(q K^T / sqrt(d_k)) V per head over the filled positions.
-    version 1: one thread per head; 2: split-K, a block per (chunk, head) then a merge.
+    holding positions 0 .. length - 1 of its n_kv_head heads, the new token's own k and v
+    included (append first) -> (n_head, d_k) float32: softmax(q K^T / sqrt(d_k)) V per query
+    head h over the filled positions of kv head h // (n_head // n_kv_head).
+    version 1: a block per kv head, a thread per query head; 2: split-K, a block per
+    (chunk, kv head) then a merge.
     kernel: replaces the version's first kernel (same signature), launched the same way;
     merge_kernel: replaces version 2's decode_merge_kernel.
     """
     require(version in KERNELS, f"version must be 1 or 2, got {version!r}")
     q = _check_query(q, cache)
-    n_head, d_k, length = cache.n_head, cache.d_k, cache.length
-    launches = decode_grid(n_head, d_k, length, version)
-    check_grid("decode_step", launches[0][0], x="the cache's length in chunks", y="the cache's n_head")
-    # Version 2's partial kernel waits at 3 barriers in each (chunk, head) block.
-    barrier_s = barrier_seconds(n_chunks(length) * n_head, KEYS_PER_CHUNK, 3) if version == 2 else 0.0
+    require(version == 2 or cache.group <= MAX_THREADS_PER_BLOCK,
+            f"version 1 runs a block of n_head // n_kv_head threads, at most {MAX_THREADS_PER_BLOCK}: "
+            f"cache has {cache.group}; use version 2")
+    n_head, n_kv_head, d_k, length = cache.n_head, cache.n_kv_head, cache.d_k, cache.length
+    launches = decode_grid(n_head, d_k, length, version, n_kv_head)
+    if version == 1:
+        check_grid("decode_step", launches[0][0], x="the cache's n_kv_head")
+        # Two barriers per tile of KEYS_PER_CHUNK positions in each kv head's block.
+        barrier_s = barrier_seconds(n_kv_head, cache.group, 2 * n_chunks(length))
+    else:
+        check_grid("decode_step", launches[0][0], x="the cache's length in chunks", y="the cache's n_kv_head")
+        # 3 barriers per query head in each (chunk, kv head) block.
+        barrier_s = barrier_seconds(n_chunks(length) * n_kv_head, KEYS_PER_CHUNK, 3 * cache.group)
     check_simulator_budget("decode_step", sum(math.prod(np.atleast_1d(g)) * math.prod(np.atleast_1d(b))
                                               for g, b in launches), barrier_s)
     library_kernels = kernel is None and merge_kernel is None     # a kernel passed in answers for itself
@@ -460,30 +544,36 @@ def decode_step(q, cache, version=2, kernel=None, merge_kernel=None):
 # Biases are left out: they add a constant to each token's q, k, v and output, and change
 # nothing about the cache.
 
-def qkv_heads(x, w_q, w_k, w_v, n_head):
+def qkv_heads(x, w_q, w_k, w_v, n_head, n_kv_head=None):
     """Project x to q, k and v on the device and cut each into heads, as multi_head_attention does.
 
-    x: (T, d_model) float; w_q, w_k, w_v: (d_model, d_model) -> (q, k, v), each (n_head, T, d_k)
-    float32. One fused projection [Q | K | V] = x @ [W_Q | W_K | W_V] (notebook 01); the split
-    is a reshape and a transpose, done by NumPy here (multihead.split_heads is its kernel).
+    x: (T, d_model) float; w_q: (d_model, d_model); w_k, w_v: (d_model, n_kv_head * d_k),
+    d_k = d_model // n_head, n_kv_head None meaning n_head -> (q, k, v): q (n_head, T, d_k),
+    k and v (n_kv_head, T, d_k), float32. One fused projection [Q | K | V] = x @ [W_Q | W_K | W_V]
+    (notebook 01); the split is a reshape and a transpose, done by NumPy here.
     """
     T, d_model = x.shape
-    w_qkv = np.concatenate([w_q, w_k, w_v], axis=1)                # (d_model, 3 * d_model)
-    qkv = projection.project(x, w_qkv, version=PROJECTION_VERSION)   # (T, 3 * d_model)
-    heads = qkv.reshape(T, 3 * n_head, d_model // n_head)          # (T, 3 * n_head, d_k)
-    heads = np.ascontiguousarray(heads.transpose(1, 0, 2))         # (3 * n_head, T, d_k)
-    return heads[:n_head], heads[n_head:2 * n_head], heads[2 * n_head:]
+    n_kv_head = n_head if n_kv_head is None else n_kv_head
+    w_qkv = np.concatenate([w_q, w_k, w_v], axis=1)                # (d_model, (n_head + 2 n_kv_head) d_k)
+    qkv = projection.project(x, w_qkv, version=PROJECTION_VERSION)   # (T, (n_head + 2 n_kv_head) d_k)
+    heads = qkv.reshape(T, n_head + 2 * n_kv_head, d_model // n_head)   # (T, heads of q, k, v, d_k)
+    heads = np.ascontiguousarray(heads.transpose(1, 0, 2))         # (n_head + 2 n_kv_head, T, d_k)
+    return heads[:n_head], heads[n_head:n_head + n_kv_head], heads[n_head + n_kv_head:]
 
 
 def prefill(x, w_q, w_k, w_v, w_o, cache):
     """The whole prompt in one causal pass; its keys and values go into the cache.
 
-    x: (T, d_model) float, the layer's input at the prompt's positions; w_*: (d_model, d_model);
-    cache: an empty KVCache with d_k = d_model / n_head -> (T, d_model) float32.
+    x: (T, d_model) float, the layer's input at the prompt's positions; w_q, w_o: (d_model,
+    d_model); w_k, w_v: (d_model, n_kv_head * d_k); cache: an empty KVCache with
+    d_k = d_model / n_head -> (T, d_model) float32.
     """
-    q, k, v = qkv_heads(x, w_q, w_k, w_v, cache.n_head)           # each (n_head, T, d_k)
-    cache.append(k, v)
-    heads = attention.attention(q, k, v, causal=True)             # (n_head, T, d_k)
+    q, k, v = qkv_heads(x, w_q, w_k, w_v, cache.n_head, cache.n_kv_head)   # (n_head | n_kv_head, T, d_k)
+    cache.append(k, v)                                            # n_kv_head heads: one copy each
+    # attention.attention wants a key and value head per query head: kv head g repeated for
+    # its group (query heads g * group .. g * group + group - 1), for this one prefill call.
+    keys, values = (np.repeat(a, cache.group, axis=0) for a in (k, v))   # (n_head, T, d_k)
+    heads = attention.attention(q, keys, values, causal=True)     # (n_head, T, d_k)
     merged = heads.transpose(1, 0, 2).reshape(x.shape)            # (T, n_head, d_k) -> (T, d_model)
     return projection.project(merged, w_o, version=PROJECTION_VERSION)
 
@@ -491,37 +581,52 @@ def prefill(x, w_q, w_k, w_v, w_o, cache):
 def decode_layer_step(x_new, w_q, w_k, w_v, w_o, cache, version=2):
     """One new token through the layer: project it, append its k and v, attend to the cache.
 
-    x_new: (d_model,) float, the layer's input at the new position; w_*: (d_model, d_model);
-    cache: the layer's KVCache, holding the earlier positions -> (d_model,) float32, the
-    layer's output at the new position. The cache grows by one position.
+    x_new: (d_model,) float, the layer's input at the new position; w_q, w_o: (d_model,
+    d_model); w_k, w_v: (d_model, n_kv_head * d_k); cache: the layer's KVCache, holding the
+    earlier positions -> (d_model,) float32, the layer's output at the new position. The cache
+    grows by one position.
     """
     x_new = np.reshape(x_new, (1, -1))                            # (1, d_model): a sequence of one
-    q, k, v = qkv_heads(x_new, w_q, w_k, w_v, cache.n_head)       # each (n_head, 1, d_k)
+    q, k, v = qkv_heads(x_new, w_q, w_k, w_v, cache.n_head, cache.n_kv_head)   # (heads, 1, d_k)
     cache.append(k, v)                                            # first: the token sees itself too
     heads = decode_step(q, cache, version)                        # (n_head, d_k)
     merged = heads.reshape(1, -1)                                 # (1, d_model): one row, heads side by side
     return projection.project(merged, w_o, version=PROJECTION_VERSION)[0]   # (d_model,)
 
 
-def generate_layer_outputs(x, w_q, w_k, w_v, w_o, n_head, n_prompt=1, version=2):
+def _check_layer_weights(d_model, n_head, n_kv_head, **weights):
+    """The four weights as float32, W_K and W_V of (d_model, n_kv_head * d_k); one-line errors."""
+    require(isinstance(n_head, (int, np.integer)) and n_head > 0 and d_model % n_head == 0,
+            f"n_head must be a positive int dividing d_model {d_model}, got {n_head!r}")
+    require(isinstance(n_kv_head, (int, np.integer)) and n_kv_head > 0 and n_head % n_kv_head == 0,
+            f"n_kv_head must be a positive int dividing n_head = {n_head}, got {n_kv_head!r}")
+    d_kv = n_kv_head * (d_model // n_head)                        # W_K's and W_V's columns
+    checked = []
+    for name, w in weights.items():
+        shape = (d_model, d_kv) if name in ("w_k", "w_v") else (d_model, d_model)
+        w = as_float32(name, w, f"{shape}", ndim=2)
+        why = "d_model = the last axis of x" + (", n_kv_head * d_k" if shape[1] != d_model else "")
+        require(w.shape == shape, f"{name} must have shape {shape} ({why}), got {w.shape}")
+        checked.append(w)
+    return checked
+
+
+def generate_layer_outputs(x, w_q, w_k, w_v, w_o, n_head, n_prompt=1, version=2, n_kv_head=None):
     """Run a layer as a generator does: prefill the first n_prompt positions, then one at a time.
 
-    x: (T, d_model) float; w_*: (d_model, d_model) float; n_head divides d_model;
+    x: (T, d_model) float; w_q, w_o: (d_model, d_model) float; w_k, w_v: (d_model,
+    n_kv_head * d_k), d_k = d_model // n_head; n_kv_head divides n_head (None: n_head);
     1 <= n_prompt <= T -> (T, d_model) float32, the outputs of one causal pass over all of x
-    (multihead.multi_head_attention), computed with a KVCache of capacity T.
+    (multihead.multi_head_attention when n_kv_head = n_head), computed with a KVCache of
+    capacity T holding n_kv_head heads.
     """
     x = as_float32("x", x, "(T, d_model)", ndim=2)
     T, d_model = x.shape
-    weights = [as_float32(name, w, f"({d_model}, {d_model})", ndim=2)
-               for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v), ("w_o", w_o))]
-    for name, w in zip(("w_q", "w_k", "w_v", "w_o"), weights):
-        require(w.shape == (d_model, d_model),
-                f"{name} must have shape ({d_model}, {d_model}) (d_model = the last axis of x), got {w.shape}")
-    require(isinstance(n_head, (int, np.integer)) and n_head > 0 and d_model % n_head == 0,
-            f"n_head must be a positive int dividing d_model {d_model}, got {n_head!r}")
+    n_kv_head = n_head if n_kv_head is None else n_kv_head
+    weights = _check_layer_weights(d_model, n_head, n_kv_head, w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o)
     require(isinstance(n_prompt, (int, np.integer)) and 1 <= n_prompt <= T,
             f"n_prompt must be an int between 1 and T = {T}, got {n_prompt!r}")
-    cache = KVCache(n_head, T, d_model // n_head)
+    cache = KVCache(n_head, T, d_model // n_head, n_kv_head)
     outputs = [prefill(x[:n_prompt], *weights, cache)]           # (n_prompt, d_model)
     for t in range(n_prompt, T):
         outputs.append(decode_layer_step(x[t], *weights, cache, version)[None])   # (1, d_model)
@@ -530,15 +635,16 @@ def generate_layer_outputs(x, w_q, w_k, w_v, w_o, n_head, n_prompt=1, version=2)
 
 # --- Cost ------------------------------------------------------------------------------------
 
-def decode_traffic(length, n_head, d_k, version=2):
+def decode_traffic(length, n_head, d_k, version=2, n_kv_head=None):
     """Global-memory loads and stores of one decode_step, per array, as count_memory counts them.
 
-    -> {kernel name: {array: (loads, stores)}}, totals over the launch. Both versions read
-    every filled key and value exactly once and no unfilled slot. Version 2 also reads q once
-    per chunk, and writes the partials (n_head * n_chunks * (d_k + 2) numbers) that the merge
-    reads back.
+    -> {kernel name: {array: (loads, stores)}}, totals over the launch; n_kv_head None: n_head.
+    Both versions read every filled key and value of the n_kv_head heads exactly once, whatever
+    the group, and no unfilled slot. Version 2 also reads q once per chunk, and writes the
+    partials (n_head * n_chunks * (d_k + 2) numbers) that the merge reads back.
     """
-    filled = n_head * length * d_k
+    n_kv_head = n_head if n_kv_head is None else n_kv_head
+    filled = n_kv_head * length * d_k                    # shared by the group: read once
     if version == 1:
         return {"decode_kernel_v1": {"q": (n_head * d_k, 0), "k_cache": (filled, 0),
                                      "v_cache": (filled, 0), "out": (0, n_head * d_k)}}
