@@ -410,7 +410,7 @@ def _build_registry():
             _call("flash_attention", "q", "k", "v", causal=True, version=v),
             attention_flops, lambda s: BYTES * 4 * s.BH * s.T * s.d_k,
             _attention_reference, lambda s: s.T * s.d_k, sdpa, version=v))
-    for v, how in [(1, "one thread per head"), (2, "split over the cache, then merged")]:
+    for v, how in [(1, "a block per key/value head, a thread per query head"), (2, "split over the cache, then merged")]:
         entries.append(Entry(
             f"decode v{v}", "kv_cache", "08", f"one new query per head against T cached keys and values, {how}",
             _prepare_decode(v),
