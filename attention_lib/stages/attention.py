@@ -22,8 +22,8 @@ v (..., T_k, d_v), with the same leading batch and head axes (no broadcasting), 
 grouped-query attention, H query heads and H_kv key/value heads on axis -3, H a multiple of
 H_kv (query head h reads key/value head h // (H / H_kv), PyTorch's ``enable_gqa``). The stage
 kernels read one head per grid layer, so ``share_kv_heads`` copies each key/value head for the
-query heads of its group on the device: this pipeline saves no reads by GQA; the fused kernel
-(notebook 07) and the cache (notebook 08) do. Causal with
+query heads of its group on the device before the launches (``launch_*`` take BH heads of each):
+this pipeline saves no reads by GQA; the fused kernel (notebook 07) and the cache (notebook 08) do. Causal with
 T_q != T_k follows ``reference.causal_mask``: the queries are the *last* T_q positions, as when
 decoding with a cache (PyTorch's ``is_causal=True`` aligns them with the first positions
 instead; the two agree when T_q == T_k). A query that may see no key (T_q > T_k, causal) gets
@@ -68,9 +68,8 @@ def share_kv_heads(kv, bh):
 
 
 def launch_scores(q, k, causal):
-    """mask(q k^T / sqrt(d_k)) on device arrays: q (BH, T_q, d_k), k (BH or BH_kv, T_k, d_k)
-    float32 -> a new device array (BH, T_q, T_k) float32, -inf above the diagonal when causal."""
-    k = share_kv_heads(k, q.shape[0])                            # (BH, T_k, d_k)
+    """mask(q k^T / sqrt(d_k)) on device arrays: q (BH, T_q, d_k), k (BH, T_k, d_k) float32
+    -> a new device array (BH, T_q, T_k) float32, -inf above the diagonal when causal."""
     (bh, t_q, d_k), t_k = q.shape, k.shape[1]
     s = cuda.device_array((bh, t_q, t_k), np.float32)            # scores, never copied back
     grid, block = scores.score_grid(bh, t_q, t_k)
@@ -90,18 +89,16 @@ def launch_row_softmax(s):
 
 
 def launch_weights(q, k, causal):
-    """softmax(mask(q k^T / sqrt(d_k))) on device arrays: q (BH, T_q, d_k), k (BH or BH_kv, T_k,
-    d_k) float32 -> a new device array (BH, T_q, T_k) float32. No checks: ``attention`` makes them."""
+    """softmax(mask(q k^T / sqrt(d_k))) on device arrays: q (BH, T_q, d_k), k (BH, T_k, d_k)
+    float32 -> a new device array (BH, T_q, T_k) float32. No checks: ``attention`` makes them."""
     return launch_row_softmax(launch_scores(q, k, causal))
 
 
 def launch_attention(q, k, v, causal):
-    """The whole pipeline on device arrays: q (BH, T_q, d_k), k (BH_kv, T_k, d_k), v (BH_kv, T_k,
-    d_v) float32, BH_kv = BH or a divisor of it (grouped-query attention: query head h reads
-    key/value head h // (BH / BH_kv)) -> a new device array (BH, T_q, d_v) float32."""
+    """The whole pipeline on device arrays: q (BH, T_q, d_k), k (BH, T_k, d_k), v (BH, T_k, d_v)
+    float32 -> a new device array (BH, T_q, d_v) float32."""
     a = launch_weights(q, k, causal)                             # (BH, T_q, T_k), on the device
     out = cuda.device_array((q.shape[0], q.shape[1], v.shape[2]), np.float32)
-    v = share_kv_heads(v, q.shape[0])                            # (BH, T_k, d_v)
     weighted_sum.launch_weighted_sum(a, v, out, causal=causal)   # (BH, T_q, T_k) @ (BH, T_k, d_v)
     return out
 
@@ -148,7 +145,8 @@ def attention_weights(q, k, causal=True):
     (0 for a query that sees no key).
     """
     q3, k3, _, lead = _flatten(q, k, None, causal, "attention_weights", share_kv=True)
-    a = launch_weights(cuda.to_device(q3), cuda.to_device(k3), causal)
+    k_shared = share_kv_heads(cuda.to_device(k3), q3.shape[0])           # (BH, T_k, d_k)
+    a = launch_weights(cuda.to_device(q3), k_shared, causal)
     a = a.copy_to_host().reshape(*lead, q3.shape[1], k3.shape[1])       # (..., T_q, T_k)
     return require_finite_result("attention_weights", a, "q or k")
 
@@ -163,6 +161,7 @@ def attention(q, k, v, causal=True):
     every query sees every key.
     """
     q3, k3, v3, lead = _flatten(q, k, v, causal, "attention", share_kv=True)
-    out = launch_attention(cuda.to_device(q3), cuda.to_device(k3), cuda.to_device(v3), causal)
+    k_shared, v_shared = (share_kv_heads(cuda.to_device(a), q3.shape[0]) for a in (k3, v3))   # (BH, T_k, d)
+    out = launch_attention(cuda.to_device(q3), k_shared, v_shared, causal)
     out = out.copy_to_host().reshape(*lead, q3.shape[1], v3.shape[2])   # (..., T_q, d_v)
     return require_finite_result("attention", out, "q, k or v")

@@ -202,6 +202,7 @@ def launch_layer(x, w_qkv, b_qkv, w_o, b_o, n_head, causal, n_kv_head=None):
     """
     n_kv_head = n_head if n_kv_head is None else n_kv_head
     q, k, v = project_and_split(x, w_qkv, b_qkv, n_head, n_kv_head)   # (B * n_head or B * n_kv_head, T, d_k)
+    k, v = (attention.share_kv_heads(a, q.shape[0]) for a in (k, v))  # (B * n_head, T, d_k): K/V head per group
     out = attention.launch_attention(q, k, v, causal)              # (B * n_head, T, d_k), one batch of heads
     return merge_and_project(out, w_o, b_o, x.shape[0], n_head)
 
