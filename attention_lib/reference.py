@@ -7,7 +7,9 @@ Conventions (PyTorch's scaled-dot-product layout):
 - per-head tensors are (..., T, d_k): any leading batch and head axes are carried along;
 - weights follow the formula: Q = x @ W_Q with W_Q of shape (d_model, d_k);
 - a masked score is -inf, and a row whose scores are all masked gets all-zero weights
-  (it attends to nothing), never NaN.
+  (it attends to nothing), never NaN;
+- grouped-query attention: k and v may have H_kv heads on axis -3 where q has H, H a multiple
+  of H_kv; query head h reads key/value head h // (H / H_kv) (PyTorch's enable_gqa).
 """
 
 import numpy as np
@@ -127,34 +129,46 @@ def merge_heads(h):
     return side_by_side.reshape(*lead, T, n_head * d_k)        # (..., T, d_model)
 
 
+def share_kv_heads(kv, q):
+    """kv (..., H_kv, T_k, d) with each head repeated for the H / H_kv query heads of q
+    (..., H, T_q, d_k) that read it -> (..., H, T_k, d); kv itself when the heads match."""
+    kv = _f64(kv)
+    if kv.shape[:-2] == np.shape(q)[:-2]:
+        return kv
+    return np.repeat(kv, np.shape(q)[-3] // kv.shape[-3], axis=-3)   # head h -> kv head h // group
+
+
 def attention_weights(q, k, causal=True, window=None):
     """softmax(mask(q k^T / sqrt(d_k))): (..., T_q, d_k), (..., T_k, d_k) -> (..., T_q, T_k).
-
-    window: a sliding window (causal only, see causal_mask) or None.
-    """
+    k may have fewer heads than q on axis -3 (grouped-query attention, share_kv_heads).
+    window: a sliding window (causal only, see causal_mask) or None."""
     window = check_window(window, causal)
-    s = scores(q, k, scale=True)
+    s = scores(q, share_kv_heads(k, q), scale=True)
     return softmax(apply_causal_mask(s, window) if causal else s)
 
 
 def attention(q, k, v, causal=True, window=None):
     """Scaled dot-product attention of one or many heads.
 
-    q: (..., T_q, d_k); k: (..., T_k, d_k); v: (..., T_k, d_v) -> (..., T_q, d_v).
+    q: (..., H, T_q, d_k); k: (..., H_kv, T_k, d_k); v: (..., H_kv, T_k, d_v) -> (..., H, T_q, d_v),
+    with H_kv = H (or no head axis at all), or H_kv dividing H (grouped-query attention).
     window: a sliding window (causal only, see causal_mask) or None.
     """
-    return weighted_sum(attention_weights(q, k, causal, window), v)
+    return weighted_sum(attention_weights(q, k, causal, window), share_kv_heads(v, q))
 
 
 def multi_head_attention(x, w_q, w_k, w_v, w_o, n_head, causal=True,
-                         b_q=None, b_k=None, b_v=None, b_o=None):
+                         b_q=None, b_k=None, b_v=None, b_o=None, n_kv_head=None):
     """A whole multi-head self-attention layer.
 
-    x: (..., T, d_model); w_q, w_k, w_v, w_o: (d_model, d_model); biases (d_model,) or None
-    -> (..., T, d_model): project, split into n_head heads, attend per head, merge, then W_O.
+    x: (..., T, d_model); w_q, w_o: (d_model, d_model); w_k, w_v: (d_model, n_kv_head * d_k)
+    with d_k = d_model / n_head; biases of their widths or None -> (..., T, d_model): project,
+    split into n_head query heads and n_kv_head key/value heads (None: n_head; fewer: grouped-query
+    attention, 1: multi-query), attend per query head, merge, then W_O.
     """
+    n_kv_head = n_head if n_kv_head is None else n_kv_head
     q = split_heads(project(x, w_q, b_q), n_head)              # (..., n_head, T, d_k)
-    k = split_heads(project(x, w_k, b_k), n_head)
-    v = split_heads(project(x, w_v, b_v), n_head)
+    k = split_heads(project(x, w_k, b_k), n_kv_head)           # (..., n_kv_head, T, d_k)
+    v = split_heads(project(x, w_v, b_v), n_kv_head)
     heads = attention(q, k, v, causal)                         # (..., n_head, T, d_k)
     return project(merge_heads(heads), w_o, b_o)               # (..., T, d_model)

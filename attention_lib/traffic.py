@@ -81,16 +81,18 @@ def count_pipeline(q, k, v, causal=True):
 
 
 def count_fused(q, k, v, causal=True, version=2, window=None):
-    """Run the fused kernel once under count_memory: q (BH, T_q, d_k), k (BH, T_k, d_k),
-    v (BH, T_k, d_v) float32 NumPy arrays, window a sliding window or None -> (MemoryReport,
-    out (BH, T_q, d_v)); the report also counts the log-sum-exp `lse` (BH, T_q) the kernel writes."""
+    """Run the fused kernel once under count_memory: q (BH, T_q, d_k), k (BH_kv, T_k, d_k),
+    v (BH_kv, T_k, d_v) float32 NumPy arrays, BH_kv = BH or a divisor (grouped-query attention),
+    window a sliding window or None -> (MemoryReport, out (BH, T_q, d_v)); the report also
+    counts the log-sum-exp `lse` (BH, T_q) the kernel writes."""
     (bh, t_q, d_k), d_v = q.shape, v.shape[2]
+    group = bh // k.shape[0]
     out = np.empty((bh, t_q, d_v), np.float32)
     lse = np.empty((bh, t_q), np.float32)
     kernel = flash.make_flash_v3(d_k) if version == 3 else flash.KERNELS[version]
-    report = sanitizer.count_memory(kernel, *flash.flash_grid(bh, t_q, version, d_k), q, k, v,
+    report = sanitizer.count_memory(kernel, *flash.flash_grid(bh, t_q, version, d_k, group), q, k, v,
                                     flash.flash_scale(version, d_k), bool(causal), np.int32(window or 0),
-                                    np.int32(1), out, lse)
+                                    np.int32(group), out, lse)
     return report, out
 
 

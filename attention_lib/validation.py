@@ -67,3 +67,87 @@ def require(condition, message):
     """Raise ValueError(message) unless `condition`: for relations between arguments."""
     if not condition:
         raise ValueError(message)
+
+
+def kv_group(name, array, like_name, like):
+    """How many query heads share each key/value head: 1, or H / H_kv under grouped-query attention.
+
+    like: q (..., H, T_q, d_k); array: k or v (..., H_kv, T_k, d) with the same other leading
+    axes, H a multiple of H_kv (query head h reads key/value head h // (H / H_kv)). Anything
+    else is a one-line ValueError naming `name` and the shape it needs.
+    """
+    lead, kv_lead = like.shape[:-2], array.shape[:-2]
+    if kv_lead == lead:
+        return 1
+    require(len(kv_lead) == len(lead) >= 1 and kv_lead[:-1] == lead[:-1],
+            f"{name} must have the leading axes of {like_name} {lead}; got shape {array.shape}")
+    n_head = lead[-1]
+    divisors = [d for d in range(1, n_head + 1) if n_head % d == 0]
+    require(n_head % kv_lead[-1] == 0,
+            f"{name} must have shape {(*lead[:-1], 'H_kv', *array.shape[-2:])} with H_kv one of "
+            f"{', '.join(map(str, divisors))} (a divisor of {like_name}'s {n_head} heads on axis -3); "
+            f"got shape {array.shape}")
+    return n_head // kv_lead[-1]
+
+
+def attention_inputs(q, k, v=None):
+    """Check q, k (and v) of attention and flatten their leading axes; returns (q3, k3, v3, lead, group).
+
+    q: (..., T_q, d_k); k: (..., T_k, d_k); v: (..., T_k, d_v) or None, float. k and v share
+    all leading axes; q's equal theirs, except that under grouped-query attention q has H heads on
+    axis -3 and k, v have H_kv, H a multiple of H_kv -> q3 (BH, T_q, d_k), k3 (BH_kv, T_k, d_k),
+    v3 (BH_kv, T_k, d_v) (None without v) float32, lead = q's leading axes, group = H / H_kv
+    (1 without GQA): flat query head bh reads flat key/value head bh // group.
+    """
+    q = as_float32("q", q, "(..., T_q, d_k)", min_ndim=2)
+    k = as_float32("k", k, "(..., T_k, d_k)", min_ndim=2)
+    if v is not None:
+        v = as_float32("v", v, "(..., T_k, d_v)", min_ndim=2)
+    require(k.shape[-1] == q.shape[-1],
+            f"k must have d_k = {q.shape[-1]} in its last axis, like q {q.shape}; got shape {k.shape}")
+    group = kv_group("k", k, "q", q)
+    (t_q, d_k), t_k = q.shape[-2:], k.shape[-2]
+    q3, k3 = q.reshape(-1, t_q, d_k), k.reshape(-1, t_k, d_k)        # (BH, T_q, d_k), (BH_kv, T_k, d_k)
+    if v is None:
+        return q3, k3, None, q.shape[:-2], group
+    require(v.shape[:-1] == k.shape[:-1],
+            f"v must have shape {k.shape[:-1]} + (d_v,) (the leading axes and T_k of k); got shape {v.shape}")
+    return q3, k3, v.reshape(-1, t_k, v.shape[-1]), q.shape[:-2], group   # v3: (BH_kv, T_k, d_v)
+
+
+def weight(name, array, shape, hint, why):
+    """A weight or bias as a float32 array of exactly `shape`, or a one-line error.
+
+    shape: the tuple of ints it needs; hint: the same in words, such as "(d_model, d_model)",
+    for a wrong rank; why: where the sizes come from, such as "d_model = the last axis of x".
+    """
+    array = as_float32(name, array, hint, ndim=len(shape))
+    require(array.shape == tuple(shape), f"{name} must have shape {tuple(shape)} ({why}), got {array.shape}")
+    return array
+
+
+def positive_int(name, value):
+    """Raise unless value is an int >= 1 (a bool is refused): TypeError, or ValueError for < 1."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
+    require(value >= 1, f"{name} must be a positive int, got {value}")
+
+
+def head_counts(d_model, n_head, n_kv_head=None):
+    """Check a layer's head counts; returns (n_kv_head, d_k).
+
+    n_head must divide d_model (each head gets d_k = d_model / n_head columns); n_kv_head, the
+    key/value heads of grouped-query attention (None: n_head; 1: multi-query attention), must
+    divide n_head, so that each serves n_head / n_kv_head query heads.
+    """
+    positive_int("n_head", n_head)
+    require(d_model % n_head == 0,
+            f"d_model {d_model} (the last axis of x) is not divisible by n_head {n_head}; "
+            f"each head needs d_k = d_model / n_head columns")
+    if n_kv_head is None:
+        return n_head, d_model // n_head
+    positive_int("n_kv_head", n_kv_head)
+    require(n_head % n_kv_head == 0,
+            f"n_kv_head {n_kv_head} must divide n_head {n_head} (each key/value head serves "
+            f"n_head / n_kv_head query heads)")
+    return n_kv_head, d_model // n_head

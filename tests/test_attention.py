@@ -123,8 +123,10 @@ def test_attention_matches_pytorch(rng, lead, t_q, t_k, causal):
 @pytest.mark.parametrize("call, error, message", [
     (lambda q, k, v: attention.attention(q[0, 0], k, v), ValueError,
      r"^q must have shape \(\.\.\., T_q, d_k\) \(at least 2 axes\), got shape \(5,\)$"),
-    (lambda q, k, v: attention.attention(q, k[:1], v), ValueError,
-     r"^k must have the leading axes of q \(2,\); got shape \(1, 6, 5\)$"),
+    (lambda q, k, v: attention.attention(q, k[None], v), ValueError,
+     r"^k must have the leading axes of q \(2,\); got shape \(1, 2, 6, 5\)$"),
+    (lambda q, k, v: attention.attention(q, k[:1], v), ValueError,   # one kv head for 2 query heads, but v has 2
+     r"^v must have shape \(1, 6\) \+ \(d_v,\) \(the leading axes and T_k of k\); got shape \(2, 6, 3\)$"),
     (lambda q, k, v: attention.attention(q, k[..., :4], v), ValueError,
      r"^k must have d_k = 5 in its last axis, like q \(2, 4, 5\); got shape \(2, 6, 4\)$"),
     (lambda q, k, v: attention.attention(q, k, v[:, :5]), ValueError,

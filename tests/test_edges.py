@@ -436,10 +436,12 @@ def test_wrong_ranks_are_refused_naming_the_argument_and_both_shapes(name, arg):
 @pytest.mark.parametrize("name, changes, pattern", [
     ("attention_weights", {"k": (2, 6, 4)},
      r"^k must have d_k = 3 in its last axis, like q \(2, 5, 3\); got shape \(2, 6, 4\)$"),
-    ("attention_weights", {"k": (3, 6, 3)}, r"^k must have the leading axes of q \(2,\); got shape \(3, 6, 3\)$"),
+    ("attention_weights", {"k": (3, 6, 3)},
+     r"^k must have shape \('H_kv', 6, 3\) with H_kv one of 1, 2 \(a divisor of q's 2 heads on axis -3\); got shape \(3, 6, 3\)$"),
+    ("attention_weights", {"k": (1, 2, 6, 3)}, r"^k must have the leading axes of q \(2,\); got shape \(1, 2, 6, 3\)$"),
     ("decode_step", {"q": (2, 4)},
      r"^q must have shape \(n_head, d_k\) = \(2, 3\) or \(2, 1, 3\) to match the cache, got \(2, 4\)$"),
-], ids=["weights-k-d_k", "weights-k-leading-axes", "decode-q-d_k"])
+], ids=["weights-k-d_k", "weights-k-heads", "weights-k-leading-axes", "decode-q-d_k"])
 def test_mismatched_d_k_and_leading_axes_are_refused_naming_the_argument(name, changes, pattern):
     arrays = arrays_for(name)
     arrays.update({arg: np.zeros(shape, np.float32) for arg, shape in changes.items()})

@@ -138,7 +138,9 @@ def test_the_kernel_argument_is_launched_on_the_versions_grid(rng):
     assert np.array_equal(flash.flash_attention(q, k, v, version=1, kernel=flash.flash_attention_kernel_v1),
                           flash.flash_attention(q, k, v, version=1))
     assert flash.flash_grid(6, 33, 1) == ((math.ceil(33 / flash.ROWS_PER_BLOCK), 6), flash.ROWS_PER_BLOCK)
-    assert flash.flash_grid(6, 33, 2) == ((math.ceil(33 / flash.BLOCK_Q), 6), flash.BLOCK_Q)
+    assert flash.flash_grid(6, 33, 2) == ((math.ceil(33 / flash.BLOCK_Q), 6), (flash.BLOCK_Q, 1))
+    assert flash.flash_grid(6, 33, 2, group=3) == ((math.ceil(33 / flash.BLOCK_Q), 2), (flash.BLOCK_Q, 3))
+    assert flash.flash_grid(6, 65, 3, group=3) == ((2, 6), 128)        # v3: a block per query head
     assert flash.flash_grid(6, 65, 3) == ((2, 6), 128)                  # 64 queries a block at d_k 64
     assert flash.flash_grid(6, 65, 3, d_k=128) == ((3, 6), 128)         # 32 at d_k 128
     assert np.array_equal(flash.flash_attention(q, k, v, version=3, kernel=flash.make_flash_v3(5)),
@@ -218,9 +220,10 @@ def test_the_fused_kernel_moves_less_than_the_pipeline_and_the_gap_grows_with_t(
 # --- Barriers -----------------------------------------------------------------------------
 
 def launch_args(version, q, k, v, causal=True, window=0):
-    """The arguments flash_attention passes to a kernel, with out and lse zeroed (group 1)."""
+    """The arguments flash_attention passes to a kernel (group = q's heads / k's), with out
+    (index 7) and lse zeroed."""
     out = np.zeros((q.shape[0], q.shape[1], v.shape[2]), np.float32)
-    return (q, k, v, flash.flash_scale(version, q.shape[2]), causal, np.int32(window), np.int32(1),
+    return (q, k, v, flash.flash_scale(version, q.shape[2]), causal, np.int32(window), np.int32(q.shape[0] // k.shape[0]),
             out, np.zeros(q.shape[:2], np.float32))
 
 
@@ -268,7 +271,7 @@ def v3_without_barrier(function, n):
 
 
 def test_the_mutants_remove_every_barrier_of_the_source():
-    assert inspect.getsource(flash.v2_stage_queries.py_func).count(BARRIER) == 1
+    assert inspect.getsource(flash.v2_stage_queries.py_func).count(BARRIER) == 2
     assert inspect.getsource(flash.v2_key_tile.py_func).count(BARRIER) == 2
     assert all(BARRIER not in inspect.getsource(p.py_func) for p in (
         flash.flash_attention_kernel_v2, flash.v2_stage_rows, flash.v2_score_tile, flash.v2_fold_tile))
@@ -287,17 +290,21 @@ def zeroed_shared(monkeypatch):
     monkeypatch.setattr(sanitizer, "np", types.SimpleNamespace(**{**vars(np), "empty": np.zeros}))
 
 
-def races_of(kernel, version, t):
-    q, k, v = (a.reshape(1, t, 5) for a in qkv(np.random.default_rng(3), (), t, t, 5))
+def races_of(kernel, version, t, group=1):
+    """Races of `kernel` on `group` query heads sharing one key/value head of T t, d_k 5."""
+    q, k, v = (a.reshape(-1, t, 5) for a in qkv(np.random.default_rng(3), (group,), t, t, 5))
+    k, v = k[:1], v[:1]
     args = launch_args(version, q, k, v)
-    return sanitizer.find_races(kernel, *flash.flash_grid(1, t, version, 5), *args), args[7], (q, k, v)
+    return sanitizer.find_races(kernel, *flash.flash_grid(group, t, version, 5, group), *args), args[7], (q, k, v)
 
 
-@pytest.mark.parametrize("function, missing, arrays", [
-    ("v2_stage_queries", 0, {"q_tile"}), ("v2_key_tile", 0, {"k_tile", "v_tile"}), ("v2_key_tile", 1, {"k_tile", "v_tile"})],
-    ids=["after-q-tile", "after-kv-tiles", "before-next-kv-tiles"])
-def test_every_barrier_of_v2_is_needed(zeroed_shared, function, missing, arrays):
-    races, _, _ = races_of(v2_without_barrier(getattr(flash, function), missing), 2, 33)   # three key tiles for the second block
+@pytest.mark.parametrize("function, missing, arrays, group", [
+    ("v2_stage_queries", 0, {"q_tile"}, 1), ("v2_stage_queries", 1, {"q_tile"}, 2),
+    ("v2_key_tile", 0, {"k_tile", "v_tile"}, 1), ("v2_key_tile", 1, {"k_tile", "v_tile"}, 1)],
+    ids=["after-q-tile", "before-next-heads-q-tile", "after-kv-tiles", "before-next-kv-tiles"])
+def test_every_barrier_of_v2_is_needed(zeroed_shared, function, missing, arrays, group):
+    # Three key tiles for the second block; with group 2 the block stages two heads' Q tiles.
+    races, _, _ = races_of(v2_without_barrier(getattr(flash, function), missing), 2, 33, group)
     assert races and {r.array for r in races} == arrays, [str(r) for r in races]
     assert all(r.space == "shared" for r in races)
 
@@ -332,10 +339,13 @@ GOOD = np.zeros((2, 4, 5), np.float32)
      r"^q must have shape \(\.\.\., T_q, d_k\) \(at least 2 axes\), got shape \(4,\)$"),
     ((GOOD, np.zeros((2, 4, 6)), GOOD), {}, ValueError,
      r"^k must have d_k = 5 in its last axis, like q \(2, 4, 5\); got shape \(2, 4, 6\)$"),
-    ((GOOD, np.zeros((3, 4, 5)), GOOD), {}, ValueError,
-     r"^k must have the leading axes of q \(2,\); got shape \(3, 4, 5\)$"),
+    ((GOOD, np.zeros((3, 4, 5)), GOOD), {}, ValueError,      # 3 key/value heads for 2 query heads
+     r"^k must have shape \('H_kv', 4, 5\) with H_kv one of 1, 2 \(a divisor of q's 2 heads on axis -3\); "
+     r"got shape \(3, 4, 5\)$"),
+    ((GOOD, np.zeros((1, 2, 4, 5)), GOOD), {}, ValueError,
+     r"^k must have the leading axes of q \(2,\); got shape \(1, 2, 4, 5\)$"),
     ((GOOD, GOOD, np.zeros((2, 3, 5))), {}, ValueError,
-     r"^v must have the leading axes and T_k of k, \(2, 4\) \+ \(d_v,\); got shape \(2, 3, 5\)$"),
+     r"^v must have shape \(2, 4\) \+ \(d_v,\) \(the leading axes and T_k of k\); got shape \(2, 3, 5\)$"),
     ((np.zeros((4, 129)), np.zeros((4, 129)), np.zeros((4, 5))), {}, ValueError,
      r"^q must have d_k <= 128 \(MAX_D\) for the fused kernel; got shape \(4, 129\)$"),
     ((GOOD, GOOD, np.zeros((2, 4, 200))), {}, ValueError,

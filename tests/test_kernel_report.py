@@ -98,8 +98,8 @@ def test_every_kernel_has_a_row_in_the_documented_shape(report):
 
 
 def test_signatures_are_the_launchers_types_as_numba_prints_them(report):
-    # flash_attention_kernel_v*(q, k, v, scale, causal, window, group, out, lse): (BH, T, d)
-    # float32 arrays, lse (BH, T)
+    # flash_attention_kernel_v*(q, k, v, scale, causal, window, group, out, lse): (BH, T, d) float32
+    # arrays (k and v (BH_kv, T, d)), window and group int32, lse (BH, T)
     assert report["kernels"]["flash.flash_attention_kernel_v2"]["signature"] == [
         "array(float32, 3d, C)"] * 3 + ["float32", "bool", "int32", "int32", "array(float32, 3d, C)",
                                         "array(float32, 2d, C)"]

@@ -18,7 +18,12 @@ and out, would copy each of them to the host and back). They are still written t
 from the GPU's main memory, which notebook 07's fused kernel avoids.
 
 Layout, as PyTorch's ``scaled_dot_product_attention``: q (..., T_q, d_k), k (..., T_k, d_k),
-v (..., T_k, d_v), with the same leading batch and head axes (no broadcasting). Causal with
+v (..., T_k, d_v), with the same leading batch and head axes (no broadcasting), or, for
+grouped-query attention, H query heads and H_kv key/value heads on axis -3, H a multiple of
+H_kv (query head h reads key/value head h // (H / H_kv), PyTorch's ``enable_gqa``). The stage
+kernels read one head per grid layer, so ``share_kv_heads`` copies each key/value head for the
+query heads of its group on the device before the launches (``launch_*`` take BH heads of each):
+this pipeline saves no reads by GQA; the fused kernel (notebook 07) and the cache (notebook 08) do. Causal with
 T_q != T_k follows ``reference.causal_mask``: the queries are the *last* T_q positions, as when
 decoding with a cache (PyTorch's ``is_causal=True`` aligns them with the first positions
 instead; the two agree when T_q == T_k). A query that may see no key (T_q > T_k, causal) gets
@@ -37,7 +42,7 @@ from numba import cuda
 from attention_lib.stages import mask, scores, softmax, weighted_sum
 from attention_lib.launch import barrier_seconds, check_simulator_budget
 from attention_lib.runtime import SIMULATOR_SHAPES
-from attention_lib.validation import as_float32, require, require_finite_result
+from attention_lib.validation import attention_inputs, require, require_finite_result
 
 # Softmax kernel of the pipeline. On a GPU version 2 (a block per row, coalesced reads). On the
 # simulator version 1 (a thread per row): version 2 waits at a dozen barriers per row and each
@@ -47,6 +52,20 @@ SOFTMAX_VERSION = 1 if SIMULATOR_SHAPES else 2
 
 
 # --- The pipeline on device arrays -------------------------------------------------------
+
+def share_kv_heads(kv, bh):
+    """Device array kv (BH_kv, T_k, d) -> (bh, T_k, d), head h a copy of kv[h // (bh / BH_kv)]:
+    the stage kernels read one head per grid layer, so under grouped-query attention each key
+    or value head is copied for the query heads of its group (device-to-device, never through
+    the host). kv itself when BH_kv = bh. The fused kernel reads the shared head instead."""
+    group = bh // kv.shape[0]
+    if group == 1:
+        return kv
+    shared = cuda.device_array((bh, *kv.shape[1:]), np.float32)
+    for h in range(bh):
+        shared[h].copy_to_device(kv[h // group])
+    return shared
+
 
 def launch_scores(q, k, causal):
     """mask(q k^T / sqrt(d_k)) on device arrays: q (BH, T_q, d_k), k (BH, T_k, d_k) float32
@@ -86,23 +105,26 @@ def launch_attention(q, k, v, causal):
 
 # --- Launchers ---------------------------------------------------------------------------
 
-def _flatten(q, k, v, causal, what):
-    """Validate the inputs; returns (q3, k3, v3, leading shape), each (BH, T, ...) float32."""
+def _flatten(q, k, v, causal, what, share_kv=False):
+    """Validate the inputs; returns (q3, k3, v3, leading shape), each (BH or BH_kv, T, ...) float32.
+
+    share_kv: accept grouped-query shapes, k and v with fewer heads than q on axis -3 (then
+    k3 and v3 have BH_kv heads); otherwise their leading axes must equal q's.
+    """
     require(isinstance(causal, (bool, np.bool_)), f"causal must be True or False, got {causal!r}")
-    q3, k3, lead = scores.flatten_qk(q, k, what)                 # checks q and k, shapes and values
+    q3, k3, v3, lead, group = attention_inputs(q, k, v)          # checks q, k and v, shapes and values
+    require(share_kv or group == 1, f"k must have the leading axes of q {lead}; got shape {np.shape(k)}")
     (bh, t_q, d_k), t_k = q3.shape, k3.shape[1]
-    if v is None:                                                # attention_weights: no values
+    scores.check_score_launch(what, bh, t_q, t_k, d_k, tiled=False)
+    if v3 is None:                                               # attention_weights: no values
         return q3, k3, None, lead
-    v = as_float32("v", v, "(..., T_k, d_v)", min_ndim=2)
-    require(v.shape[:-1] == (*lead, t_k),
-            f"v must have shape {(*lead, t_k)} + (d_v,) (the leading axes and T_k of k); got shape {v.shape}")
-    d_v = v.shape[-1]
+    d_v = v3.shape[2]
     # The three launches together: scores and softmax over (BH, T_q, T_k), the weighted sum.
     threads = (math.prod(scores.score_grid(bh, t_q, t_k)[0]) * scores.TILE ** 2
                + math.prod(softmax.softmax_grid(bh * t_q, SOFTMAX_VERSION))
                + math.prod(weighted_sum.weighted_sum_grid(bh, t_q, d_v)[0]) * weighted_sum.TILE ** 2)
     check_simulator_budget(what, threads, pipeline_barrier_seconds(bh, t_q, t_k, d_k, d_v))
-    return q3, k3, v.reshape(bh, t_k, d_v), lead
+    return q3, k3, v3, lead
 
 
 def pipeline_barrier_seconds(bh, t_q, t_k, d_k, d_v):
@@ -118,11 +140,13 @@ def pipeline_barrier_seconds(bh, t_q, t_k, d_k, d_v):
 def attention_weights(q, k, causal=True):
     """The attention weights softmax(mask(q k^T / sqrt(d_k))) of ``attention``'s pipeline.
 
-    q: (..., T_q, d_k) float; k: (..., T_k, d_k) float, the same leading axes
-    -> (..., T_q, T_k) float32: each row >= 0 and summing to 1 (0 for a query that sees no key).
+    q: (..., T_q, d_k) float; k: (..., T_k, d_k) float, the same leading axes (or fewer heads on
+    axis -3, as in ``attention``) -> (..., T_q, T_k) float32: each row >= 0 and summing to 1
+    (0 for a query that sees no key).
     """
-    q3, k3, _, lead = _flatten(q, k, None, causal, "attention_weights")
-    a = launch_weights(cuda.to_device(q3), cuda.to_device(k3), causal)
+    q3, k3, _, lead = _flatten(q, k, None, causal, "attention_weights", share_kv=True)
+    k_shared = share_kv_heads(cuda.to_device(k3), q3.shape[0])           # (BH, T_k, d_k)
+    a = launch_weights(cuda.to_device(q3), k_shared, causal)
     a = a.copy_to_host().reshape(*lead, q3.shape[1], k3.shape[1])       # (..., T_q, T_k)
     return require_finite_result("attention_weights", a, "q or k")
 
@@ -131,11 +155,13 @@ def attention(q, k, v, causal=True):
     """Scaled dot-product attention of one or many heads, on the device.
 
     q: (..., T_q, d_k) float; k: (..., T_k, d_k) float; v: (..., T_k, d_v) float, the same
-    leading axes (batch, heads) -> (..., T_q, d_v) float32. causal: query i sees only keys
+    leading axes (batch, heads), except that k and v may have H_kv heads on axis -3 where q has
+    H, H a multiple of H_kv (grouped-query attention) -> (..., T_q, d_v) float32. causal: query i sees only keys
     j <= i + (T_k - T_q) (the queries are the last T_q positions); False for an encoder, where
     every query sees every key.
     """
-    q3, k3, v3, lead = _flatten(q, k, v, causal, "attention")
-    out = launch_attention(cuda.to_device(q3), cuda.to_device(k3), cuda.to_device(v3), causal)
+    q3, k3, v3, lead = _flatten(q, k, v, causal, "attention", share_kv=True)
+    k_shared, v_shared = (share_kv_heads(cuda.to_device(a), q3.shape[0]) for a in (k3, v3))   # (BH, T_k, d)
+    out = launch_attention(cuda.to_device(q3), k_shared, v_shared, causal)
     out = out.copy_to_host().reshape(*lead, q3.shape[1], v3.shape[2])   # (..., T_q, d_v)
     return require_finite_result("attention", out, "q, k or v")

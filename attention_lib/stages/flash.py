@@ -36,6 +36,12 @@ output stays unnormalised until a single division by l at the end.
   counts and tile skipping on the host, for every tiled kernel; ``flash_tile_counts`` and ``flash_traffic``: the fused
   kernel's work and main-memory traffic, as formulas. ``attention_lib.traffic`` counts the same
   traffic with the sanitizer, and the pipeline's (tests/test_flash.py checks that they agree).
+- Grouped-query attention: k and v may have H_kv heads where q has H (a multiple); the kernels
+  take ``group`` = H / H_kv and read key/value head h // group for query head h. A v2 block
+  serves the same queries of up to V2_MAX_HEADS such heads, so it loads each K/V tile once for
+  all of them (K/V loads / group, counted in tests/test_gqa.py); v1 and v3 read the shared head
+  once per query head (the same K/V loads as without GQA; v3's 128 threads and registers are
+  spent on one head's 64 queries).
 - Launcher ``flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=False,
   window=None)``:
   version 3 on a GPU, 2 on the simulator (v3's 128-thread blocks simulated 2 to 13 times slower
@@ -56,9 +62,9 @@ import numpy as np
 from numba import cuda
 
 from attention_lib import reference
-from attention_lib.launch import SIMULATOR_THREADS_PER_SECOND, ceil_div, check_grid, check_simulator_budget
+from attention_lib.launch import SIMULATOR_THREADS_PER_SECOND, ceil_div, check_grid, check_simulator_budget, check_version
 from attention_lib.runtime import ON_SIMULATOR, SIMULATOR_SHAPES
-from attention_lib.validation import as_float32, require, require_finite_result
+from attention_lib.validation import attention_inputs, require, require_finite_result
 
 # Largest head width the kernels accept: each thread keeps its query row and its output
 # accumulator in local arrays of MAX_D float32, whose size must be known when compiling.
@@ -73,6 +79,11 @@ ROWS_PER_BLOCK = 32
 BLOCK_Q_GPU = 32
 BLOCK_Q = 16 if SIMULATOR_SHAPES else BLOCK_Q_GPU
 BLOCK_K = 16
+# v2 under grouped-query attention: a block holds the same BLOCK_Q queries of up to this many
+# query heads that share a key/value head (threads along the block's y axis), so each K/V tile
+# is loaded once for all of them. 8 x 32 = 256 threads on a GPU; a larger group is split over
+# blocks of its largest divisor <= 8 heads.
+V2_MAX_HEADS = 8
 NEG_INF = np.float32(-np.inf)    # float32: a float64 -inf would pull float64 arithmetic in
 
 
@@ -193,11 +204,11 @@ def write_row(out, lse, h, i, acc, m, l):
 def flash_attention_kernel_v1(q, k, v, scale, causal, window, group, out, lse):
     """Fused attention, one thread per query, reading K and V straight from global memory.
 
-    q: (BH, T_q, d_k), k: (BH, T_k, d_k), v: (BH, T_k, d_v) float32, d_k, d_v <= MAX_D; scale:
-    float32, 1/sqrt(d_k); causal: bool; window: int32, a sliding window (0: none; with causal
-    only); group: int32, query heads per key/value head, 1 here (k and v share q's head);
-    out: (BH, T_q, d_v) and lse: (BH, T_q) float32, written.
-    Grid: x over queries i (ROWS_PER_BLOCK to a block), y over heads h.
+    q: (BH, T_q, d_k), k: (BH_kv, T_k, d_k), v: (BH_kv, T_k, d_v) float32, d_k, d_v <= MAX_D;
+    scale: float32, 1/sqrt(d_k); causal: bool; window: int32, a sliding window (0: none; with
+    causal only); group: int32, BH / BH_kv, query head h reads key/value head h // group
+    (grouped-query attention; 1 without); out: (BH, T_q, d_v) and lse: (BH, T_q) float32, written.
+    Grid: x over queries i (ROWS_PER_BLOCK to a block), y over query heads h.
     """
     i, h = cuda.grid(2)                          # x: the query, y: the head (blocks 1 high)
     if i >= q.shape[1]:                          # the last block may hang past T_q
@@ -205,17 +216,19 @@ def flash_attention_kernel_v1(q, k, v, scale, causal, window, group, out, lse):
     q_row = cuda.local.array(MAX_D, np.float32)  # indexed by a run-time c: local memory
     acc = cuda.local.array(MAX_D, np.float32)
     v1_start_row(q_row, acc, q, h, i, scale, v.shape[2])
-    m, l = v1_walk_keys(q_row, acc, k, v, h, i, q.shape[1], causal, window)
+    m, l = v1_walk_keys(q_row, acc, k, v, h // group, i, q.shape[1], causal, window)   # the shared K/V head
     write_row(out, lse, h, i, acc, m, l)
 
 
 @cuda.jit(device=True)
 def v2_stage_rows(tile, src, h, r0, n, scale):
-    """tile[r, c] <- src[h, r0 + r, c] * scale for rows r < n: the block's threads copy element
-    e = (row e // d, column e % d) for e = tid, tid + BLOCK_Q, ..., so threads side by side
-    read addresses side by side. tile: shared (rows, MAX_D); src: (BH, T, d) float32."""
+    """tile[r, c] <- src[h, r0 + r, c] * scale for rows r < n: the block's threads, numbered
+    tid = x + BLOCK_Q y, copy element e = (row e // d, column e % d) for e = tid, tid + threads,
+    ..., so threads side by side read addresses side by side. tile: shared (rows, MAX_D); src:
+    (BH, T, d) float32."""
     d = src.shape[2]
-    for e in range(cuda.threadIdx.x, n * d, BLOCK_Q):
+    threads = cuda.blockDim.x * cuda.blockDim.y
+    for e in range(cuda.threadIdx.x + cuda.threadIdx.y * cuda.blockDim.x, n * d, threads):
         r = e // d
         tile[r, e - r * d] = src[h, r0 + r, e - r * d] * scale
 
@@ -252,29 +265,35 @@ def v2_fold_tile(acc, m, l, tile_max, p_row, v_tile, first, mine, d_v):
 
 
 @cuda.jit(device=True)
-def v2_stage_queries(q_tile, q_row, acc, q, q0, n_rows, scale, d_v):
-    """The block's n_rows queries from q0, scaled, into q_tile (shared); then each thread copies
-    its own row into q_row and zeroes acc ((d_v,)). Returns the empty running state (m, l)."""
-    v2_stage_rows(q_tile, q, cuda.blockIdx.y, q0, n_rows, scale)
-    cuda.syncthreads()                           # wait: the whole Q tile is in shared memory
+def v2_stage_queries(q_tile, q_row, acc, q, q0, n_rows, scale, d_v, h0):
+    """The block's n_rows queries from q0 of each of its blockDim.y query heads h0, h0 + 1, ...,
+    scaled, into q_tile (shared), one head after another; each thread copies its own row (query
+    q0 + threadIdx.x of head h0 + threadIdx.y) into q_row and zeroes acc ((d_v,)). Returns the
+    empty running state (m, l)."""
     tid = cuda.threadIdx.x
-    if tid < n_rows:
-        for c in range(q.shape[2]):
-            q_row[c] = q_tile[tid, c]            # each thread copies its own row (local memory)
+    for g in range(cuda.blockDim.y):             # one head's tile at a time: the tile holds BLOCK_Q rows
+        v2_stage_rows(q_tile, q, h0 + g, q0, n_rows, scale)
+        cuda.syncthreads()                       # wait: head g's whole Q tile is in shared memory
+        if cuda.threadIdx.y == g and tid < n_rows:
+            for c in range(q.shape[2]):
+                q_row[c] = q_tile[tid, c]        # each thread copies its own row (local memory)
+        if g + 1 < cuda.blockDim.y:              # the same in every thread of the block
+            cuda.syncthreads()                   # wait: head g's rows are copied before head g + 1's overwrite them
     for c in range(d_v):
         acc[c] = 0.0
     return NEG_INF, np.float32(0.0)
 
 
 @cuda.jit(device=True)
-def v2_key_tile(k_tile, v_tile, q_row, acc, m, l, k, v, k0, block_keys, my_first, my_keys):
-    """One key tile from k0, by the whole block: copy its K and V rows (up to key block_keys)
-    into the shared tiles, then fold the keys of it this thread's query sees (my_first ..
-    my_keys - 1) into (m, l, acc); returns (m, l). Every thread must call it: it holds two barriers."""
+def v2_key_tile(k_tile, v_tile, q_row, acc, m, l, k, v, kv, k0, block_keys, my_first, my_keys):
+    """One key tile from k0 of key/value head kv, by the whole block: copy its K and V rows (up
+    to key block_keys) into the shared tiles, then fold the keys of it this thread's query sees
+    (my_first .. my_keys - 1) into (m, l, acc); returns (m, l). Every thread must call it: it
+    holds two barriers. The tiles serve the queries of all the block's query heads."""
     p_row = cuda.local.array(BLOCK_K, np.float32)  # this thread's scores against the tile
     n = min(BLOCK_K, block_keys - k0)              # keys in this tile
-    v2_stage_rows(k_tile, k, cuda.blockIdx.y, k0, n, np.float32(1.0))
-    v2_stage_rows(v_tile, v, cuda.blockIdx.y, k0, n, np.float32(1.0))
+    v2_stage_rows(k_tile, k, kv, k0, n, np.float32(1.0))
+    v2_stage_rows(v_tile, v, kv, k0, n, np.float32(1.0))
     cuda.syncthreads()                             # wait: the K and V tiles are complete
     first = max(0, my_first - k0)                  # keys of this tile this query sees: the
     mine = min(n, my_keys - k0)                    # window's start and the causal end
@@ -287,23 +306,27 @@ def v2_key_tile(k_tile, v_tile, q_row, acc, m, l, k, v, k0, block_keys, my_first
 
 @cuda.jit
 def flash_attention_kernel_v2(q, k, v, scale, causal, window, group, out, lse):
-    """Fused, tiled attention, flash_attention_kernel_v1's arguments: a block of BLOCK_Q threads
-    owns BLOCK_Q queries of head blockIdx.y. Grid (ceil(T_q / BLOCK_Q), BH), block BLOCK_Q."""
+    """Fused, tiled attention, flash_attention_kernel_v1's arguments: a block of (BLOCK_Q, G)
+    threads owns BLOCK_Q queries of each of G consecutive query heads h0 .. h0 + G - 1, which all
+    read key/value head h0 // group (G divides group; G = group up to V2_MAX_HEADS), so each
+    K/V tile is loaded once for the G heads. Grid (ceil(T_q / BLOCK_Q), BH / G), block
+    (BLOCK_Q, G) (flash_grid)."""
     q_tile = cuda.shared.array((BLOCK_Q, MAX_D), np.float32)  # the block's queries, scaled
     k_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)  # the current tile of keys
     v_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)  # and of their values
     q_row = cuda.local.array(MAX_D, np.float32)   # this thread's query: local memory, as in v1
     acc = cuda.local.array(MAX_D, np.float32)     # this thread's output, unnormalised
     q0, i = cuda.blockIdx.x * BLOCK_Q, cuda.grid(1)           # the block's first query, mine
+    h0 = cuda.blockIdx.y * cuda.blockDim.y                    # the block's first query head
     n_rows = min(BLOCK_Q, q.shape[1] - q0)                    # the last block may have fewer
-    m, l = v2_stage_queries(q_tile, q_row, acc, q, q0, n_rows, scale, v.shape[2])
+    m, l = v2_stage_queries(q_tile, q_row, acc, q, q0, n_rows, scale, v.shape[2], h0)
     my_keys = visible_keys(i, q.shape[1], k.shape[1], causal) if i < q0 + n_rows else 0
     start, block_keys, _, _ = block_band(q0, q0 + n_rows - 1, q.shape[1], k.shape[1], causal, window, BLOCK_K)
     for k0 in range(start, block_keys, BLOCK_K):   # the same tiles in all threads
-        m, l = v2_key_tile(k_tile, v_tile, q_row, acc, m, l, k, v, k0, block_keys,
+        m, l = v2_key_tile(k_tile, v_tile, q_row, acc, m, l, k, v, h0 // group, k0, block_keys,
                            first_key(i, q.shape[1], k.shape[1], window), my_keys)
     if i < q0 + n_rows:
-        write_row(out, lse, cuda.blockIdx.y, i, acc, m, l)
+        write_row(out, lse, h0 + cuda.threadIdx.y, i, acc, m, l)
 
 
 # Floors the kernel report holds v3 to at d_k 64 (ptxas -v and nvdisasm for sm_90 measured 0
@@ -580,10 +603,12 @@ def v3_write(out, lse, regs, h, q0, rg, cg, t_q):
 
 
 @cuda.jit(device=True)
-def v3_block(q, k, v, scale, causal, window, out, lse, smem, regs):
+def v3_block(q, k, v, scale, causal, window, group, out, lse, smem, regs):
     """The work of one block: its TILE_M queries of head blockIdx.y, against every key tile
-    that holds a key one of them sees (block_band). Block x takes the x-th block of queries from
-    the end: in a causal launch the longest blocks start first, the short ones fill in at the end."""
+    that holds a key one of them sees (block_band), from key/value head blockIdx.y // group
+    (under grouped-query attention the blocks of the group's query heads each load the same
+    tiles). Block x takes the x-th block of queries from the end: in a causal launch the longest
+    blocks start first, the short ones fill in at the end."""
     rg, cg = cuda.threadIdx.x // COL_GROUPS, cuda.threadIdx.x % COL_GROUPS
     h, q0 = cuda.blockIdx.y, (cuda.gridDim.x - 1 - cuda.blockIdx.x) * TILE_M
     t_q, t_k = q.shape[1], k.shape[1]
@@ -592,7 +617,7 @@ def v3_block(q, k, v, scale, causal, window, out, lse, smem, regs):
     v3_start(regs[1], regs[2], regs[3])
     start, block_keys, clear_from, clear_to = block_band(q0, last, t_q, t_k, causal, window, TILE_N)
     for k0 in range(start, block_keys, TILE_N):      # masked: a tile an edge of the band crosses
-        v3_key_tile(k, v, smem, regs, h, q0, k0, min(TILE_N, block_keys - k0),
+        v3_key_tile(k, v, smem, regs, h // group, q0, k0, min(TILE_N, block_keys - k0),
                     k0 < clear_from or k0 + TILE_N > clear_to, rg, cg, t_q, causal, window)
     v3_row_reduce(regs[2], smem[4], rg, cg, False)   # l: the row's total, from the 8 partial sums
     v3_write(out, lse, regs, h, q0, rg, cg, t_q)
@@ -614,7 +639,7 @@ def flash_attention_kernel_v3(q, k, v, scale, causal, window, group, out, lse):
             cuda.local.array(MICRO_M, np.float32),                   # l: partial sum per row
             cuda.local.array(O_SIZE, np.float32),                    # o: unnormalised output
             cuda.local.array(MICRO_M, np.float32))                   # tile_max
-    v3_block(q, k, v, scale, causal, window, out, lse, smem, regs)
+    v3_block(q, k, v, scale, causal, window, group, out, lse, smem, regs)
 
 
 # The device functions of flash v3, callees first: make_flash_v3 recompiles them for a head width.
@@ -691,14 +716,17 @@ def flash_tile_counts(t_q, t_k=None, causal=True, block_q=BLOCK_Q, block_k=BLOCK
     return loaded, len(per_block) * ceil_div(t_k, block_k) - loaded
 
 
-def flash_traffic(t_q, t_k, d_k, d_v=None, causal=True, version=2, block_q=None, window=None):
-    """Global-memory accesses of one head in the fused kernel, as count_memory counts them.
+def flash_traffic(t_q, t_k, d_k, d_v=None, causal=True, version=2, block_q=None, window=None, group=1):
+    """Global-memory accesses of one key/value head and its `group` query heads (one head
+    without grouped-query attention) in the fused kernel, as count_memory counts them.
 
     -> {"q": loads, "k": loads, "v": loads, "out": stores, "lse": stores}, in elements (4 bytes
     each). v1: every query reads each of its visible keys and values itself. v2 and v3: a block
     of block_q queries (default: the version's, BLOCK_Q or v3's TILE_M for d_k) reads the keys
     and values once, from the start of its first key tile (band_key_tiles, in tiles of BLOCK_K
-    or v3's TILE_N) to its last query's last visible key. window: a sliding window or None.
+    or v3's TILE_N) to its last query's last visible key; v3 does so for each query head, v2
+    once for the v2_heads_per_block(group) heads of its block (all `group` up to V2_MAX_HEADS).
+    window: a sliding window or None.
     """
     d_v = d_k if d_v is None else d_v
     if block_q is None:
@@ -709,7 +737,9 @@ def flash_traffic(t_q, t_k, d_k, d_v=None, causal=True, version=2, block_q=None,
         block_k = v3_sizes(d_k)["TILE_N"] if version == 3 else BLOCK_K
         keys = sum(visible_count(q0 + rows - 1, t_q, t_k, causal) - first * block_k
                    for q0, rows, first, _ in band_key_tiles(t_q, t_k, causal, window, block_q, block_k))
-    return {"q": t_q * d_k, "k": keys * d_k, "v": keys * d_v, "out": t_q * d_v, "lse": t_q}
+    reads = group // v2_heads_per_block(group) if version == 2 else group   # K/V reads per kv head
+    return {"q": group * t_q * d_k, "k": reads * keys * d_k, "v": reads * keys * d_v,
+            "out": group * t_q * d_v, "lse": group * t_q}
 
 
 # --- Launcher --------------------------------------------------------------------------------
@@ -722,13 +752,22 @@ DEFAULT_VERSION = 2 if ON_SIMULATOR else 3
 SIMULATOR_MADDS_PER_SECOND = 1_000_000
 
 
-def flash_grid(bh, t_q, version, d_k=HEAD):
-    """(grid, block) for bh heads of t_q queries: x over blocks of queries, y over heads
-    (version 3's block of queries depends on the head width d_k)."""
+def v2_heads_per_block(group):
+    """Query heads a v2 block serves at once: the largest divisor of group up to V2_MAX_HEADS."""
+    return max(g for g in range(1, min(group, V2_MAX_HEADS) + 1) if group % g == 0)
+
+
+def flash_grid(bh, t_q, version, d_k=HEAD, group=1):
+    """(grid, block) for bh query heads of t_q queries, `group` of them to a key/value head:
+    x over blocks of queries, y over heads (version 3's block of queries depends on the head
+    width d_k). Version 2's block is (BLOCK_Q, G) for G = v2_heads_per_block(group) heads, and
+    y runs over the bh / G groups of G heads."""
     if version == 3:
         return (ceil_div(t_q, v3_sizes(d_k)["TILE_M"]), bh), THREADS_V3
-    rows = ROWS_PER_BLOCK if version == 1 else BLOCK_Q
-    return (ceil_div(t_q, rows), bh), rows
+    if version == 2:
+        heads = v2_heads_per_block(group)
+        return (ceil_div(t_q, BLOCK_Q), bh // heads), (BLOCK_Q, heads)
+    return (ceil_div(t_q, ROWS_PER_BLOCK), bh), ROWS_PER_BLOCK
 
 
 def flash_scale(version, d_k):
@@ -737,31 +776,28 @@ def flash_scale(version, d_k):
 
 
 def check_flash_inputs(q, k, v, version, causal, window=None):
-    """q, k, v as float32 arrays, or a one-line error naming the argument that is wrong."""
-    require(version in KERNELS, f"version must be 1, 2 or 3, got {version!r}")
+    """validation.attention_inputs plus the fused kernels' limits: (q3, k3, v3, lead, group),
+    q3 (BH, T_q, d_k), k3 (BH_kv, T_k, d_k), v3 (BH_kv, T_k, d_v) float32, or a one-line error
+    naming the argument that is wrong."""
+    check_version(version, KERNELS)
     require(isinstance(causal, (bool, np.bool_)), f"causal must be True or False, got {causal!r}")
     reference.check_window(window, causal)
-    q = as_float32("q", q, "(..., T_q, d_k)", min_ndim=2)
-    k = as_float32("k", k, "(..., T_k, d_k)", min_ndim=2)
-    v = as_float32("v", v, "(..., T_k, d_v)", min_ndim=2)
-    require(k.shape[-1] == q.shape[-1],
-            f"k must have d_k = {q.shape[-1]} in its last axis, like q {q.shape}; got shape {k.shape}")
-    require(k.shape[:-2] == q.shape[:-2],
-            f"k must have the leading axes of q {q.shape[:-2]}; got shape {k.shape}")
-    require(v.shape[:-1] == k.shape[:-1],
-            f"v must have the leading axes and T_k of k, {k.shape[:-1]} + (d_v,); got shape {v.shape}")
-    require(q.shape[-1] <= MAX_D, f"q must have d_k <= {MAX_D} (MAX_D) for the fused kernel; got shape {q.shape}")
-    require(v.shape[-1] <= MAX_D, f"v must have d_v <= {MAX_D} (MAX_D) for the fused kernel; got shape {v.shape}")
-    require(version != 3 or v.shape[-1] == q.shape[-1],
-            f"v must have d_v = d_k = {q.shape[-1]} for version 3; got shape {v.shape}")
-    return q, k, v
+    q3, k3, v3, lead, group = attention_inputs(q, k, v)
+    q_shape, v_shape = (*lead, *q3.shape[1:]), (*np.shape(v)[:-1], v3.shape[2])
+    require(q3.shape[2] <= MAX_D, f"q must have d_k <= {MAX_D} (MAX_D) for the fused kernel; got shape {q_shape}")
+    require(v3.shape[2] <= MAX_D, f"v must have d_v <= {MAX_D} (MAX_D) for the fused kernel; got shape {v_shape}")
+    require(version != 3 or v3.shape[2] == q3.shape[2],
+            f"v must have d_v = d_k = {q3.shape[2]} for version 3; got shape {v_shape}")
+    return q3, k3, v3, lead, group
 
 
 def flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=False, window=None):
     """Attention softmax(mask(q k^T / sqrt(d_k))) v in one fused kernel, on the device.
 
-    q: (..., T_q, d_k); k: (..., T_k, d_k); v: (..., T_k, d_v), float, same leading axes,
-    d_k and d_v at most MAX_D (version 3: d_v = d_k) -> (..., T_q, d_v) float32, and with
+    q: (..., T_q, d_k); k: (..., T_k, d_k); v: (..., T_k, d_v), float, same leading axes, or
+    (grouped-query attention) H query heads on q's axis -3 and H_kv key/value heads on k's and
+    v's, H a multiple of H_kv (query head h reads key/value head h // (H / H_kv)); d_k and d_v
+    at most MAX_D (version 3: d_v = d_k) -> (..., T_q, d_v) float32, and with
     return_lse also lse (..., T_q) float32, the natural log of each row's sum of exp(score)
     (-inf for a row that sees no key): the backward pass recomputes the weights from it.
     causal: key j is hidden from query i when j > i + (T_k - T_q) (the queries are the last
@@ -772,26 +808,22 @@ def flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=
     the version's signature, launched on its grid with its scale (flash_scale).
     """
     version = DEFAULT_VERSION if version is None else version
-    q, k, v = check_flash_inputs(q, k, v, version, causal, window)
-    lead = q.shape[:-2]
-    (t_q, d_k), t_k, d_v = q.shape[-2:], k.shape[-2], v.shape[-1]
-    bh = math.prod(lead)
-    grid, block = flash_grid(bh, t_q, version, d_k)
+    q, k, v, lead, group = check_flash_inputs(q, k, v, version, causal, window)   # (BH or BH_kv, T, d) each
+    (bh, t_q, d_k), t_k, d_v = q.shape, k.shape[1], v.shape[2]
+    grid, block = flash_grid(bh, t_q, version, d_k, group)
     check_grid("flash_attention", grid, x="q's T_q in blocks of queries", y="q's batch x heads")
     # Thread-equivalents for the shared budget: the multiply-adds dominate, not the thread count.
     madds = bh * sum(visible_count(i, t_q, t_k, causal) - first_visible(i, t_q, t_k, window)
                      for i in range(t_q)) * (d_k + d_v)
-    check_simulator_budget("flash_attention", max(math.prod(grid) * block,
+    check_simulator_budget("flash_attention", max(math.prod(grid) * math.prod(np.atleast_1d(block)),
                                                   madds * SIMULATOR_THREADS_PER_SECOND // SIMULATOR_MADDS_PER_SECOND))
     checked = kernel is None                                # a kernel passed in answers for itself
     if kernel is None:
         kernel = make_flash_v3(d_k) if version == 3 else KERNELS[version]
     d_out = cuda.device_array((bh, t_q, d_v), np.float32)
     d_lse = cuda.device_array((bh, t_q), np.float32)
-    kernel[grid, block](cuda.to_device(q.reshape(bh, t_q, d_k)),     # (BH, T_q, d_k)
-                        cuda.to_device(k.reshape(bh, t_k, d_k)),     # (BH, T_k, d_k)
-                        cuda.to_device(v.reshape(bh, t_k, d_v)),     # (BH, T_k, d_v)
-                        flash_scale(version, d_k), bool(causal), np.int32(window or 0), np.int32(1),
+    kernel[grid, block](cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),   # (BH, T_q, d_k), (BH_kv, T_k, d)
+                        flash_scale(version, d_k), bool(causal), np.int32(window or 0), np.int32(group),
                         d_out, d_lse)
     out = d_out.copy_to_host().reshape(*lead, t_q, d_v)    # (..., T_q, d_v)
     if checked:

@@ -30,7 +30,7 @@ from numba import cuda
 
 from attention_lib.stages import attention, projection, scores, softmax, weighted_sum
 from attention_lib.launch import ceil_div, check_grid, check_simulator_budget
-from attention_lib.validation import as_float32, require, require_finite_result
+from attention_lib.validation import as_float32, head_counts, require, require_finite_result, weight
 
 # Blocks of 16 x 16 threads: x along c (a head's d_k columns), y along t. 16 consecutive
 # threads copy 16 consecutive floats (64 bytes) on both sides; ANDREA-sim's d_k = 16 fills the
@@ -120,15 +120,6 @@ def launch_heads(kernel, inputs, out, heads_shape):
     kernel[grid, block](inputs, out)
 
 
-def _check_n_head(n_head, d_model, name="n_head"):
-    if isinstance(n_head, (bool, np.bool_)) or not isinstance(n_head, (int, np.integer)):
-        raise TypeError(f"{name} must be a positive int, got {type(n_head).__name__} {n_head!r}")
-    require(n_head >= 1, f"{name} must be a positive int, got {n_head}")
-    require(d_model % n_head == 0,
-            f"d_model {d_model} (the last axis of x) is not divisible by {name} {n_head}; "
-            f"each head needs d_k = d_model / {name} columns")
-
-
 def _check_grid(B, n_head, T, d_k, what):
     require(B * n_head <= MAX_GRID_Z,
             f"{what}: batch x heads = {B * n_head} exceeds CUDA's {MAX_GRID_Z} grid layers; split the batch")
@@ -147,8 +138,7 @@ def split_heads(x, n_head, kernel=None):
     """
     x = as_float32("x", x, "(..., T, d_model)", min_ndim=2)
     *lead, T, d_model = x.shape
-    _check_n_head(n_head, d_model)
-    d_k = d_model // n_head
+    _, d_k = head_counts(d_model, n_head)
     B = math.prod(lead)
     _check_grid(B, n_head, T, d_k, "split_heads")
     kernel = split_heads_kernel if kernel is None else kernel
@@ -174,19 +164,21 @@ def merge_heads(heads, kernel=None):
     return d_out.copy_to_host().reshape(*lead, T, n_head * d_k)             # (..., T, d_model)
 
 
-def project_and_split(x, w_qkv, b_qkv, n_head):
-    """x (B, T, d_model) -> Q, K, V as device arrays (B * n_head, T, d_k), one fused projection."""
-    B, T, d_model = x.shape
-    qkv = cuda.device_array((B * T, 3 * d_model), np.float32)
+def project_and_split(x, w_qkv, b_qkv, n_head, n_kv_head):
+    """x (B, T, d_model) -> Q (B * n_head, T, d_k), K and V (B * n_kv_head, T, d_k) as device
+    arrays, from one fused projection; w_qkv: (d_model, (n_head + 2 n_kv_head) d_k)."""
+    (B, T, d_model), d_k, width = x.shape, x.shape[2] // n_head, w_qkv.shape[1]
+    qkv = cuda.device_array((B * T, width), np.float32)
     rows = x.reshape(B * T, d_model)                               # (B * T, d_model): positions as rows
     projection.launch_version(PROJECTION_VERSION, rows, w_qkv, b_qkv, qkv)   # one fused matmul
-    qkv = qkv.reshape(B, T, 3 * d_model)                           # (B, T, 3 * d_model) = [Q | K | V]
-    heads = []
-    for i in range(3):                                             # Q, K, V: column blocks of qkv
-        part = qkv[:, :, i * d_model:(i + 1) * d_model]            # (B, T, d_model), a strided view
-        split = cuda.device_array((B, n_head, T, d_model // n_head), np.float32)
+    qkv = qkv.reshape(B, T, width)                                 # (B, T, width) = [Q | K | V]
+    heads, start = [], 0
+    for count in (n_head, n_kv_head, n_kv_head):                   # Q, K, V: column blocks of qkv
+        part = qkv[:, :, start:start + count * d_k]                # (B, T, count * d_k), a strided view
+        split = cuda.device_array((B, count, T, d_k), np.float32)
         launch_heads(split_heads_kernel, part, split, split.shape)
-        heads.append(split.reshape(B * n_head, T, d_model // n_head))   # (B * n_head, T, d_k)
+        heads.append(split.reshape(B * count, T, d_k))             # (B * count, T, d_k)
+        start += count * d_k
     return heads
 
 
@@ -200,25 +192,30 @@ def merge_and_project(out, w_o, b_o, B, n_head):
     return result.reshape(B, T, n_head * d_k)
 
 
-def launch_layer(x, w_qkv, b_qkv, w_o, b_o, n_head, causal):
+def launch_layer(x, w_qkv, b_qkv, w_o, b_o, n_head, causal, n_kv_head=None):
     """The whole layer on device arrays; no checks (multi_head_attention makes them).
 
-    x: (B, T, d_model); w_qkv: (d_model, 3 * d_model) = [W_Q | W_K | W_V]; b_qkv: (3 * d_model,)
-    or (0,) for no bias; w_o: (d_model, d_model); b_o: (d_model,) or (0,); all float32
-    -> a new device array (B, T, d_model) float32. Nothing comes back to the host in between.
+    x: (B, T, d_model); w_qkv: (d_model, d_model + 2 n_kv_head d_k) = [W_Q | W_K | W_V]; b_qkv:
+    of its width, or (0,) for no bias; w_o: (d_model, d_model); b_o: (d_model,) or (0,); all
+    float32; n_kv_head: key/value heads (None: n_head) -> a new device array (B, T, d_model)
+    float32. Nothing comes back to the host in between.
     """
-    q, k, v = project_and_split(x, w_qkv, b_qkv, n_head)         # each (B * n_head, T, d_k)
+    n_kv_head = n_head if n_kv_head is None else n_kv_head
+    q, k, v = project_and_split(x, w_qkv, b_qkv, n_head, n_kv_head)   # (B * n_head or B * n_kv_head, T, d_k)
+    k, v = (attention.share_kv_heads(a, q.shape[0]) for a in (k, v))  # (B * n_head, T, d_k): K/V head per group
     out = attention.launch_attention(q, k, v, causal)              # (B * n_head, T, d_k), one batch of heads
     return merge_and_project(out, w_o, b_o, x.shape[0], n_head)
 
 
-def layer_threads(B, T, d_model, n_head):
+def layer_threads(B, T, d_model, n_head, n_kv_head=None):
     """CUDA threads launch_layer starts, all launches together (for the simulator's budget)."""
     d_k = d_model // n_head
+    n_kv_head = n_head if n_kv_head is None else n_kv_head
     projections = sum(math.prod(grid) * math.prod(block) for grid, block in
-                      (projection.version_launch_shape(PROJECTION_VERSION, B * T, 3 * d_model),
+                      (projection.version_launch_shape(PROJECTION_VERSION, B * T, (n_head + 2 * n_kv_head) * d_k),
                        projection.version_launch_shape(PROJECTION_VERSION, B * T, d_model)))
-    copies = 4 * math.prod(head_grid(B * n_head, T, d_k)[0]) * math.prod(BLOCK)   # 3 splits, 1 merge
+    copies = ((2 * n_head + 2 * n_kv_head) * B * math.prod(head_grid(1, T, d_k)[0])   # Q, K, V splits, 1 merge
+              * math.prod(BLOCK))
     bh = B * n_head
     heads = (math.prod(scores.score_grid(bh, T, T)[0]) * scores.TILE ** 2
              + math.prod(softmax.softmax_grid(bh * T, attention.SOFTMAX_VERSION))
@@ -226,38 +223,40 @@ def layer_threads(B, T, d_model, n_head):
     return projections + copies + heads
 
 
-def _weight(w, name, d_model):
-    w = as_float32(name, w, "(d_model, d_model)", ndim=2)
-    require(w.shape == (d_model, d_model),
-            f"{name} must have shape ({d_model}, {d_model}) (d_model = the last axis of x), got {w.shape}")
-    return w
+def _layer_weights(arrays, d_model, n_head, n_kv_head):
+    """The layer's weights and biases {"w_q": ..., "b_o": ...} (a bias may be None), checked:
+    W_Q, W_O (d_model, d_model); W_K, W_V (d_model, n_kv_head * d_k); b_Q, b_O (d_model,); b_K,
+    b_V (n_kv_head * d_k,) -> the same dict, float32."""
+    d_k, gqa = d_model // n_head, n_kv_head != n_head
+    kv = (n_kv_head * d_k, "n_kv_head * d_k" if gqa else "d_model")
+    widths = {"q": (d_model, "d_model"), "o": (d_model, "d_model"), "k": kv, "v": kv}
+    why = "d_model = the last axis of x" + (f", n_kv_head * d_k = {n_kv_head} x {d_k}" if gqa else "")
+    checked = {}
+    for name, array in arrays.items():
+        width, words = widths[name[-1]]
+        shape, hint = ((d_model, width), f"(d_model, {words})") if name[0] == "w" else ((width,), f"({words},)")
+        checked[name] = None if array is None else weight(name, array, shape, hint, why)
+    return checked
 
 
-def _layer_bias(b, name, d_model):
-    """b as a float32 (d_model,) array, or None."""
-    if b is None:
-        return None
-    b = as_float32(name, b, "(d_model,)", ndim=1)
-    require(b.shape == (d_model,),
-            f"{name} must have shape ({d_model},) (d_model = the last axis of x), got {b.shape}")
-    return b
-
-
-def _fused_bias(biases, d_model):
+def _fused_bias(biases, widths):
     """The biases side by side, zeros for a missing one (adding 0.0 changes no value); an empty
     (0,) array, the projection kernels' "no bias", when all are missing."""
     if all(b is None for b in biases):
         return np.zeros(0, np.float32)
-    return np.concatenate([np.zeros(d_model, np.float32) if b is None else b for b in biases])
+    return np.concatenate([np.zeros(n, np.float32) if b is None else b for b, n in zip(biases, widths)])
 
 
 def multi_head_attention(x, w_q, w_k, w_v, w_o, n_head, causal=True,
-                         b_q=None, b_k=None, b_v=None, b_o=None):
+                         b_q=None, b_k=None, b_v=None, b_o=None, n_kv_head=None):
     """A whole multi-head self-attention layer on the device.
 
-    x: (T, d_model) or (B, T, d_model) float; w_q, w_k, w_v, w_o: (d_model, d_model) float, used
-    as x @ W; b_q, b_k, b_v, b_o: (d_model,) float or None; n_head: int dividing d_model;
-    causal: each position sees only itself and the past -> the shape of x, float32.
+    x: (T, d_model) or (B, T, d_model) float; w_q, w_o: (d_model, d_model) float, used as x @ W;
+    w_k, w_v: (d_model, n_kv_head * d_k), d_k = d_model / n_head; b_q, b_o: (d_model,), b_k, b_v:
+    (n_kv_head * d_k,) float or None; n_head: int dividing d_model; n_kv_head: key/value heads,
+    dividing n_head (None: n_head; fewer: grouped-query attention, query head h reads key/value
+    head h // (n_head / n_kv_head); 1: multi-query attention); causal: each position sees only
+    itself and the past -> the shape of x, float32.
     Steps (launch_layer): one fused projection [Q | K | V] = x @ [W_Q | W_K | W_V] (+ biases);
     Q, K and V split into heads; attention for every head of every sequence at once (the head
     on the grid's z axis); the heads merged; the output projection with W_O (+ b_O).
@@ -267,22 +266,20 @@ def multi_head_attention(x, w_q, w_k, w_v, w_o, n_head, causal=True,
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal must be True or False, got {type(causal).__name__} {causal!r}")
     T, d_model = x.shape[-2:]
-    _check_n_head(n_head, d_model)
-    w_q, w_k, w_v, w_o = (_weight(w, name, d_model) for name, w in
-                          (("w_q", w_q), ("w_k", w_k), ("w_v", w_v), ("w_o", w_o)))
-    b_q, b_k, b_v, b_o = (_layer_bias(b, name, d_model) for name, b in
-                          (("b_q", b_q), ("b_k", b_k), ("b_v", b_v), ("b_o", b_o)))
+    n_kv_head, d_k = head_counts(d_model, n_head, n_kv_head)
+    p = _layer_weights({"w_q": w_q, "w_k": w_k, "w_v": w_v, "w_o": w_o,
+                        "b_q": b_q, "b_k": b_k, "b_v": b_v, "b_o": b_o}, d_model, n_head, n_kv_head)
     x3 = x.reshape(-1, T, d_model)                                 # (B, T, d_model); B = 1 for (T, d_model)
     # The whole layer's estimate first: _check_grid's covers the head copies only. Barriers: only
     # the heads' pipeline has any (the simulator's projections are version 1).
-    d_k = d_model // n_head
-    check_simulator_budget("multi_head_attention", layer_threads(x3.shape[0], T, d_model, n_head),
+    check_simulator_budget("multi_head_attention", layer_threads(x3.shape[0], T, d_model, n_head, n_kv_head),
                            attention.pipeline_barrier_seconds(x3.shape[0] * n_head, T, T, d_k, d_k))
     _check_grid(x3.shape[0], n_head, T, d_k, "multi_head_attention")
-    w_qkv = np.concatenate([w_q, w_k, w_v], axis=1)                # (d_model, 3 * d_model)
-    b_qkv = _fused_bias([b_q, b_k, b_v], d_model)                  # (3 * d_model,) or (0,)
-    b_o = _fused_bias([b_o], d_model)                              # (d_model,) or (0,)
+    widths = (d_model, n_kv_head * d_k, n_kv_head * d_k)
+    w_qkv = np.concatenate([p["w_q"], p["w_k"], p["w_v"]], axis=1)           # (d_model, d_model + 2 n_kv_head d_k)
+    b_qkv = _fused_bias([p["b_q"], p["b_k"], p["b_v"]], widths)             # (that width,) or (0,)
+    b_o = _fused_bias([p["b_o"]], (d_model,))                                # (d_model,) or (0,)
     out = launch_layer(cuda.to_device(x3), cuda.to_device(w_qkv), cuda.to_device(b_qkv),
-                       cuda.to_device(w_o), cuda.to_device(b_o), n_head, causal)
+                       cuda.to_device(p["w_o"]), cuda.to_device(b_o), n_head, causal, n_kv_head)
     out = out.copy_to_host().reshape(x.shape)                      # (T, d_model) or (B, T, d_model)
     return require_finite_result("multi_head_attention", out, "x or the weights")

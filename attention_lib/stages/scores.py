@@ -28,7 +28,7 @@ import numpy as np
 from numba import cuda
 
 from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget, check_version
-from attention_lib.validation import as_float32, require
+from attention_lib.validation import attention_inputs, require
 
 # Side of a square tile of S: a block of TILE x TILE threads computes TILE x TILE scores.
 # 16 x 16 = 256 threads per block (8 warps) on a GPU; on the simulator T 32 is 2 x 2 tiles.
@@ -145,26 +145,27 @@ def tiled_barrier_seconds(bh, t_q, t_k, d_k):
     return barrier_seconds(math.prod(grid), math.prod(block), 2 * ceil_div(d_k, TILE))
 
 
+def check_score_launch(what, bh, t_q, t_k, d_k, tiled):
+    """The grid and simulator-budget checks of a (bh, t_q, t_k) scores launch; `tiled`: it runs
+    tile_dot, whose barriers the budget counts too."""
+    grid, block = score_grid(bh, t_q, t_k)
+    check_grid(what, grid, x="k's T_k in tiles of 16", y="q's T_q in tiles of 16", z="q's batch x heads")
+    check_simulator_budget(what, math.prod(grid) * math.prod(block),
+                           tiled_barrier_seconds(bh, t_q, t_k, d_k) if tiled else 0.0)
+
+
 def flatten_qk(q, k, what, tiled=False):
     """Validate q and k and flatten their leading axes; returns (q3, k3, leading shape).
 
     q: (..., T_q, d_k); k: (..., T_k, d_k), same leading axes and d_k -> q3 (BH, T_q, d_k),
-    k3 (BH, T_k, d_k) float32. `what` names the caller in the simulator-budget message; `tiled`:
-    the launch runs tile_dot, whose barriers the budget counts too.
+    k3 (BH, T_k, d_k) float32. These kernels read one head of k per head of q: grouped-query
+    shapes (fewer heads in k) are refused here; ``attention.attention`` takes them. `what`
+    names the caller in the simulator-budget message; `tiled`: the launch runs tile_dot.
     """
-    q = as_float32("q", q, "(..., T_q, d_k)", min_ndim=2)
-    k = as_float32("k", k, "(..., T_k, d_k)", min_ndim=2)
-    require(k.shape[-1] == q.shape[-1],
-            f"k must have d_k = {q.shape[-1]} in its last axis, like q {q.shape}; got shape {k.shape}")
-    require(k.shape[:-2] == q.shape[:-2],
-            f"k must have the leading axes of q {q.shape[:-2]}; got shape {k.shape}")
-    lead = q.shape[:-2]
-    (t_q, d_k), t_k = q.shape[-2:], k.shape[-2]
-    grid, block = score_grid(math.prod(lead), t_q, t_k)
-    check_grid(what, grid, x="k's T_k in tiles of 16", y="q's T_q in tiles of 16", z="q's batch x heads")
-    check_simulator_budget(what, math.prod(grid) * math.prod(block),
-                           tiled_barrier_seconds(math.prod(lead), t_q, t_k, d_k) if tiled else 0.0)
-    return q.reshape(-1, t_q, d_k), k.reshape(-1, t_k, d_k), lead   # (BH, T, d_k)
+    q3, k3, _, lead, group = attention_inputs(q, k)
+    require(group == 1, f"k must have the leading axes of q {lead}; got shape {np.shape(k)}")
+    check_score_launch(what, *q3.shape[:2], k3.shape[1], q3.shape[2], tiled)
+    return q3, k3, lead                                                # (BH, T, d_k) each
 
 
 def scores(q, k, scale=True, version=2, kernel=None):

@@ -40,7 +40,7 @@ from attention_lib import reference
 from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget, check_version
 from attention_lib.stages import mask
 from attention_lib.stages.projection import BLOCK, TILE, launch_projection, projection_kernel_v1, tile_matmul
-from attention_lib.validation import as_float32, require
+from attention_lib.validation import as_float32, kv_group, require
 
 # --- Kernels -----------------------------------------------------------------------------
 
@@ -143,8 +143,8 @@ def flatten_av(a, v, what, tiled=False):
     v = as_float32("v", v, "(..., T_k, d_v)", min_ndim=2)
     require(v.shape[-2] == a.shape[-1],
             f"v must have T_k = {a.shape[-1]} rows (the last axis of a {a.shape}); got shape {v.shape}")
-    require(v.shape[:-2] == a.shape[:-2],
-            f"v must have the leading axes of a {a.shape[:-2]}; got shape {v.shape}")
+    # One head of v per head of a: grouped-query shapes are refused (attention.attention takes them).
+    require(kv_group("v", v, "a", a) == 1, f"v must have the leading axes of a {a.shape[:-2]}; got shape {v.shape}")
     lead = a.shape[:-2]
     (t_q, t_k), d_v = a.shape[-2:], v.shape[-1]
     grid, block = weighted_sum_grid(math.prod(lead), t_q, d_v)
