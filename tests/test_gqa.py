@@ -5,6 +5,7 @@ the errors for shapes that are not grouped-query shapes."""
 
 import math
 
+import attention_lib
 import numpy as np
 import pytest
 from attention_lib import reference, traffic
@@ -242,3 +243,27 @@ def test_the_simulator_budget_counts_the_query_heads(monkeypatch):
     with pytest.raises(ValueError, match=r"^attention: .* CUDA threads would take about"):
         attention.attention(q, k, k)
     assert math.prod(flash.flash_grid(32, 1024, 2, group=4)[0]) * flash.BLOCK_Q * 4 == 32 * 1024
+
+
+# --- Shared K/V heads inside a sliding window -------------------------------------------------
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_shared_heads_and_a_window_together_equal_the_per_head_definition(version):
+    """Query head h, key/value head h // group, keys i + off - W < j <= i + off: both at once,
+    with T_q < T_k, against the reference head by head (each head's own window)."""
+    q, k, v = qkv(np.random.default_rng(11), (2,), 4, 2, 13, 19, 5 if version != 3 else 16)
+    out, lse = attention_lib.flash_attention(q, k, v, version=version, window=5, return_lse=True)
+    group = 2
+    want = np.stack([reference.attention(q[:, h], k[:, h // group], v[:, h // group], True, window=5)
+                     for h in range(4)], axis=1)
+    assert_close_float32(out, want)
+    weights_lse = np.stack([np.log(np.exp(reference.scores(q[:, h], k[:, h // group], scale=True)
+                                          + np.where(reference.causal_mask(13, 19, 5), 0.0, -np.inf)).sum(-1))
+                            for h in range(4)], axis=1)
+    assert np.allclose(lse, weights_lse, rtol=1e-5, atol=1e-5)
+    if version == 2:                       # each K/V element inside some window: loaded once per group
+        report, counted = traffic.count_fused(q.reshape(8, 13, 5), k.reshape(4, 19, 5), v.reshape(4, 19, 5),
+                                              version=2, window=5)
+        assert_close_float32(counted.reshape(out.shape), out)
+        want_k = flash.flash_traffic(13, 19, 5, version=2, window=5, group=group)["k"]
+        assert int(report.loads("k").sum()) == 4 * want_k
