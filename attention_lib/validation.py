@@ -127,10 +127,11 @@ def weight(name, array, shape, hint, why):
 
 
 def positive_int(name, value):
-    """Raise unless value is an int >= 1 (a bool is refused): TypeError, or ValueError for < 1."""
+    """value as an int >= 1, or TypeError (not an int; a bool is refused) or ValueError (< 1)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
     require(value >= 1, f"{name} must be a positive int, got {value}")
+    return int(value)
 
 
 def head_counts(d_model, n_head, n_kv_head=None):

@@ -47,9 +47,9 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.stages import attention, projection, scores
-from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget
+from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget, check_version
 from attention_lib.runtime import SIMULATOR_SHAPES
-from attention_lib.validation import as_float32, require, require_finite_result
+from attention_lib.validation import as_float32, positive_int, require, require_finite_result, weight
 
 # Cached positions per chunk of the split-K kernel, and threads per block (one position each);
 # also the tile of positions kernel 1 stages at a time. On a GPU 32 (one warp): a chunk's keys
@@ -161,13 +161,6 @@ def decode_layer_numpy(x, w_q, w_k, w_v, w_o, n_head, n_kv_head=None):
 
 # --- The cache -------------------------------------------------------------------------------
 
-def _positive_int(name, value):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
-    require(value > 0, f"{name} must be a positive int, got {value}")
-    return int(value)
-
-
 class CacheBookkeeping:
     """What a KVCache needs besides storing and appending: its sizes checked, its shape, copies.
 
@@ -181,7 +174,7 @@ class CacheBookkeeping:
         """(n_head, capacity, d_k, n_kv_head) as ints, n_kv_head None meaning n_head; TypeError
         or ValueError naming the argument otherwise."""
         n_kv_head = n_head if n_kv_head is None else n_kv_head
-        sizes = tuple(_positive_int(name, value) for name, value in
+        sizes = tuple(positive_int(name, value) for name, value in
                       (("n_head", n_head), ("capacity", capacity), ("d_k", d_k), ("n_kv_head", n_kv_head)))
         require(sizes[2] <= MAX_D_K, f"d_k must be at most MAX_D_K = {MAX_D_K}, got {sizes[2]}")
         require(sizes[0] % sizes[3] == 0,
@@ -501,7 +494,7 @@ def decode_step(q, cache, version=2, kernel=None, merge_kernel=None):
     kernel: replaces the version's first kernel (same signature), launched the same way;
     merge_kernel: replaces version 2's decode_merge_kernel.
     """
-    require(version in KERNELS, f"version must be 1 or 2, got {version!r}")
+    check_version(version, KERNELS)
     q = _check_query(q, cache)
     require(version == 2 or cache.group <= MAX_THREADS_PER_BLOCK,
             f"version 1 runs a block of n_head // n_kv_head threads, at most {MAX_THREADS_PER_BLOCK}: "
@@ -604,10 +597,8 @@ def _check_layer_weights(d_model, n_head, n_kv_head, **weights):
     checked = []
     for name, w in weights.items():
         shape = (d_model, d_kv) if name in ("w_k", "w_v") else (d_model, d_model)
-        w = as_float32(name, w, f"{shape}", ndim=2)
         why = "d_model = the last axis of x" + (", n_kv_head * d_k" if shape[1] != d_model else "")
-        require(w.shape == shape, f"{name} must have shape {shape} ({why}), got {w.shape}")
-        checked.append(w)
+        checked.append(weight(name, w, shape, f"{shape}", why))
     return checked
 
 
