@@ -268,14 +268,13 @@ KV_HEAD_CASES = [(8, 2), (12, 12), (12, 1), (33, 11), (32, 8), (1, 1)]
 KV_HEAD_BLOCK = 32
 
 
-def _run_kv_head(kernel, case, rng):
+def _run_kv_head(kernel, case, rng, launch):
     n_head, n_kv_head = case
     expected = (np.arange(n_head) // (n_head // n_kv_head)).astype(np.float64)
-    full, d_kv_of = guarded_output(n_head, KV_HEAD_BLOCK)
+    full, d_kv_of = output_array(n_head, guard=KV_HEAD_BLOCK)
     blocks = (n_head + KV_HEAD_BLOCK - 1) // KV_HEAD_BLOCK
     launch(kernel, blocks + 1, KV_HEAD_BLOCK, d_kv_of, n_kv_head)   # a whole block of threads too many
-    assert_guard_intact(full, n_head)
-    return d_kv_of.copy_to_host().astype(np.float64), expected, n_head, n_kv_head
+    return read_output(full, d_kv_of).astype(np.float64), expected, n_head, n_kv_head
 
 
 def _diagnose_kv_head(got, expected, n_head, n_kv_head):
