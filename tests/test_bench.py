@@ -504,7 +504,7 @@ def test_the_exercise_formula_equals_the_counts(rng, T, d_model, d_out, tile, ve
     w = rng.standard_normal((d_model, d_out)).astype(np.float32)
     cost = expected_cost(T, d_model, d_out, tile)
     for row, v in ((0, 1), (1, version)):
-        shape = projection.wide_launch_shape if v == 3 else projection.launch_shape
+        shape = projection.projection_grid_v3 if v == 3 else projection.projection_grid
         report = sanitizer.count_memory(projection.KERNELS[v], *shape(T, d_out), x, w,
                                         np.zeros(0, np.float32), np.zeros((T, d_out), np.float32))
         assert cost[row, 1] == report.global_bytes, (v, cost[row], report.global_bytes)

@@ -72,7 +72,7 @@ def test_fused_qkv_equals_three_separate_projections(rng, with_bias):
 def test_global_reads_per_element_are_exact(rng, T, d_model, d_out):
     from attention_lib import sanitizer
     x, w, b = random_problem(rng, T, d_model, d_out)
-    grid, block = projection.launch_shape(T, d_out)
+    grid, block = projection.projection_grid(T, d_out)
     expected = {1: (d_out, T), 2: (ceil_div(d_out, TILE), ceil_div(T, TILE))}
     for version, (x_reads, w_reads) in expected.items():
         assert projection.global_reads(T, d_out, version) == (x_reads, w_reads)
@@ -97,7 +97,7 @@ def test_cost_formulas_at_full_size():
 def test_without_bias_nothing_is_read_for_it(rng):
     from attention_lib import sanitizer
     x, w, _ = random_problem(rng, 3, 4, 5)
-    grid, block = projection.launch_shape(3, 5)
+    grid, block = projection.projection_grid(3, 5)
     report = sanitizer.count_memory(projection.projection_kernel_v2, grid, block, x, w,
                                     np.zeros(0, np.float32), np.zeros((3, 5), np.float32))
     assert report.loads("b").size == 0
@@ -105,7 +105,7 @@ def test_without_bias_nothing_is_read_for_it(rng):
 
 
 def test_the_grid_has_one_thread_per_output_and_partly_used_edge_blocks():
-    grid, block = projection.launch_shape(33, 17)
+    grid, block = projection.projection_grid(33, 17)
     assert block == (TILE, TILE)
     assert grid == (2, 3)            # x: ceil(17 / 16) blocks across d_out, y: ceil(33 / 16) down T
 
@@ -263,7 +263,7 @@ def test_v3_batched_and_fused_qkv(rng):
 
 
 def test_v3_grid_covers_32_by_32_outputs_per_block():
-    grid, block = projection.wide_launch_shape(33, 17)
+    grid, block = projection.projection_grid_v3(33, 17)
     assert block == (TILE, TILE) and WIDE == 32
     assert grid == (1, 2)            # ceil(17 / 32) across, ceil(33 / 32) down: a quarter of v2's 6 blocks
 
@@ -275,7 +275,7 @@ def test_v3_global_and_shared_reads_are_exact(rng, T, d_model, d_out):
     x_reads, w_reads = ceil_div(d_out, WIDE), ceil_div(T, WIDE)
     assert projection.global_reads(T, d_out, 3) == (x_reads, w_reads)
     out = np.full((T, d_out), np.nan, np.float32)
-    grid, block = projection.wide_launch_shape(T, d_out)
+    grid, block = projection.projection_grid_v3(T, d_out)
     report = sanitizer.count_memory(projection.projection_kernel_v3, grid, block, x, w, b, out)
     assert np.all(report.loads("x") == x_reads) and np.all(report.loads("w") == w_reads)
     assert np.all(report.loads("b") == T) and np.all(report.stores("out") == 1)
@@ -291,7 +291,7 @@ def test_v3_global_and_shared_reads_are_exact(rng, T, d_model, d_out):
 def test_v2_needs_two_shared_loads_per_multiply_add(rng):
     from attention_lib import sanitizer
     x, w, b = random_problem(rng, 33, 24, 17)
-    grid, block = projection.launch_shape(33, 17)
+    grid, block = projection.projection_grid(33, 17)
     report = sanitizer.count_memory(projection.projection_kernel_v2, grid, block, x, w, b,
                                     np.zeros((33, 17), np.float32))
     madds = report.threads * ceil_div(24, TILE) * TILE
@@ -326,10 +326,10 @@ def test_v4_matches_reference(rng, T, d_model, d_out, with_bias):
 
 
 def test_v4_grid_covers_128_by_128_outputs_per_block():
-    grid, block = projection.big_launch_shape(130, 129)
+    grid, block = projection.projection_grid_v4(130, 129)
     assert block == (projection.THREADS_V4,) == (256,) and BIG == 128
     assert grid == (2, 2)            # ceil(129 / 128) across, ceil(130 / 128) down
-    assert projection.version_launch_shape(4, 130, 129) == (grid, block)
+    assert projection.projection_grid_of(4, 130, 129) == (grid, block)
     # one barrier per step of 8 along d_model, plus the one after the first tiles
     assert projection.barrier_rounds(4, 17) == 3 + 1 and projection.barrier_rounds(2, 17) == 4
 
@@ -341,7 +341,7 @@ def test_v4_global_and_shared_reads_are_exact(rng):
     x_reads, w_reads = ceil_div(d_out, BIG), ceil_div(T, BIG)
     assert projection.global_reads(T, d_out, 4) == (x_reads, w_reads) == (2, 1)
     out = np.full((T, d_out), np.nan, np.float32)
-    grid, block = projection.big_launch_shape(T, d_out)
+    grid, block = projection.projection_grid_v4(T, d_out)
     report = sanitizer.count_memory(projection.projection_kernel_v4, grid, block, x, w, b, out)
     assert np.all(report.loads("x") == x_reads) and np.all(report.loads("w") == w_reads)
     assert np.all(report.loads("b") == T) and np.all(report.stores("out") == 1)

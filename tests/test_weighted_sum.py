@@ -85,7 +85,7 @@ def test_the_kernel_argument_is_launched_the_versions_way(rng, version):
 
     got = weighted_sum.weighted_sum(a, v, version=version, kernel=Recorder())
     if version == 1:   # once per head, projection's 2-D grid
-        assert launched == [projection.launch_shape(7, 3)] * 2
+        assert launched == [projection.projection_grid(7, 3)] * 2
     else:              # once, the head on the grid's z axis
         assert launched == [weighted_sum.weighted_sum_grid(2, 7, 3)] == [((1, 1, 2), (TILE, TILE))]
     assert np.allclose(got, reference.weighted_sum(a, v), rtol=1e-5, atol=1e-5)
@@ -105,7 +105,7 @@ def test_global_reads_per_element_are_projections(rng, t_q, t_k, d_v):
     assert np.allclose(out, reference.weighted_sum(a, v), rtol=tolerance(t_k), atol=tolerance(t_k))
     # Version 1 on one head: projection_kernel_v1 reads each weight d_v times, each value T_q times.
     out1 = np.zeros((t_q, d_v), np.float32)
-    report1 = sanitizer.count_memory(projection.projection_kernel_v1, *projection.launch_shape(t_q, d_v),
+    report1 = sanitizer.count_memory(projection.projection_kernel_v1, *projection.projection_grid(t_q, d_v),
                                      a[0], v[0], np.zeros(0, np.float32), out1)
     assert projection.global_reads(t_q, d_v, 1) == (d_v, t_q)
     assert np.all(report1.loads("x") == d_v) and np.all(report1.loads("w") == t_q)

@@ -48,7 +48,7 @@ def _run_projection(kernel, case, rng, launch):
     full, out = output_array((case.T, case.d_out), guard=projection.TILE * (case.d_out + 1))
     # The library's grid and blocks (projection.launch_projection), through the judge's launch
     # so that on the simulator an out-of-bounds index is reported in one line.
-    grid, block = projection.launch_shape(case.T, case.d_out)
+    grid, block = projection.projection_grid(case.T, case.d_out)
     launch(kernel, grid, block, cuda.to_device(x), cuda.to_device(w), cuda.to_device(b), out)
     return read_output(full, out), reference.project(x, w, b if case.bias else None), x, w, b
 
@@ -100,7 +100,7 @@ def _run_tiled(kernel, case, rng, launch):
     got, expected, x, w, b = _run_projection(kernel, case, rng, launch)
     if case is TILED_CASES[-1] and np.allclose(got, expected, rtol=1e-4, atol=1e-4):
         # Right values at the largest size: now count the reads, once, on the simulator.
-        grid, block = projection.launch_shape(case.T, case.d_out)
+        grid, block = projection.projection_grid(case.T, case.d_out)
         report = sanitizer.count_memory(kernel, grid, block, x, w, b, np.zeros((case.T, case.d_out), np.float32))
         x_ceiling, w_ceiling = read_ceilings(case.T, case.d_out)
         x_reads, w_reads = int(report.loads("x").max()), int(report.loads("w").max())

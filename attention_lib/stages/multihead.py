@@ -212,8 +212,8 @@ def layer_threads(B, T, d_model, n_head, n_kv_head=None):
     d_k = d_model // n_head
     n_kv_head = n_head if n_kv_head is None else n_kv_head
     projections = sum(math.prod(grid) * math.prod(block) for grid, block in
-                      (projection.version_launch_shape(PROJECTION_VERSION, B * T, (n_head + 2 * n_kv_head) * d_k),
-                       projection.version_launch_shape(PROJECTION_VERSION, B * T, d_model)))
+                      (projection.projection_grid_of(PROJECTION_VERSION, B * T, (n_head + 2 * n_kv_head) * d_k),
+                       projection.projection_grid_of(PROJECTION_VERSION, B * T, d_model)))
     copies = ((2 * n_head + 2 * n_kv_head) * B * math.prod(head_grid(1, T, d_k)[0])   # Q, K, V splits, 1 merge
               * math.prod(BLOCK))
     bh = B * n_head

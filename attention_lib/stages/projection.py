@@ -18,7 +18,7 @@ The NumPy reference is ``attention_lib.reference.project``.
   (WIDE_TILE, WIDE_TILE) = 32 x 32 outputs. Per step along d_model a thread reads 2 + 2 numbers
   from shared memory for 4 multiply-adds (v2: 2 for 1), and each x and w element is read from
   global memory half as often as in v2 (ceil(d_out / 32), ceil(T / 32)). Its grid is
-  ``wide_launch_shape``; ``project(..., version=3)`` picks it.
+  ``projection_grid_v3``; ``project(..., version=3)`` picks it.
 - ``projection_kernel_v4``: a 128 x 128 tile of out per block of 256 threads, 8 x 8 outputs per
   thread (64 sums in registers), in the structure of CUTLASS's SGEMM: x's (128, 8) tile stored
   transposed so that a thread's four neighbouring rows are one 16-byte shared load, fragments
@@ -27,7 +27,7 @@ The NumPy reference is ``attention_lib.reference.project``.
   Composed of device functions: ``load_tiles`` (global to registers), ``store_tiles`` (registers
   to shared), ``load_fragment`` and ``multiply_tile`` (the hot loop), ``walk_d_model`` (the
   double-buffered main loop), ``store_micro_tile`` (the epilogue). Its grid is
-  ``big_launch_shape``. ``FAST`` declares the floors the kernel report checks for it (no stack
+  ``projection_grid_v4``. ``FAST`` declares the floors the kernel report checks for it (no stack
   frame, FFMA >= 60 % of the hot loop). Each x and w element is read ceil(d_out / 128) and
   ceil(T / 128) times.
 - Biases: ``b`` is always passed; an empty one, shape (0,), means "no bias". Numba kernels
@@ -41,7 +41,7 @@ The NumPy reference is ``attention_lib.reference.project``.
   Tiles and blocks are the same on both backends, so these and the grids at ANDREA-120M sizes
   are the GPU's figures; only the version the layers use differs, and ``layer_version(gpu=True)``
   gives the GPU's on either backend.
-- Launchers ``project`` and ``project_qkv`` validate, copy, pick the grid (``launch_shape``) and
+- Launchers ``project`` and ``project_qkv`` validate, copy, pick the grid (``projection_grid``) and
   return NumPy float32; ``launch_projection`` is the launch itself, on device arrays, which the
   exercise check uses to run a student's kernel exactly as the library runs its own.
 """
@@ -166,7 +166,7 @@ def projection_kernel_v3(x, w, b, out):
     """The same product as v1 and v2, register-tiled: each thread computes 2 x 2 outputs.
 
     x: (rows, d_model), w: (d_model, d_out), b: (d_out,) or (0,) for no bias,
-    out: (rows, d_out), all float32. Launch with (TILE, TILE) blocks on wide_launch_shape:
+    out: (rows, d_out), all float32. Launch with (TILE, TILE) blocks on projection_grid_v3:
     block (bx, by) computes the (WIDE_TILE, WIDE_TILE) tile of out at rows by * WIDE_TILE,
     columns bx * WIDE_TILE. Thread (tx, ty) owns rows ty and ty + TILE and columns tx and
     tx + TILE of that tile: its four sums live in registers (acc00 .. acc11). Per step along
@@ -334,7 +334,7 @@ def walk_d_model(x, w, xs, ws, row0, col0, tid, x_regs, w_regs, a, bw, acc):
 def projection_kernel_v4(x, w, b, out):
     """The same product as v1-v3, 128 x 128 outputs per block, 8 x 8 per thread (shapes as v1).
 
-    Launch with THREADS_V4 threads on big_launch_shape: block (bx, by) computes
+    Launch with THREADS_V4 threads on projection_grid_v4: block (bx, by) computes
     out[by * BM : (by + 1) * BM, bx * BN : (bx + 1) * BN].
     """
     xs = cuda.shared.array((2, BIG_STEP, XS_WIDTH), float32, alignment=SHARED_ALIGNMENT)  # x^T
@@ -378,7 +378,7 @@ def layer_version(gpu=None):
 
 # --- Launchers ---------------------------------------------------------------------------
 
-def launch_shape(rows, d_out):
+def projection_grid(rows, d_out):
     """(grid, block) for an output of (rows, d_out): one thread per element, x along columns."""
     return (ceil_div(d_out, TILE), ceil_div(rows, TILE)), BLOCK
 
@@ -386,27 +386,27 @@ def launch_shape(rows, d_out):
 def launch_projection(kernel, x, w, b, out):
     """Launch `kernel` on device arrays: x (rows, d_model), w (d_model, d_out), b (d_out,) or
     (0,), out (rows, d_out), all float32. No checks: the launchers below make them."""
-    grid, block = launch_shape(out.shape[0], out.shape[1])
+    grid, block = projection_grid(out.shape[0], out.shape[1])
     kernel[grid, block](x, w, b, out)
 
 
-def wide_launch_shape(rows, d_out):
+def projection_grid_v3(rows, d_out):
     """(grid, block) of projection_kernel_v3 for an output of (rows, d_out): (TILE, TILE) blocks,
     each covering a (WIDE_TILE, WIDE_TILE) tile of the output, x along columns."""
     return (ceil_div(d_out, WIDE_TILE), ceil_div(rows, WIDE_TILE)), BLOCK
 
 
-def big_launch_shape(rows, d_out):
+def projection_grid_v4(rows, d_out):
     """(grid, block) of projection_kernel_v4 for an output of (rows, d_out): 1-D blocks of
     THREADS_V4 threads, each covering a (128, 128) tile of the output, x along columns."""
     return (ceil_div(d_out, BIG_TILE), ceil_div(rows, BIG_TILE)), (THREADS_V4,)
 
 
-def version_launch_shape(version, rows, d_out):
+def projection_grid_of(version, rows, d_out):
     """(grid, block) of the library's kernel `version` for an output of (rows, d_out)."""
     if version == 4:
-        return big_launch_shape(rows, d_out)
-    return (wide_launch_shape if version == 3 else launch_shape)(rows, d_out)
+        return projection_grid_v4(rows, d_out)
+    return (projection_grid_v3 if version == 3 else projection_grid)(rows, d_out)
 
 
 def barrier_rounds(version, d_model):
@@ -420,7 +420,7 @@ def barrier_rounds(version, d_model):
 def launch_version(version, x, w, b, out):
     """Launch the library's kernel `version` on its own grid, on device arrays (shapes as in
     launch_projection). The composites (multihead, kv_cache) call it with their chosen version."""
-    grid, block = version_launch_shape(version, out.shape[0], out.shape[1])
+    grid, block = projection_grid_of(version, out.shape[0], out.shape[1])
     KERNELS[version][grid, block](x, w, b, out)
 
 
@@ -457,7 +457,7 @@ def project(x, w, b=None, version=2, kernel=None):
     d_out = w.shape[1]
     b = _bias(b, d_out, "b")
     rows = x.reshape(-1, d_model)                             # (B * T, d_model): batch axes become rows
-    grid, block = version_launch_shape(version, rows.shape[0], d_out)
+    grid, block = projection_grid_of(version, rows.shape[0], d_out)
     check_grid("project", grid, x="w's d_out in tiles", y="x's rows (batch x T) in tiles")
     blocks, block_threads = math.prod(grid), math.prod(block)
     barrier_s = barrier_seconds(blocks, block_threads, barrier_rounds(version, d_model))
