@@ -306,16 +306,12 @@ def v2_key_tile(k_tile, v_tile, q_row, acc, m, l, k, v, kv, k0, block_keys, my_f
 
 @cuda.jit
 def flash_attention_kernel_v2(q, k, v, scale, causal, window, group, out, lse):
-    """Fused, tiled attention, flash_attention_kernel_v1's arguments: a block of (BLOCK_Q, G)
-    threads owns BLOCK_Q queries of each of G consecutive query heads h0 .. h0 + G - 1, which all
-    read key/value head h0 // group (G divides group; G = group up to V2_MAX_HEADS), so each
-    K/V tile is loaded once for the G heads. Grid (ceil(T_q / BLOCK_Q), BH / G), block
-    (BLOCK_Q, G) (flash_grid)."""
+    """v1's arguments; a (BLOCK_Q, G) block: BLOCK_Q queries of G query heads sharing K/V head
+    h0 // group, each K/V tile loaded once for all G (v2_heads_per_block); grid from flash_grid."""
     q_tile = cuda.shared.array((BLOCK_Q, MAX_D), np.float32)  # the block's queries, scaled
     k_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)  # the current tile of keys
     v_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)  # and of their values
-    q_row = cuda.local.array(MAX_D, np.float32)   # this thread's query: local memory, as in v1
-    acc = cuda.local.array(MAX_D, np.float32)     # this thread's output, unnormalised
+    q_row, acc = cuda.local.array(MAX_D, np.float32), cuda.local.array(MAX_D, np.float32)  # local, as in v1
     q0, i = cuda.blockIdx.x * BLOCK_Q, cuda.grid(1)           # the block's first query, mine
     h0 = cuda.blockIdx.y * cuda.blockDim.y                    # the block's first query head
     n_rows = min(BLOCK_Q, q.shape[1] - q0)                    # the last block may have fewer
