@@ -66,5 +66,6 @@ def test_committed_executed_in_order_without_errors(path):
     assert counts == list(range(1, len(cells) + 1)), f"{path.name} was not run top to bottom in one clean run"
     errors = [o for c in cells for o in c.outputs if o.output_type == "error"]
     assert not errors, f"{path.name} has error outputs"
-    verdicts = [o.text for c in cells if "# NBVAL_CHECK_OUTPUT" in c.source for o in c.outputs if "text" in o]
+    verdicts = ["".join(o.text for o in c.outputs if "text" in o)
+                for c in cells if "# NBVAL_CHECK_OUTPUT" in c.source]
     assert verdicts and all(v.startswith("✔") for v in verdicts)
