@@ -65,7 +65,7 @@ class TimingUnavailable(RuntimeError):
 
 
 SIMULATOR_NO_TIMES = ("times need a GPU: on the simulator CUDA events record no time "
-                      "(elapsed_time returns -1) and kernels run as Python threads")
+                      "(elapsed_time returns -1) and kernels run as Python code on the CPU")
 
 
 class EventClock:

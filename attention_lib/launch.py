@@ -5,18 +5,16 @@ import os
 
 from attention_lib.runtime import ON_SIMULATOR
 
-# The simulator runs about 6,000 CUDA threads a second on one core (scripts/simulator_speed.py);
-# a launch estimated above this many seconds is refused rather than left to run for an hour.
-SIMULATOR_THREADS_PER_SECOND = 6000
+# The simulator's time budget, one estimate for every launcher: its threads plus the
+# multiply-adds they run in Python. Measured on a 2-core machine with scripts/simulator_speed.py
+# (numba-cuda 0.30.4, threads as greenlets): 36,000 to 60,000 threads a second (a copy, an
+# empty body), 0.4 to 1.3 million multiply-adds a second in the kernels' inner loops, and about
+# 2 us per thread per barrier, too little to count. A launch estimated above SIMULATOR_MAX_SECONDS is
+# refused rather than left to run for an hour.
+SIMULATOR_THREADS_PER_SECOND = 40_000
+SIMULATOR_MADDS_PER_SECOND = 500_000
 SIMULATOR_MAX_SECONDS = 120
 ALLOW_SLOW_VARIABLE = "ATTENTION_LIB_ALLOW_SLOW"
-# Barriers cost the simulator far more than the thread count says: at each `syncthreads` round
-# every thread of the block is parked and woken. Measured on a 2-core machine (numba-cuda
-# 0.30.4): a round took 1.9 ms in a block of 8 threads, 3.3 ms in one of 32, 12.5 ms in one of
-# 256, so the softmax kernel v2 (14 rounds in blocks of 32) ran 10 times longer than its threads
-# alone predict. A round is counted as a fixed part plus a part per thread of the block.
-BARRIER_SECONDS_PER_BLOCK = 1.5e-3
-BARRIER_SECONDS_PER_THREAD = 4.5e-5
 # CUDA's limits on the blocks of one grid, per axis (the same for every compute capability
 # from 3.0 on): a launch past them fails on a GPU with an error that names nothing.
 MAX_GRID = {"x": 2**31 - 1, "y": 65535, "z": 65535}
@@ -50,21 +48,14 @@ def check_grid(what, grid, **counts):
                 f"more than CUDA's limit of {MAX_GRID[axis]:,}; split the call into smaller ones")
 
 
-def barrier_seconds(blocks, block_threads, rounds):
-    """Simulator seconds spent at barriers: `rounds` rounds in each of `blocks` blocks of
-    `block_threads` threads."""
-    return blocks * rounds * (BARRIER_SECONDS_PER_BLOCK + BARRIER_SECONDS_PER_THREAD * block_threads)
-
-
-def check_simulator_budget(what, threads, barrier_s=0.0):
-    """Refuse a launch of `threads` CUDA threads that the simulator would take minutes on.
-
-    barrier_s: the launch's time at barriers on the simulator (``barrier_seconds``), added to
-    the threads' own time. Does nothing on a GPU, or when ATTENTION_LIB_ALLOW_SLOW=1 is set.
+def check_simulator_budget(what, threads, madds=0):
+    """Refuse a launch that the simulator would take minutes on: `threads` CUDA threads (all
+    its launches together) running `madds` multiply-adds (or steps of like cost) between them.
+    Does nothing on a GPU, or when ATTENTION_LIB_ALLOW_SLOW=1 is set.
     """
     if not ON_SIMULATOR or os.environ.get(ALLOW_SLOW_VARIABLE) == "1":
         return
-    seconds = threads / SIMULATOR_THREADS_PER_SECOND + barrier_s
+    seconds = threads / SIMULATOR_THREADS_PER_SECOND + madds / SIMULATOR_MADDS_PER_SECOND
     if seconds > SIMULATOR_MAX_SECONDS:
         raise ValueError(
             f"{what}: {threads:,} CUDA threads would take about {seconds / 60:.0f} min on the simulator; "

@@ -35,14 +35,6 @@ BACKEND_VARIABLE = "ATTENTION_LIB_BACKEND"
 GPU = "gpu"
 SIMULATOR = "simulator"
 
-# The simulator runs each CUDA thread as a Python thread. Python hands the interpreter from
-# one thread to the next every 5 ms by default, so a thread waiting at a barrier can keep the
-# interpreter for 5 ms doing nothing. Measured on a 2-core machine (numba-cuda 0.30.4) with
-# scripts/simulator_speed.py, a 16x16-tiled 64x64 matmul: 5.6 s at 5 ms, 3.2 s at 1 ms,
-# 2.5 s at 0.5 ms and at 0.1 ms; a kernel without barriers is unchanged within noise.
-# See README, "The simulator".
-SIMULATOR_SWITCH_INTERVAL_S = 5e-4
-
 
 @dataclass(frozen=True)
 class ModelSizes:
@@ -187,14 +179,12 @@ def _activate(backend):
     if "numba" in sys.modules and "numba.cuda" not in sys.modules:
         from numba.core import config
         config.reload_config()
-    if backend == SIMULATOR:
-        sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL_S)
 
 
 BACKEND, REASON = _choose()
 _activate(BACKEND)
 if BACKEND == SIMULATOR:
-    numba_patches.lock_simulator_shared_arrays()
+    numba_patches.simulate_threads_as_greenlets()
 ON_SIMULATOR = BACKEND == SIMULATOR
 SIZES = ANDREA_SIMULATOR if ON_SIMULATOR else ANDREA_120M
 

@@ -8,7 +8,8 @@ kernel once on the simulator with every array argument replaced by a recording w
 for the length of that launch only, patches three simulator internals:
 
 - ``FakeCUDAShared.array`` (``cuda.shared.array``) so shared arrays are recorded too;
-- ``BlockThread.syncthreads`` so each thread counts the barriers it has passed;
+- ``SimulatedThread.syncthreads`` (attention_lib.numba_patches) so each thread counts the
+  barriers it has passed;
 - the methods of ``FakeCUDAAtomic`` (``cuda.atomic.*``) so atomics are recorded as atomics.
 
 Everything is restored afterwards, also when the kernel raises. The installed package is not
@@ -37,14 +38,13 @@ import linecache
 import os
 import re
 import sys
-import threading
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
-from attention_lib import runtime
+from attention_lib import numba_patches, runtime
 
 LOAD, STORE, ATOMIC = "read", "write", "atomic"
 GLOBAL, SHARED = "global", "shared"
@@ -109,7 +109,7 @@ class _Target:
         if self.counts is not None:
             self.counts[kind].extend(flat)
             return
-        thread = threading.current_thread()
+        thread = numba_patches.current_thread()
         frame = _kernel_frame()
         site = (frame.f_code.co_filename, frame.f_lineno)
         interval = getattr(thread, "_sanitizer_barriers", 0)
@@ -122,7 +122,7 @@ class _Target:
 
     def out_of_bounds(self, kind, key, shape):
         """The error for index `key` into a view of this array with `shape`."""
-        thread = threading.current_thread()
+        thread = numba_patches.current_thread()
         frame = _kernel_frame()
         block, tid = tuple(thread.blockIdx), tuple(thread.threadIdx)
         index = tuple(int(i) if isinstance(i, (int, np.integer)) else i for i in key)
@@ -233,6 +233,7 @@ def _simulated(kernel):
         yield kernel
         return
     from numba.cuda.simulator.kernel import FakeCUDAKernel
+    numba_patches.simulate_threads_as_greenlets()
 
     swapped = []  # (globals dict, name, compiled device function)
 
@@ -279,7 +280,6 @@ class _Launch:
         self.mode = mode
         self.targets = {}  # name -> _Target: global arguments first, then shared arrays
         self._shared = {}  # declaration (file, line) or dtype for dynamic -> _View
-        self._lock = threading.Lock()
         self.errors = []  # out-of-bounds errors raised in the simulator's threads
         self.device_copies = []  # (GPU device array, its host copy) to write back after the launch
 
@@ -316,13 +316,12 @@ class _Launch:
             dtype = numpy_support.as_dtype(dtype)
         # Dynamic shared memory (shape 0) is one buffer for all declarations of a dtype.
         key = ("dynamic", np.dtype(dtype).str) if shape == 0 else site
-        with self._lock:  # every thread of the block asks at once; create it only once
-            view = self._shared.get(key)
-            if view is None:
-                name = _shared_name(*site, self.targets) + (" (dynamic)" if shape == 0 else "")
-                ary = original(fake_shared, 0, dtype) if shape == 0 else np.empty(shape, dtype)
-                self.targets[name] = _Target(self, name, SHARED, ary)
-                view = self._shared[key] = _wrap(ary, self.targets[name])
+        view = self._shared.get(key)  # the block's first thread to declare it creates it
+        if view is None:
+            name = _shared_name(*site, self.targets) + (" (dynamic)" if shape == 0 else "")
+            ary = original(fake_shared, 0, dtype) if shape == 0 else np.empty(shape, dtype)
+            self.targets[name] = _Target(self, name, SHARED, ary)
+            view = self._shared[key] = _wrap(ary, self.targets[name])
         return view
 
     @property
@@ -343,7 +342,6 @@ class _Launch:
 @contextmanager
 def _instrumented(launch):
     """Patch the simulator's shared arrays, barriers and atomics for `launch`; undo on exit."""
-    from numba.cuda.simulator import kernel as simkernel
     from numba.cuda.simulator import kernelapi
 
     patched = []  # (owner, attribute, original)
@@ -357,7 +355,7 @@ def _instrumented(launch):
           lambda self, shape, dtype, alignment=None:
           launch.shared_array(self, original_shared, shape, dtype, alignment))
 
-    original_sync = simkernel.BlockThread.syncthreads
+    original_sync = numba_patches.SimulatedThread.syncthreads
 
     def syncthreads(thread):
         # The k-th barrier a thread passes ends its interval k. Counted before waiting: the
@@ -365,7 +363,7 @@ def _instrumented(launch):
         thread._sanitizer_barriers = getattr(thread, "_sanitizer_barriers", 0) + 1
         original_sync(thread)
 
-    patch(simkernel.BlockThread, "syncthreads", syncthreads)
+    patch(numba_patches.SimulatedThread, "syncthreads", syncthreads)
 
     def atomic(original):
         def recorded(self, array, *rest):
@@ -382,11 +380,6 @@ def _instrumented(launch):
     try:
         yield
     finally:
-        # After an exception the simulator aborts the block's other threads without joining
-        # them; let them finish before the patches go, so none runs half-patched.
-        for thread in threading.enumerate():
-            if isinstance(thread, simkernel.BlockThread) and thread.is_alive():
-                thread.join(timeout=2.0)
         for owner, name, original in reversed(patched):
             setattr(owner, name, original)
 

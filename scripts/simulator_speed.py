@@ -1,8 +1,10 @@
-"""Measure how fast Numba's CUDA simulator runs the course's kind of kernels.
+"""Measure how fast Numba's CUDA simulator runs the library's own kernels.
 
-Times a naive and a 16x16 shared-memory tiled 64x64 matmul at several values of Python's
-thread switch interval (the simulator runs one Python thread per CUDA thread), and the
-simulator's throughput in CUDA threads per second. Prints a table; the README quotes it.
+Times, on the simulator, with numba-cuda's own threads (one operating-system thread per CUDA
+thread) and with the greenlets attention_lib runs them as (attention_lib/numba_patches.py):
+the projection as a naive kernel (v1, no barrier) and as a 16x16-tiled one (v2, two barriers a
+tile), softmax v2 (a barrier per step of its tree reduction) and the fused attention kernel
+v2. Prints a table (the README quotes it) and the rates attention_lib.launch budgets with.
 
     ATTENTION_LIB_BACKEND=simulator python scripts/simulator_speed.py
 """
@@ -12,59 +14,63 @@ import time
 
 import numpy as np
 
-import attention_lib  # noqa: F401  (chooses the backend before numba.cuda loads)
+import attention_lib
+from attention_lib import numba_patches
+from attention_lib.stages import flash, projection, softmax
 from numba import cuda
 
-TILE = 16
+RNG = np.random.default_rng(0)
 
 
-@cuda.jit
-def matmul_naive(a, b, out):
-    col, row = cuda.grid(2)  # x runs along a row (neighbouring threads, neighbouring columns)
-    if row < out.shape[0] and col < out.shape[1]:
-        acc = 0.0
-        for k in range(a.shape[1]):
-            acc += a[row, k] * b[k, col]
-        out[row, col] = acc
+def random(*shape):
+    return RNG.standard_normal(shape, dtype=np.float32)
 
 
-@cuda.jit
-def matmul_tiled(a, b, out):
-    a_tile = cuda.shared.array((TILE, TILE), dtype=np.float32)
-    b_tile = cuda.shared.array((TILE, TILE), dtype=np.float32)
-    ty, tx = cuda.threadIdx.y, cuda.threadIdx.x
-    col, row = cuda.grid(2)  # x runs along a row (neighbouring threads, neighbouring columns)
-    acc = 0.0
-    for start in range(0, a.shape[1], TILE):
-        a_tile[ty, tx] = a[row, start + tx] if row < a.shape[0] and start + tx < a.shape[1] else 0.0
-        b_tile[ty, tx] = b[start + ty, col] if start + ty < b.shape[0] and col < b.shape[1] else 0.0
-        cuda.syncthreads()
-        for k in range(TILE):
-            acc += a_tile[ty, k] * b_tile[k, tx]
-        cuda.syncthreads()
-    if row < out.shape[0] and col < out.shape[1]:
-        out[row, col] = acc
+X, W = random(64, 64), random(64, 64)                 # 4,096 outputs, one thread each
+SCORES = random(64, 64)                               # 64 rows of 64 scores
+Q, K, V = random(2, 64, 32), random(2, 64, 32), random(2, 64, 32)
+CASES = {
+    "projection v1, 64x64 @ 64x64 (4,096 threads, no barrier)": lambda: projection.project(X, W, version=1),
+    "projection v2, the same tiled 16x16 (16 blocks, 8 barrier rounds)": lambda: projection.project(X, W, version=2),
+    "softmax v2, 64 rows of 64": lambda: softmax.softmax(SCORES, version=2),
+    "flash_attention v2, 2 heads, T = 64, d = 32, causal": lambda: flash.flash_attention(Q, K, V, version=2),
+}
 
 
-def seconds(kernel, n):
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), dtype=np.float32)
-    b = rng.standard_normal((n, n), dtype=np.float32)
-    out = np.zeros((n, n), np.float32)
-    blocks = ((n + TILE - 1) // TILE,) * 2
+def seconds(case):
     start = time.perf_counter()
-    kernel[blocks, (TILE, TILE)](a, b, out)
-    elapsed = time.perf_counter() - start
-    assert np.allclose(out, a @ b, atol=1e-3), "wrong result"
-    return elapsed
+    case()
+    return time.perf_counter() - start
+
+
+@cuda.jit
+def idle(out):
+    for _ in range(out.shape[0]):
+        cuda.syncthreads()
+
+
+def rates():
+    """Threads per second of an empty-bodied launch, and the cost of one barrier per thread."""
+    idle[1, 32](np.zeros(0))
+    plain, synced = (seconds(lambda: idle[16, 256](np.zeros(n))) for n in (0, 16))
+    return 4096 / plain, (synced - plain) / (16 * 4096)
 
 
 if __name__ == "__main__":
     if not attention_lib.ON_SIMULATOR:
         sys.exit("This script measures the simulator: set ATTENTION_LIB_BACKEND=simulator")
-    seconds(matmul_naive, 16)  # first launch pays for imports
-    print("switch interval | naive 64x64 (4096 threads) | tiled 64x64 (8 barrier rounds)")
-    for interval in (5e-3, 1e-3, 5e-4, 1e-4):
-        sys.setswitchinterval(interval)
-        naive, tiled = seconds(matmul_naive, 64), seconds(matmul_tiled, 64)
-        print(f"{interval * 1e3:13.1f} ms | {naive:6.2f} s ({4096 / naive:5.0f} threads/s) | {tiled:6.2f} s")
+    for case in CASES.values():
+        case()                                        # compile-free, but imports and caches warm up
+    print("| kernel | numba-cuda's threads | greenlets | faster |")
+    print("|---|---|---|---|")
+    for name, case in CASES.items():
+        with numba_patches.numba_cuda_threads():
+            theirs = seconds(case)
+        ours = seconds(case)
+        print(f"| {name} | {theirs:.2f} s | {ours:.2f} s | {theirs / ours:.1f}x |")
+    threads_per_s, barrier_s = rates()
+    madds = 2 * sum(i + 1 for i in range(64)) * (32 + 32)
+    print(f"\ngreenlets: {threads_per_s:,.0f} threads/s with an empty body, "
+          f"{barrier_s * 1e6:.1f} us per thread per barrier, "
+          f"flash v2 {madds / seconds(CASES['flash_attention v2, 2 heads, T = 64, d = 32, causal']):,.0f} "
+          f"multiply-adds/s")

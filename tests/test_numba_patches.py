@@ -6,7 +6,12 @@ import os
 import subprocess
 import sys
 
-from attention_lib import numba_patches
+import numpy as np
+import pytest
+
+from attention_lib import numba_patches, runtime
+from attention_lib.stages import softmax
+from numba import cuda
 
 UPGRADE = f"(checked with numba-cuda {numba_patches.CHECKED_WITH}; see attention_lib/numba_patches.py)"
 
@@ -19,13 +24,100 @@ def _resolve(module_name, attribute):
     return owner
 
 
-def test_simulator_shared_array_patch_still_applies():
-    module_name, attribute = numba_patches.PATCHED["lock_simulator_shared_arrays"]
-    _resolve(module_name, attribute)
-    from numba.cuda.simulator import kernelapi
-    # The locked lookup reads and fills the same per-block table the simulator's own uses.
+def test_simulator_thread_patches_still_apply():
+    for name in ("simulate_threads_as_greenlets", "simulated current thread", "simulated element access"):
+        _resolve(*numba_patches.PATCHED[name])
+    from numba.cuda.simulator import kernel, kernelapi
+    from numba.cuda.simulator.cudadrv import devicearray
+    theirs = {(owner, name): original for owner, name, original, _ in numba_patches._originals}
+    call = theirs.get((kernel.FakeCUDAKernel, "__call__"), kernel.FakeCUDAKernel.__call__)
+    # A launch still runs each block through BlockManager.run, with the fields run_block reads.
+    assert {"BlockManager", "run", "swapped_cuda_module", "_kernel_context"} <= set(call.__code__.co_names), \
+        f"FakeCUDAKernel no longer runs blocks with BlockManager.run {UPGRADE}"
+    assert {"_f", "_block_dim", "_debug", "block_state"} <= set(kernel.BlockManager.__init__.__code__.co_names), \
+        f"BlockManager's fields changed {UPGRADE}"
+    # The kernel API still finds the running thread through threading.current_thread().
+    assert "current_thread" in kernelapi.FakeCUDAModule.threadIdx.fget.__code__.co_names, \
+        f"the simulator no longer asks threading.current_thread() for threadIdx {UPGRADE}"
+    assert "_item" in devicearray.FakeWithinKernelCUDAArray.__init__.__code__.co_consts, \
+        f"FakeWithinKernelCUDAArray no longer wraps _item {UPGRADE}"
+    # Shared arrays are still kept per block in _allocations; device calls still counted per module.
     assert "_allocations" in kernelapi.FakeCUDAShared.__init__.__code__.co_names, \
         f"FakeCUDAShared no longer keeps its arrays in _allocations {UPGRADE}"
+    assert "_swap_refcount" in kernelapi.swapped_cuda_module.__wrapped__.__code__.co_names, \
+        f"swapped_cuda_module no longer counts its users in _swap_refcount {UPGRADE}"
+
+
+@cuda.jit
+def vote(out):
+    t = cuda.threadIdx.x
+    if t >= 5:                           # 5 of 8 threads stay for the barriers
+        return
+    cuda.syncthreads()
+    out[cuda.blockIdx.x, t, 0] = cuda.syncthreads_count(t % 2 == 0)
+    out[cuda.blockIdx.x, t, 1] = cuda.syncthreads_and(t < 4)
+    out[cuda.blockIdx.x, t, 2] = cuda.syncthreads_or(t == 3)
+
+
+@cuda.jit
+def one_past_the_end(a):
+    a[cuda.threadIdx.x + 3 * cuda.blockIdx.x] = 1.0
+
+
+@cuda.jit
+def sum_in_shared(x, out):
+    partial = cuda.shared.array(8, np.float32)
+    t = cuda.threadIdx.x
+    partial[t] = x[cuda.blockIdx.x, t]
+    cuda.syncthreads()
+    if t == 0:
+        total = 0.0
+        for i in range(8):
+            total += partial[i]
+        out[cuda.blockIdx.x] = total
+
+
+@cuda.jit
+def waits_then_fails(x, out):
+    # Threads 0-2 wait at block_sum's first barrier (in softmax's module) when thread 3 fails.
+    partial = cuda.shared.array(32, np.float32)
+    if cuda.threadIdx.x == 3:
+        out[cuda.threadIdx.x] = 1.0
+    out[0] = softmax.block_sum(partial, x[0, cuda.threadIdx.x])
+
+
+def test_simulated_threads_keep_numbas_semantics():
+    """Threads that return early leave the barriers to the others, block votes count the
+    threads still running, each block has its own shared array, and an error names its thread
+    and block as numba-cuda's threads do."""
+    if not runtime.ON_SIMULATOR:
+        pytest.skip("the simulated threads only exist on the simulator")
+    out = np.full((2, 5, 3), -1, np.int64)
+    vote[2, 8](out)
+    assert (out == [3, 0, 1]).all()
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    sums = np.zeros(3, np.float32)
+    sum_in_shared[3, 8](x, sums)
+    np.testing.assert_allclose(sums, x.sum(axis=1), rtol=1e-5)
+    with pytest.raises(IndexError, match=r"tid=\[1, 0, 0\] ctaid=\[1, 0, 0\]"):
+        one_past_the_end[2, 3](np.zeros(4))
+
+
+def test_every_module_gets_its_cuda_back_after_a_launch_that_fails_at_a_barrier():
+    """A block stopped by an error still has threads waiting at a barrier inside device functions
+    of other modules; the simulator must hand those modules their real `cuda` back."""
+    if not runtime.ON_SIMULATOR:
+        pytest.skip("the simulated threads only exist on the simulator")
+    import sys
+    import attention_lib
+    from numba.cuda.simulator import kernelapi
+    attention_lib.softmax(np.ones((3, 40), np.float32), version=2)     # device functions with barriers
+    with pytest.raises(IndexError):
+        waits_then_fails[1, 4](np.zeros((1, 4), np.float32), np.zeros(3, np.float32))
+    fake = [name for name, module in sys.modules.items()
+            if name.startswith(("attention_lib", "test")) and isinstance(getattr(module, "cuda", None),
+                                                                          kernelapi.FakeCUDAModule)]
+    assert not fake and not kernelapi._swap_refcount
 
 
 def test_compile_target_patch_still_applies():

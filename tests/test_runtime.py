@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import attention_lib
-import pytest
 from attention_lib import runtime
 
 
@@ -75,40 +74,3 @@ def test_numba_loaded_but_not_its_cuda_module_still_follows_the_choice():
                    ATTENTION_LIB_BACKEND="simulator")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "1"
-
-
-def test_simulator_switch_interval_is_shortened():
-    if not runtime.ON_SIMULATOR:
-        pytest.skip("only the simulator changes the switch interval")
-    assert sys.getswitchinterval() == pytest.approx(runtime.SIMULATOR_SWITCH_INTERVAL_S)
-
-
-def test_simulator_shared_arrays_are_one_per_block_even_when_threads_interleave(monkeypatch):
-    """Eight threads declare the same shared array at once while creating it is slow: they
-    must all get the same array (numba's simulator, unlocked, hands out one each)."""
-    if not runtime.ON_SIMULATOR:
-        pytest.skip("the simulator's shared arrays only exist on the simulator")
-    import threading
-    import time
-
-    import numpy as np
-    from numba.cuda.simulator.kernelapi import FakeCUDAShared
-
-    real_empty = np.empty
-
-    def slow_empty(*args, **kwargs):
-        time.sleep(0.01)                     # every thread reaches the lookup before any stores
-        return real_empty(*args, **kwargs)
-
-    monkeypatch.setattr(np, "empty", slow_empty)
-    shared, got = FakeCUDAShared(0), []
-
-    def declare():
-        got.append(shared.array(4, np.float32))   # one declaring line, as in a kernel
-
-    threads = [threading.Thread(target=declare) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len({id(a) for a in got}) == 1

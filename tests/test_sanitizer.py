@@ -360,20 +360,9 @@ def test_global_races():
 
 
 def test_race_verdict_does_not_depend_on_thread_order():
-    # Run the racy reduction under two very different schedules: threads switched every
-    # microsecond (interleaved) and every 20 ms (each runs its whole loop alone).
     x = np.random.default_rng(5).standard_normal(16).astype(np.float32)
-    previous = sys.getswitchinterval()
-    reports = []
-    try:
-        for interval in (1e-6, 2e-2):
-            sys.setswitchinterval(interval)
-            races = sanitizer.find_races(block_sum_no_loop_sync, 1, BLOCK, x,
-                                         np.zeros(1, np.float32))
-            reports.append(sorted(str(r) for r in races))
-    finally:
-        sys.setswitchinterval(previous)
-    assert reports[0] == reports[1] and len(reports[0]) == 1
+    races = sanitizer.find_races(block_sum_no_loop_sync, 1, BLOCK, x, np.zeros(1, np.float32))
+    assert len(races) == 1
     # Structurally: the verdict is a function of the *set* of recorded accesses, so any
     # permutation of the trace (any thread order) gives the same races.
     launch = sanitizer._launch(block_sum_no_loop_sync, 1, BLOCK, (x, np.zeros(1, np.float32)),
@@ -382,7 +371,7 @@ def test_race_verdict_does_not_depend_on_thread_order():
     for seed in range(3):
         for target in launch.targets.values():
             random.Random(seed).shuffle(target.trace)
-        assert [str(r) for r in sanitizer._races(launch)] == expected == reports[0]
+        assert [str(r) for r in sanitizer._races(launch)] == expected == [str(r) for r in races]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,9 +389,10 @@ def test_out_of_bounds_names_thread_array_index_shape_and_line():
         assert part in message, (part, message)
     assert isinstance(caught.value, IndexError) and caught.value.index == (20,)
     # The simulator's internals are restored after the error.
-    from numba.cuda.simulator import kernel as simkernel, kernelapi
+    from numba.cuda.simulator import kernelapi
+    from attention_lib import numba_patches
     assert "sanitizer" not in kernelapi.FakeCUDAShared.array.__module__
-    assert simkernel.BlockThread.syncthreads.__module__ == simkernel.__name__
+    assert numba_patches.SimulatedThread.syncthreads.__module__ == numba_patches.__name__
     assert kernelapi.FakeCUDAAtomic.add.__module__ == kernelapi.__name__
 
 
@@ -491,13 +481,15 @@ def test_on_a_gpu_the_sanitizer_simulates_the_kernels_python_code():
 # Overhead
 
 
-@pytest.mark.parametrize("kernel, limit", [(matmul_tiled, 3.0), (matmul_naive, 4.0)])
+@pytest.mark.parametrize("kernel, limit", [(matmul_tiled, 12.0), (matmul_naive, 8.0)])
 def test_count_memory_overhead(kernel, limit):
     """count_memory vs a plain simulator launch, 32x32 matmuls (16 blocks of 64 threads).
 
-    Measured on the 2-core machine (best of 3): tiled 0.80 s plain, 0.83 s counted (1.04x:
-    thread start-up and barriers dominate); naive 0.11 s vs 0.15 s (1.35x: accesses dominate).
-    The limits leave about 3x margin for a loaded CI machine.
+    Measured on the 2-core machine (best of 3, threads as greenlets): tiled 0.06 s plain,
+    0.20 to 0.32 s counted (3.5 to 5x); naive 0.05 to 0.10 s vs 0.14 to 0.25 s (2.5x). Every
+    access is recorded in Python, so the recording's cost shows now that threads start and
+    meet at barriers cheaply (with operating-system threads the ratios were 1.04 and 1.35, at
+    0.83 and 0.15 s counted). The limits leave about 2.5x margin for a loaded CI machine.
     """
     A, B = random_matrices(32, 32, 32)
     griddim, blockdim = tiled_grid(32, 32)

@@ -212,7 +212,7 @@ def test_the_simulator_budget_refuses_huge_launches():
     if not attention_lib.ON_SIMULATOR:
         pytest.skip("only the simulator refuses large launches")
     with pytest.raises(ValueError, match=r"^softmax: .* CUDA threads would take about"):
-        softmax.softmax(np.zeros((8, 12, 1024, 64), np.float32))   # 98,304 rows, a block each
+        softmax.softmax(np.zeros((16, 12, 1024, 64), np.float32))   # 196,608 rows, a block each
 
 
 # --- The exercise: planted mistakes --------------------------------------------------------

@@ -40,14 +40,15 @@ import numpy as np
 from numba import cuda
 
 from attention_lib.stages import mask, scores, softmax, weighted_sum
-from attention_lib.launch import barrier_seconds, check_simulator_budget
+from attention_lib.launch import check_simulator_budget
 from attention_lib.runtime import SIMULATOR_SHAPES
 from attention_lib.validation import attention_inputs, require, require_finite_result
 
 # Softmax kernel of the pipeline. On a GPU version 2 (a block per row, coalesced reads). On the
-# simulator version 1 (a thread per row): version 2 waits at a dozen barriers per row and each
-# costs tens of milliseconds there, 7 s for ANDREA-sim's 4 x 32 rows against 0.2 s. Both give
-# the same weights to float32 rounding (tests/test_attention.py runs the pipeline with each).
+# simulator version 1 (a thread per row): version 2 starts 32 threads per row and waits at 14
+# barriers, 0.55 s for ANDREA-sim's 4 x 32 rows against 0.02 s (measured on the simulator, 2-core
+# machine). Both give the same weights to float32 rounding (tests/test_attention.py runs the
+# pipeline with each).
 SOFTMAX_VERSION = 1 if SIMULATOR_SHAPES else 2
 
 
@@ -115,7 +116,7 @@ def _flatten(q, k, v, causal, what, share_kv=False):
     q3, k3, v3, lead, group = attention_inputs(q, k, v)          # checks q, k and v, shapes and values
     require(share_kv or group == 1, f"k must have the leading axes of q {lead}; got shape {np.shape(k)}")
     (bh, t_q, d_k), t_k = q3.shape, k3.shape[1]
-    scores.check_score_launch(what, bh, t_q, t_k, d_k, tiled=False)
+    scores.check_score_launch(what, bh, t_q, t_k, d_k)
     if v3 is None:                                               # attention_weights: no values
         return q3, k3, None, lead
     d_v = v3.shape[2]
@@ -123,18 +124,14 @@ def _flatten(q, k, v, causal, what, share_kv=False):
     threads = (math.prod(scores.score_grid(bh, t_q, t_k)[0]) * scores.TILE ** 2
                + math.prod(softmax.softmax_grid(bh * t_q, SOFTMAX_VERSION))
                + math.prod(weighted_sum.weighted_sum_grid(bh, t_q, d_v)[0]) * weighted_sum.TILE ** 2)
-    check_simulator_budget(what, threads, pipeline_barrier_seconds(bh, t_q, t_k, d_k, d_v))
+    check_simulator_budget(what, threads, pipeline_madds(bh, t_q, t_k, d_k, d_v))
     return q3, k3, v3, lead
 
 
-def pipeline_barrier_seconds(bh, t_q, t_k, d_k, d_v):
-    """Simulator seconds at the barriers of launch_attention: the tiled scores, the tiled
-    weighted sum and, with SOFTMAX_VERSION 2, the softmax's reductions."""
-    seconds = (scores.tiled_barrier_seconds(bh, t_q, t_k, d_k)
-               + weighted_sum.tiled_barrier_seconds(bh, t_q, t_k, d_v))
-    if SOFTMAX_VERSION == 2:
-        seconds += barrier_seconds(bh * t_q, softmax.THREADS_PER_ROW, softmax.BARRIER_ROUNDS_V2)
-    return seconds
+def pipeline_madds(bh, t_q, t_k, d_k, d_v):
+    """Multiply-adds of launch_attention, for the simulator's budget: the scores, the softmax's
+    three passes over each row and the weighted sum."""
+    return bh * t_q * t_k * (d_k + 3 + d_v)
 
 
 def attention_weights(q, k, causal=True):

@@ -55,14 +55,14 @@ from numba import cuda
 
 from attention_lib import reference, sanitizer
 from attention_lib.stages import attention, flash, mask, scores, softmax, weighted_sum
-from attention_lib.launch import SIMULATOR_THREADS_PER_SECOND, ceil_div, check_simulator_budget
+from attention_lib.launch import ceil_div, check_simulator_budget
 from attention_lib.runtime import SIMULATOR_SHAPES
 from attention_lib.validation import as_float32, require, require_finite_result
 
 MAX_D = flash.MAX_D
 # Fused kernels: keys per block of the dK/dV pass and queries per tile it walks (and the same two
 # the other way round in the dQ pass). Shared memory per block: 2 tiles of BLOCK x MAX_D float32,
-# 32 KiB at 32 on a GPU. On the simulator 16: every barrier round costs tens of milliseconds.
+# 32 KiB at 32 on a GPU. On the simulator 16: fewer threads per block to simulate.
 BLOCK_GPU = 32
 BLOCK_Q = 16 if SIMULATOR_SHAPES else BLOCK_GPU
 BLOCK_K = 16 if SIMULATOR_SHAPES else BLOCK_GPU
@@ -526,7 +526,8 @@ def count_fused(q, k, v, out, lse, d_out, causal=True):
 def _flatten(what, q, k, v, d_out, causal, extra=()):
     """Validate q, k, v, d_out (and `extra`: (name, array, hint, shape, allow_neg_inf) tuples);
     returns (q3, k3, v3, d_out3, [extra3...], lead), each flattened to (BH, ...) float32. The
-    simulator budget counts the multiply-adds of the fused backward's two passes."""
+    simulator budget counts a thread per query and per key and the multiply-adds of the fused
+    backward's two passes."""
     q3, k3, v3, lead = attention._flatten(q, k, v, causal, what)
     (bh, t_q, d_k), (t_k, d_v) = q3.shape, v3.shape[1:]
     require(max(d_k, d_v) <= MAX_D, f"q and v must have d_k, d_v <= {MAX_D} (MAX_D); got d_k {d_k}, d_v {d_v}")
@@ -539,7 +540,7 @@ def _flatten(what, q, k, v, d_out, causal, extra=()):
         require(array.shape == (*lead, *shape), f"{name} must have shape {(*lead, *shape)}; got shape {array.shape}")
         flat.append(array.reshape(bh, *shape))
     madds = bh * visible_pairs(t_q, t_k, causal) * (3 * d_k + 3 * d_v)
-    check_simulator_budget(what, madds * SIMULATOR_THREADS_PER_SECOND // flash.SIMULATOR_MADDS_PER_SECOND)
+    check_simulator_budget(what, bh * (t_q + t_k), madds)
     return (q3, k3, v3, d_out.reshape(bh, t_q, d_v), *flat, lead)
 
 

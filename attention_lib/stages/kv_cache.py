@@ -47,7 +47,7 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.stages import attention, projection, scores
-from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget, check_version
+from attention_lib.launch import ceil_div, check_grid, check_simulator_budget, check_version
 from attention_lib.runtime import SIMULATOR_SHAPES
 from attention_lib.validation import as_float32, positive_int, require, require_finite_result, weight
 
@@ -58,8 +58,7 @@ from attention_lib.validation import as_float32, positive_int, require, require_
 # head, 12 kv heads x 32 = 384 blocks for one sequence, 2.9 per SM of an H200's 132: 2 or 3
 # warps of an SM's 64 (3 to 5 % occupancy, from the grid). A fixed chunk keeps the kernel
 # simple; production split-decoding picks the number of splits from batch x heads and the SM
-# count. On the simulator 8: ANDREA-sim's T = 32 is 4 chunks, and every barrier costs tens of
-# milliseconds per block.
+# count. On the simulator 8: ANDREA-sim's T = 32 is 4 chunks, of fewer threads to simulate.
 KEYS_PER_CHUNK = 8 if SIMULATOR_SHAPES else 32
 # Largest head width the kernels accept: q is staged in arrays of MAX_D_K float32, whose size
 # must be known when compiling (the same limit as flash.MAX_D).
@@ -74,7 +73,7 @@ MAX_THREADS_PER_BLOCK = 1024
 # The merge kernel: 16 output components x 4 heads per block, x along d_k.
 MERGE_BLOCK = (16, 4)
 # The projections of the layer helpers: the 128 x 128 kernel v4 on a GPU; the naive v1 on the
-# simulator, where each barrier costs tens of milliseconds per block (projection.layer_version).
+# simulator (projection.layer_version says why).
 PROJECTION_VERSION = projection.layer_version()
 
 
@@ -503,14 +502,10 @@ def decode_step(q, cache, version=2, kernel=None, merge_kernel=None):
     launches = decode_grid(n_head, d_k, length, version, n_kv_head)
     if version == 1:
         check_grid("decode_step", launches[0][0], x="the cache's n_kv_head")
-        # Two barriers per tile of KEYS_PER_CHUNK positions in each kv head's block.
-        barrier_s = barrier_seconds(n_kv_head, cache.group, 2 * n_chunks(length))
     else:
         check_grid("decode_step", launches[0][0], x="the cache's length in chunks", y="the cache's n_kv_head")
-        # 3 barriers per query head in each (chunk, kv head) block.
-        barrier_s = barrier_seconds(n_chunks(length) * n_kv_head, KEYS_PER_CHUNK, 3 * cache.group)
     check_simulator_budget("decode_step", sum(math.prod(np.atleast_1d(g)) * math.prod(np.atleast_1d(b))
-                                              for g, b in launches), barrier_s)
+                                              for g, b in launches), 2 * n_head * length * d_k)
     library_kernels = kernel is None and merge_kernel is None     # a kernel passed in answers for itself
     kernel = KERNELS[version] if kernel is None else kernel
     scale = scores.scale_factor(d_k)

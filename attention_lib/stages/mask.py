@@ -133,7 +133,7 @@ def causal_scores(q, k, scale=True, kernel=None):
     q: (..., T_q, d_k) float; k: (..., T_k, d_k) float, same leading axes -> (..., T_q, T_k)
     float32. kernel: any kernel with mask_kernel_v2's signature (default mask_kernel_v2).
     """
-    q3, k3, lead = flatten_qk(q, k, "causal_scores", tiled=True)
+    q3, k3, lead = flatten_qk(q, k, "causal_scores")
     (bh, t_q, d_k), t_k = q3.shape, k3.shape[1]
     d_s = cuda.device_array((bh, t_q, t_k), np.float32)
     grid, block = score_grid(bh, t_q, t_k)

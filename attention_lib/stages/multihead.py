@@ -39,7 +39,7 @@ BLOCK = (16, 16)
 # CUDA's limit on gridDim.z, which carries batch x heads.
 MAX_GRID_Z = 65535
 # The projections inside multi_head_attention: the 128 x 128 kernel v4 on a GPU, the naive v1 on
-# the simulator, where every barrier costs tens of milliseconds per block (projection.layer_version).
+# the simulator (projection.layer_version says why).
 PROJECTION_VERSION = projection.layer_version()
 
 
@@ -270,10 +270,11 @@ def multi_head_attention(x, w_q, w_k, w_v, w_o, n_head, causal=True,
     p = _layer_weights({"w_q": w_q, "w_k": w_k, "w_v": w_v, "w_o": w_o,
                         "b_q": b_q, "b_k": b_k, "b_v": b_v, "b_o": b_o}, d_model, n_head, n_kv_head)
     x3 = x.reshape(-1, T, d_model)                                 # (B, T, d_model); B = 1 for (T, d_model)
-    # The whole layer's estimate first: _check_grid's covers the head copies only. Barriers: only
-    # the heads' pipeline has any (the simulator's projections are version 1).
-    check_simulator_budget("multi_head_attention", layer_threads(x3.shape[0], T, d_model, n_head, n_kv_head),
-                           attention.pipeline_barrier_seconds(x3.shape[0] * n_head, T, T, d_k, d_k))
+    # The whole layer's estimate first: _check_grid's covers the head copies only.
+    B = x3.shape[0]
+    madds = (B * T * d_model * (2 * d_model + 2 * n_kv_head * d_k)       # Q, K, V and the output projection
+             + attention.pipeline_madds(B * n_head, T, T, d_k, d_k))
+    check_simulator_budget("multi_head_attention", layer_threads(B, T, d_model, n_head, n_kv_head), madds)
     _check_grid(x3.shape[0], n_head, T, d_k, "multi_head_attention")
     widths = (d_model, n_kv_head * d_k, n_kv_head * d_k)
     w_qkv = np.concatenate([p["w_q"], p["w_k"], p["w_v"]], axis=1)           # (d_model, d_model + 2 n_kv_head d_k)

@@ -51,7 +51,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget, check_version
+from attention_lib.launch import ceil_div, check_grid, check_simulator_budget, check_version
 from attention_lib.runtime import ON_SIMULATOR, SIMULATOR_SHAPES
 from attention_lib.validation import as_float32, require
 
@@ -359,10 +359,10 @@ KERNELS = {1: projection_kernel_v1, 2: projection_kernel_v2, 3: projection_kerne
            4: projection_kernel_v4}
 
 # The projection the layers of notebooks 06 and 08 (multihead, kv_cache) launch. On a GPU v4, the
-# fastest. On the simulator v1: it has no barriers, and a decoding step projects one row, which
-# v1 covers with d_out threads and v4 with 256 per 128 columns, each waiting at every barrier.
-# Measured on the simulator (2 shared cores) for ANDREA-sim's fused QKV, (64, 64) @ (64, 192):
-# v1 10.4 s, v2 19.0 s, v3 9.6 s, v4 10.1 s.
+# fastest. On the simulator v1: a decoding step projects one row, which v1 covers with d_out
+# threads and v4 with 256 per 128 columns. Measured on the simulator (2-core machine, threads as
+# greenlets) for ANDREA-sim's fused QKV of a whole sequence, (64, 64) @ (64, 192): v1 2.0 s,
+# v2 2.0 s, v3 0.9 s, v4 2.0 s.
 LAYER_VERSION_GPU = 4
 LAYER_VERSION_SIMULATOR = 1
 
@@ -409,14 +409,6 @@ def projection_grid_of(version, rows, d_out):
     return (projection_grid_v3 if version == 3 else projection_grid)(rows, d_out)
 
 
-def barrier_rounds(version, d_model):
-    """syncthreads rounds per block: two per step of TILE along d_model for v2 and v3, one per
-    step of BIG_STEP plus the first load for v4 (double-buffered), none for v1."""
-    if version == 4:
-        return ceil_div(d_model, BIG_STEP) + 1
-    return 0 if version == 1 else 2 * ceil_div(d_model, TILE)
-
-
 def launch_version(version, x, w, b, out):
     """Launch the library's kernel `version` on its own grid, on device arrays (shapes as in
     launch_projection). The composites (multihead, kv_cache) call it with their chosen version."""
@@ -459,9 +451,7 @@ def project(x, w, b=None, version=2, kernel=None):
     rows = x.reshape(-1, d_model)                             # (B * T, d_model): batch axes become rows
     grid, block = projection_grid_of(version, rows.shape[0], d_out)
     check_grid("project", grid, x="w's d_out in tiles", y="x's rows (batch x T) in tiles")
-    blocks, block_threads = math.prod(grid), math.prod(block)
-    barrier_s = barrier_seconds(blocks, block_threads, barrier_rounds(version, d_model))
-    check_simulator_budget("project", blocks * block_threads, barrier_s)
+    check_simulator_budget("project", math.prod(grid) * math.prod(block), rows.shape[0] * d_model * d_out)
     result = cuda.device_array((rows.shape[0], d_out), np.float32)
     kernel[grid, block](cuda.to_device(rows), cuda.to_device(w), cuda.to_device(b), result)
     return result.copy_to_host().reshape(*lead, T, d_out)     # (..., T, d_out)

@@ -27,7 +27,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget, check_version
+from attention_lib.launch import ceil_div, check_grid, check_simulator_budget, check_version
 from attention_lib.validation import attention_inputs, require
 
 # Side of a square tile of S: a block of TILE x TILE threads computes TILE x TILE scores.
@@ -138,20 +138,11 @@ def score_grid(bh, t_q, t_k):
     return (ceil_div(t_k, TILE), ceil_div(t_q, TILE), bh), (TILE, TILE)
 
 
-def tiled_barrier_seconds(bh, t_q, t_k, d_k):
-    """Simulator seconds at the barriers of tile_dot (two per step of TILE along d_k) in every
-    block of the (bh, t_q, t_k) scores: scores_kernel_v2 and mask_kernel_v2."""
-    grid, block = score_grid(bh, t_q, t_k)
-    return barrier_seconds(math.prod(grid), math.prod(block), 2 * ceil_div(d_k, TILE))
-
-
-def check_score_launch(what, bh, t_q, t_k, d_k, tiled):
-    """The grid and simulator-budget checks of a (bh, t_q, t_k) scores launch; `tiled`: it runs
-    tile_dot, whose barriers the budget counts too."""
+def check_score_launch(what, bh, t_q, t_k, d_k):
+    """The grid and simulator-budget checks of a (bh, t_q, t_k) scores launch."""
     grid, block = score_grid(bh, t_q, t_k)
     check_grid(what, grid, x="k's T_k in tiles of 16", y="q's T_q in tiles of 16", z="q's batch x heads")
-    check_simulator_budget(what, math.prod(grid) * math.prod(block),
-                           tiled_barrier_seconds(bh, t_q, t_k, d_k) if tiled else 0.0)
+    check_simulator_budget(what, math.prod(grid) * math.prod(block), bh * t_q * t_k * d_k)
 
 
 def flatten_qk(q, k, what, tiled=False):
@@ -164,7 +155,7 @@ def flatten_qk(q, k, what, tiled=False):
     """
     q3, k3, _, lead, group = attention_inputs(q, k)
     require(group == 1, f"k must have the leading axes of q {lead}; got shape {np.shape(k)}")
-    check_score_launch(what, *q3.shape[:2], k3.shape[1], q3.shape[2], tiled)
+    check_score_launch(what, *q3.shape[:2], k3.shape[1], q3.shape[2])
     return q3, k3, lead                                                # (BH, T, d_k) each
 
 
@@ -176,7 +167,7 @@ def scores(q, k, scale=True, version=2, kernel=None):
     signature, launched on the same grid (overrides version).
     """
     check_version(version, KERNELS)
-    q3, k3, lead = flatten_qk(q, k, "scores", tiled=version == 2)
+    q3, k3, lead = flatten_qk(q, k, "scores")
     if kernel is None:
         kernel = KERNELS[version]
     (bh, t_q, d_k), t_k = q3.shape, k3.shape[1]

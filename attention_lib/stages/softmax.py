@@ -23,21 +23,18 @@ import math
 import numpy as np
 from numba import cuda
 
-from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget, check_version
+from attention_lib.launch import ceil_div, check_grid, check_simulator_budget, check_version
 from attention_lib.runtime import SIMULATOR_SHAPES
-from attention_lib.validation import as_float32, require
+from attention_lib.validation import as_float32
 
 # v1: one thread per row, rows grouped 32 to a block (one warp).
 ROWS_PER_BLOCK = 32
 # v2: the threads that share one row; a power of two, as the tree reduction halves it each
 # round. On a GPU 128 (4 warps): ANDREA-120M's T = 1024 gives each thread 8 scores, and 16
 # resident blocks of 128 fill an SM's 2,048 thread slots (blocks of 32 would stop at 32
-# blocks, half of them). On the simulator 32: every barrier costs tens of milliseconds per
-# block, and 32 threads already cover ANDREA-sim's T = 32 with one score each.
+# blocks, half of them). On the simulator 32: each simulated thread costs time to start and to
+# wait at the 14 barriers, and 32 threads already cover ANDREA-sim's T = 32 with one score each.
 THREADS_PER_ROW = 32 if SIMULATOR_SHAPES else 128
-# Barrier rounds of softmax_kernel_v2: block_max and block_sum wait once before the tree, once per
-# halving (log2(THREADS_PER_ROW)) and once after it.
-BARRIER_ROUNDS_V2 = 2 * (THREADS_PER_ROW.bit_length() + 1)
 
 
 # --- NumPy: the online softmax -----------------------------------------------------------
@@ -200,8 +197,7 @@ def softmax(s, version=2, kernel=None):
     rows = math.prod(s.shape[:-1])
     grid, block = softmax_grid(rows, version)
     check_grid("softmax", grid, x="s's rows")
-    check_simulator_budget("softmax", grid * block,
-                           barrier_seconds(grid, block, BARRIER_ROUNDS_V2) if version == 2 else 0.0)
+    check_simulator_budget("softmax", grid * block, 3 * rows * t_k)    # max, exp and sum, divide
     d_s = cuda.to_device(s.reshape(rows, t_k))                # (rows = ... x T_q, T_k)
     d_out = cuda.device_array((rows, t_k), np.float32)
     (KERNELS[version] if kernel is None else kernel)[grid, block](d_s, d_out)

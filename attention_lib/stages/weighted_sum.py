@@ -37,7 +37,7 @@ import numpy as np
 from numba import cuda
 
 from attention_lib import reference
-from attention_lib.launch import barrier_seconds, ceil_div, check_grid, check_simulator_budget, check_version
+from attention_lib.launch import ceil_div, check_grid, check_simulator_budget, check_version
 from attention_lib.stages import mask
 from attention_lib.stages.projection import BLOCK, TILE, launch_projection, projection_kernel_v1, tile_matmul
 from attention_lib.validation import as_float32, kv_group, require
@@ -125,13 +125,6 @@ def causal_tile_counts(bh, t_q, t_k, d_v):
     return computed * blocks_across, skipped * blocks_across
 
 
-def tiled_barrier_seconds(bh, t_q, t_k, d_v):
-    """Simulator seconds at the barriers of tile_matmul (two per step of TILE along T_k) in
-    every block of weighted_sum_kernel_v2."""
-    grid, block = weighted_sum_grid(bh, t_q, d_v)
-    return barrier_seconds(math.prod(grid), math.prod(block), 2 * ceil_div(t_k, TILE))
-
-
 def flatten_av(a, v, what, tiled=False):
     """Validate a and v and flatten their leading axes; returns (a3, v3, leading shape).
 
@@ -149,8 +142,7 @@ def flatten_av(a, v, what, tiled=False):
     (t_q, t_k), d_v = a.shape[-2:], v.shape[-1]
     grid, block = weighted_sum_grid(math.prod(lead), t_q, d_v)
     check_grid(what, grid, x="v's d_v in tiles of 16", y="a's T_q in tiles of 16", z="a's batch x heads")
-    check_simulator_budget(what, math.prod(grid) * math.prod(block),
-                           tiled_barrier_seconds(math.prod(lead), t_q, t_k, d_v) if tiled else 0.0)
+    check_simulator_budget(what, math.prod(grid) * math.prod(block), math.prod(lead) * t_q * t_k * d_v)
     return a.reshape(-1, t_q, t_k), v.reshape(-1, t_k, d_v), lead     # (BH, T, ...)
 
 
@@ -178,7 +170,7 @@ def weighted_sum(a, v, version=2, kernel=None, causal=False):
     check_version(version, KERNELS)
     require(isinstance(causal, (bool, np.bool_)), f"causal must be True or False, got {causal!r}")
     require(not (causal and version == 1), "causal=True needs version 2 (version 1 has no tile to skip)")
-    a3, v3, lead = flatten_av(a, v, "weighted_sum", tiled=version == 2)
+    a3, v3, lead = flatten_av(a, v, "weighted_sum")
     if causal:
         _require_causal(a3)
     (bh, t_q, _), d_v = a3.shape, v3.shape[2]
