@@ -140,7 +140,7 @@ def test_the_kernel_argument_is_launched_on_the_versions_grid(rng):
     assert flash.flash_grid(6, 33, 1) == ((math.ceil(33 / flash.ROWS_PER_BLOCK), 6), flash.ROWS_PER_BLOCK)
     assert flash.flash_grid(6, 33, 2) == ((math.ceil(33 / flash.BLOCK_Q), 6), (flash.BLOCK_Q, 1))
     assert flash.flash_grid(6, 33, 2, group=3) == ((math.ceil(33 / flash.BLOCK_Q), 2), (flash.BLOCK_Q, 3))
-    assert flash.flash_grid(6, 65, 3, group=3) == ((2, 6), 128)        # v3: a block per query head
+    assert flash.flash_grid(6, 65, 3, group=3) == ((4, 2), 128)        # v3: 3 x 65 rows of a kv head
     assert flash.flash_grid(6, 65, 3) == ((2, 6), 128)                  # 64 queries a block at d_k 64
     assert flash.flash_grid(6, 65, 3, d_k=128) == ((3, 6), 128)         # 32 at d_k 128
     assert np.array_equal(flash.flash_attention(q, k, v, version=3, kernel=flash.make_flash_v3(5)),

@@ -97,7 +97,7 @@ def test_v2_with_several_heads_a_block_has_no_race(group):
     assert_close_float32(args[7], per_head_reference(q, k, v, True))
 
 
-# --- K and V loaded once per group (v2), counted -------------------------------------------
+# --- K and V loaded once per group (v2) or per block of the group's rows (v3), counted -------------------------------------------
 
 def counted_loads(version, group, causal=True, t=19, d_k=5):
     """Loads of k and v counted by the sanitizer for 4 query heads sharing 4 / group K/V heads:
@@ -120,14 +120,34 @@ def test_v2_loads_each_kv_tile_once_for_the_whole_group(causal):
         assert k_loads.sum() == (4 // group) * want["k"] and v_loads.sum() == (4 // group) * want["v"]
 
 
-@pytest.mark.parametrize("version", [1, 3])
-def test_v1_and_v3_read_the_shared_head_once_per_query_head(version):
-    base_k, _ = counted_loads(version, 1)
-    k_loads, v_loads = counted_loads(version, 2)
+def test_v1_reads_the_shared_head_once_per_query_head():
+    base_k, _ = counted_loads(1, 1)
+    k_loads, v_loads = counted_loads(1, 2)
     # Two query heads read each K/V head: twice the loads per element, the same in all.
     assert np.array_equal(k_loads, 2 * base_k[:2]) and k_loads.sum() == base_k.sum()
-    want = flash.flash_traffic(19, 19, 5, causal=True, version=version, group=2)
+    want = flash.flash_traffic(19, 19, 5, causal=True, version=1, group=2)
     assert k_loads.sum() == 2 * want["k"] and v_loads.sum() == 2 * want["v"]
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_v3_packs_the_group_into_its_rows_and_shares_each_tile_it_loads(causal):
+    base_k, base_v = counted_loads(3, 1, causal)                         # 4 heads of T 19: a block each
+    # group 2: a kv head's 2 x 19 rows fit one block of 64, which loads each element once.
+    k_loads, v_loads = counted_loads(3, 2, causal)
+    assert np.array_equal(k_loads, base_k[:2]) and np.array_equal(v_loads, base_v[:2])
+    # group 4: 76 rows, two blocks, each loading its band: causal, the first (queries 0 .. 15 of
+    # every head) keys 0 .. 15 and the second (16 .. 18) all 19; without the mask both all 19.
+    k_loads, v_loads = counted_loads(3, 4, causal)
+    assert k_loads.sum() == 2 * base_k[0].sum() if not causal else base_k[0].sum() < k_loads.sum() < 2 * base_k[0].sum()
+    for group in (2, 4):
+        k_loads, v_loads = counted_loads(3, group, causal)
+        want = flash.flash_traffic(19, 19, 5, causal=causal, version=3, group=group)
+        assert k_loads.sum() == (4 // group) * want["k"] and v_loads.sum() == (4 // group) * want["v"]
+
+
+def test_v3_grid_runs_over_kv_heads_and_blocks_of_the_groups_rows():
+    assert flash.flash_grid(12, 19, 3, d_k=64, group=4) == ((2, 3), flash.THREADS_V3)   # 76 rows: 2 blocks
+    assert flash.flash_grid(12, 1, 3, d_k=64, group=12) == ((1, 1), flash.THREADS_V3)  # a decoding step
 
 
 # --- The unfused pipeline and the stage launchers -------------------------------------------

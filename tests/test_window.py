@@ -170,7 +170,7 @@ def test_a_numpy_int_window_is_accepted(rng):
     assert np.array_equal(flash.flash_attention(q, k, v, window=np.int64(3)), flash.flash_attention(q, k, v, window=3))
 
 
-def masks_every_score(s, q0, k0, rg, cg, t_q, t_k, causal, window):
+def masks_every_score(s, r0, k0, rg, cg, t_q, t_k, causal, window, group):
     """A stand-in for v3_mask that hides every score of the tiles it is called for."""
     for x in range(S_SIZE):          # S_SIZE, NEG_INF: flash's compile-time names, as build_flash_v3 binds them
         s[x] = NEG_INF

@@ -37,15 +37,14 @@ output stays unnormalised until a single division by l at the end.
   kernel's work and main-memory traffic, as formulas. ``attention_lib.traffic`` counts the same
   traffic with the sanitizer, and the pipeline's (tests/test_flash.py checks that they agree).
 - Grouped-query attention: k and v may have H_kv heads where q has H (a multiple); the kernels
-  take ``group`` = H / H_kv and read key/value head h // group for query head h. A v2 block
-  serves the same queries of up to V2_MAX_HEADS such heads, so it loads each K/V tile once for
-  all of them (K/V loads / group, counted in tests/test_gqa.py); v1 and v3 read the shared head
-  once per query head (the same K/V loads as without GQA; v3's 128 threads and registers are
-  spent on one head's 64 queries).
+  take ``group`` = H / H_kv; query head h reads key/value head h // group. v1 reads the shared
+  head once per query head. A v2 block serves the same queries of up to V2_MAX_HEADS such heads,
+  and a v3 block's 64 rows interleave the queries of the whole group (row r: query r // group
+  of head r % group), so both load each K/V tile once for the heads it serves (K/V loads about
+  / group, counted in tests/test_gqa.py).
 - Launcher ``flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=False,
   window=None)``:
-  version 3 on a GPU, 2 on the simulator (v3's 128-thread blocks simulated 2 to 13 times slower
-  than v2 at T 1 to 40, measured);
+  version 3 on a GPU, 2 on the simulator (which runs v2 about 3 times faster, measured);
   with return_lse also the natural log-sum-exp of each row, which the backward pass rebuilds P from.
 
 The scale 1/sqrt(d_k) is folded into Q as it is loaded: (q / sqrt(d_k)) . k = (q . k) / sqrt(d_k),
@@ -382,17 +381,18 @@ P_STRIDE = 40
 
 
 @cuda.jit(device=True)
-def v3_load_tile(tile, src, h, r0, n, scale):
-    """Copy rows r0 .. r0 + n - 1 of src[h] ((T, HEAD) float32), times scale, into the shared
-    tile ((rows, >= HEAD_PAD)); its other rows and columns HEAD .. HEAD_PAD - 1 become 0, so a
-    padded key scores 0 and a padded value adds 0 (stale memory could hold NaN: 0 * NaN = NaN).
-    Consecutive threads copy consecutive columns: coalesced reads."""
+def v3_load_tile(tile, src, h, r0, n, group, scale):
+    """Copy packed rows r0 .. r0 + n - 1 of `group` heads of src ((heads, T, HEAD) float32),
+    times scale, into the shared tile ((rows, >= HEAD_PAD)): packed row r is row r // group of
+    head h * group + r % group (group 1: row r of head h). Its other rows and columns HEAD ..
+    HEAD_PAD - 1 become 0, so a padded key scores 0 and a padded value adds 0 (stale memory could
+    hold NaN: 0 * NaN = NaN). Consecutive threads copy consecutive columns: coalesced reads."""
     for e in range(cuda.threadIdx.x, tile.shape[0] * HEAD_PAD, THREADS_V3):
         r = e // HEAD_PAD                    # a compile-time power of two for most heads
         c = e - r * HEAD_PAD
         x = np.float32(0.0)
         if r < n and c < HEAD:
-            x = src[h, r0 + r, c] * scale
+            x = src[h * group + (r0 + r) % group, (r0 + r) // group, c] * scale
         tile[r, c] = x
 
 
@@ -430,13 +430,15 @@ def v3_scores(s, q_tile, k_tile, rg, cg):
 
 
 @cuda.jit(device=True)
-def v3_mask(s, q0, k0, rg, cg, t_q, t_k, causal, window):
+def v3_mask(s, r0, k0, rg, cg, t_q, t_k, causal, window, group):
     """Set to -inf the scores of keys a row does not see: after it (causal), past T_k, or
-    before its sliding window. The kernel calls it only for a tile that holds such a key:
-    the tiles the diagonal or the window's edge crosses, and the last."""
+    before its sliding window; the block's packed row r0 + r is query (r0 + r) // group. The
+    kernel calls it only for a tile that holds such a key: the tiles the diagonal or the
+    window's edge crosses, and the last."""
     for a in range(MICRO_M):
-        first = first_key(q0 + rg + ROW_GROUPS * a, t_q, t_k, window)
-        seen = visible_keys(q0 + rg + ROW_GROUPS * a, t_q, t_k, causal)
+        i = (r0 + rg + ROW_GROUPS * a) // group
+        first = first_key(i, t_q, t_k, window)
+        seen = visible_keys(i, t_q, t_k, causal)
         for b in range(MICRO_N):
             if k0 + cg + COL_GROUPS * b >= seen or k0 + cg + COL_GROUPS * b < first:
                 s[a * MICRO_N + b] = NEG_INF
@@ -562,17 +564,17 @@ def v3_start(m, l, o):
 
 
 @cuda.jit(device=True)
-def v3_key_tile(k, v, smem, regs, h, q0, k0, n, masked, rg, cg, t_q, causal, window):
-    """Keys k0 .. k0 + n - 1 (n <= TILE_N): copy K and V, score S (masked if `masked`), row max, online
-    update, O += P V. smem: shared (q_tile, k_tile, v_tile, p_tile, red); regs: (s, m, l, o, tile_max)."""
+def v3_key_tile(k, v, smem, regs, h, r0, k0, n, masked, rg, cg, t_q, causal, window, group):
+    """Keys k0 .. k0 + n - 1 (n <= TILE_N) of key/value head h: copy K and V, score S (masked if `masked`),
+    row max, online update, O += P V. smem: shared (q_tile, k_tile, v_tile, p_tile, red); regs: (s, m, l, o, tile_max)."""
     q_tile, k_tile, v_tile, p_tile, red = smem
     s, m, l, o, tile_max = regs
-    v3_load_tile(k_tile, k, h, k0, n, np.float32(1.0))
-    v3_load_tile(v_tile, v, h, k0, n, np.float32(1.0))
+    v3_load_tile(k_tile, k, h, k0, n, 1, np.float32(1.0))
+    v3_load_tile(v_tile, v, h, k0, n, 1, np.float32(1.0))
     cuda.syncthreads()                   # wait: the K and V tiles (the first time, Q too) are complete
     v3_scores(s, q_tile, k_tile, rg, cg)
     if masked:
-        v3_mask(s, q0, k0, rg, cg, t_q, k.shape[1], causal, window)
+        v3_mask(s, r0, k0, rg, cg, t_q, k.shape[1], causal, window, group)
     v3_tile_max(tile_max, s)
     v3_row_reduce(tile_max, red, rg, cg, True)
     v3_online_update(s, m, l, o, tile_max)
@@ -583,47 +585,49 @@ def v3_key_tile(k, v, smem, regs, h, q0, k0, n, masked, rg, cg, t_q, causal, win
 
 
 @cuda.jit(device=True)
-def v3_write(out, lse, regs, h, q0, rg, cg, t_q):
-    """out[h, i] = o / l for this thread's rows and columns (l now the row's total), and the
-    row's natural log-sum-exp ln(2^m l) = m ln 2 + ln l, written by the row's first lane."""
+def v3_write(out, lse, regs, h, r0, rg, cg, t_q, group):
+    """out[query head, i] = o / l for this thread's rows and columns (l now the row's total;
+    packed row r is query i = r // group of head h * group + r % group), and the row's natural
+    log-sum-exp ln(2^m l) = m ln 2 + ln l, written by the row's first lane."""
     s, m, l, o, tile_max = regs
     for a in range(MICRO_M):
-        i = q0 + rg + ROW_GROUPS * a
-        if i < t_q:
+        r = r0 + rg + ROW_GROUPS * a
+        if r < t_q * group:
+            hq, i = h * group + r % group, r // group
             inv_l = np.float32(1.0) / l[a] if l[a] > 0 else np.float32(0.0)   # l 0: no key seen
             for e in range(MICRO_D):
                 if cg + COL_GROUPS * e < HEAD:
-                    out[h, i, cg + COL_GROUPS * e] = o[a * MICRO_D + e] * inv_l
+                    out[hq, i, cg + COL_GROUPS * e] = o[a * MICRO_D + e] * inv_l
             if cg == 0:
-                lse[h, i] = m[a] * LN2 + math.log(l[a]) if l[a] > 0 else NEG_INF
+                lse[hq, i] = m[a] * LN2 + math.log(l[a]) if l[a] > 0 else NEG_INF
 
 
 @cuda.jit(device=True)
 def v3_block(q, k, v, scale, causal, window, group, out, lse, smem, regs):
-    """The work of one block: its TILE_M queries of head blockIdx.y, against every key tile
-    that holds a key one of them sees (block_band), from key/value head blockIdx.y // group
-    (under grouped-query attention the blocks of the group's query heads each load the same
-    tiles). Block x takes the x-th block of queries from the end: in a causal launch the longest
-    blocks start first, the short ones fill in at the end."""
+    """The work of one block: TILE_M packed rows of key/value head h = blockIdx.y, row r being
+    query r // group of query head h * group + r % group (so the group's query heads share every
+    K/V tile the block loads), against every key tile that holds a key one of its queries sees
+    (block_band). Block x takes the x-th block of rows from the end: in a causal launch the
+    longest blocks start first, the short ones fill in at the end."""
     rg, cg = cuda.threadIdx.x // COL_GROUPS, cuda.threadIdx.x % COL_GROUPS
-    h, q0 = cuda.blockIdx.y, (cuda.gridDim.x - 1 - cuda.blockIdx.x) * TILE_M
+    h, r0 = cuda.blockIdx.y, (cuda.gridDim.x - 1 - cuda.blockIdx.x) * TILE_M
     t_q, t_k = q.shape[1], k.shape[1]
-    last = min(q0 + TILE_M, t_q) - 1                 # the block's last query
-    v3_load_tile(smem[0], q, h, q0, last + 1 - q0, scale)
+    last = min(r0 + TILE_M, t_q * group) - 1         # the block's last packed row
+    v3_load_tile(smem[0], q, h, r0, last + 1 - r0, group, scale)
     v3_start(regs[1], regs[2], regs[3])
-    start, block_keys, clear_from, clear_to = block_band(q0, last, t_q, t_k, causal, window, TILE_N)
+    start, block_keys, clear_from, clear_to = block_band(r0 // group, last // group, t_q, t_k, causal, window, TILE_N)
     for k0 in range(start, block_keys, TILE_N):      # masked: a tile an edge of the band crosses
-        v3_key_tile(k, v, smem, regs, h // group, q0, k0, min(TILE_N, block_keys - k0),
-                    k0 < clear_from or k0 + TILE_N > clear_to, rg, cg, t_q, causal, window)
+        v3_key_tile(k, v, smem, regs, h, r0, k0, min(TILE_N, block_keys - k0),
+                    k0 < clear_from or k0 + TILE_N > clear_to, rg, cg, t_q, causal, window, group)
     v3_row_reduce(regs[2], smem[4], rg, cg, False)   # l: the row's total, from the 8 partial sums
-    v3_write(out, lse, regs, h, q0, rg, cg, t_q)
+    v3_write(out, lse, regs, h, r0, rg, cg, t_q, group)
 
 
 @cuda.jit(**V3_JIT)
 def flash_attention_kernel_v3(q, k, v, scale, causal, window, group, out, lse):
     """FlashAttention-2's forward for heads of width HEAD: v1's arguments, but scale is
     log2(e) / sqrt(d_k) (the scores come out in base 2, for exp2). Grid
-    (ceil(T_q / TILE_M), BH), block THREADS_V3; every per-thread array below is registers."""
+    (ceil(T_q * group / TILE_M), BH_kv), block THREADS_V3; every per-thread array below is registers."""
     q_tile = cuda.shared.array((TILE_M, ROW_STRIDE), np.float32)    # Q, scaled
     k_tile = cuda.shared.array((TILE_N, ROW_STRIDE), np.float32)    # a tile of K
     v_tile = cuda.shared.array((TILE_N, HEAD_PAD), np.float32)      # and of V
@@ -720,20 +724,25 @@ def flash_traffic(t_q, t_k, d_k, d_v=None, causal=True, version=2, block_q=None,
     each). v1: every query reads each of its visible keys and values itself. v2 and v3: a block
     of block_q queries (default: the version's, BLOCK_Q or v3's TILE_M for d_k) reads the keys
     and values once, from the start of its first key tile (band_key_tiles, in tiles of BLOCK_K
-    or v3's TILE_N) to its last query's last visible key; v3 does so for each query head, v2
-    once for the v2_heads_per_block(group) heads of its block (all `group` up to V2_MAX_HEADS).
-    window: a sliding window or None.
+    or v3's TILE_N) to its last query's last visible key; v2 once for the v2_heads_per_block(group)
+    heads of its block (all `group` up to V2_MAX_HEADS), v3 once for the whole group, whose
+    queries a block's rows interleave (block_q // group queries of each head). window: a
+    sliding window or None.
     """
     d_v = d_k if d_v is None else d_v
     if block_q is None:
         block_q = v3_sizes(d_k)["TILE_M"] if version == 3 else BLOCK_Q
     if version == 1:
         keys = sum(visible_count(i, t_q, t_k, causal) - first_visible(i, t_q, t_k, window) for i in range(t_q))
+    elif version == 2:
+        keys = sum(visible_count(q0 + rows - 1, t_q, t_k, causal) - first * BLOCK_K
+                   for q0, rows, first, _ in band_key_tiles(t_q, t_k, causal, window, block_q, BLOCK_K))
     else:
-        block_k = v3_sizes(d_k)["TILE_N"] if version == 3 else BLOCK_K
-        keys = sum(visible_count(q0 + rows - 1, t_q, t_k, causal) - first * block_k
-                   for q0, rows, first, _ in band_key_tiles(t_q, t_k, causal, window, block_q, block_k))
-    reads = group // v2_heads_per_block(group) if version == 2 else group   # K/V reads per kv head
+        tile = v3_sizes(d_k)["TILE_N"]
+        keys = sum(visible_count((min(r0 + block_q, t_q * group) - 1) // group, t_q, t_k, causal)
+                   - first_visible(r0 // group, t_q, t_k, window) // tile * tile
+                   for r0 in range(0, t_q * group, block_q))
+    reads = {1: group, 2: group // v2_heads_per_block(group), 3: 1}[version]   # K/V reads per kv head
     return {"q": group * t_q * d_k, "k": reads * keys * d_k, "v": reads * keys * d_v,
             "out": group * t_q * d_v, "lse": group * t_q}
 
@@ -755,9 +764,10 @@ def flash_grid(bh, t_q, version, d_k=HEAD, group=1):
     """(grid, block) for bh query heads of t_q queries, `group` of them to a key/value head:
     x over blocks of queries, y over heads (version 3's block of queries depends on the head
     width d_k). Version 2's block is (BLOCK_Q, G) for G = v2_heads_per_block(group) heads, and
-    y runs over the bh / G groups of G heads."""
-    if version == 3:
-        return (ceil_div(t_q, v3_sizes(d_k)["TILE_M"]), bh), THREADS_V3
+    y runs over the bh / G groups of G heads. Version 3's y runs over the bh / group key/value
+    heads and x over blocks of TILE_M of the group's t_q * group (query, head) rows."""
+    if version == 3:                    # a block's rows: the group's heads' queries, interleaved
+        return (ceil_div(t_q * group, v3_sizes(d_k)["TILE_M"]), bh // group), THREADS_V3
     if version == 2:
         heads = v2_heads_per_block(group)
         return (ceil_div(t_q, BLOCK_Q), bh // heads), (BLOCK_Q, heads)
