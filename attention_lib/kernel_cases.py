@@ -78,7 +78,7 @@ def _scores(version):
 
 def _mask(name):
     from attention_lib.stages import mask
-    if name == "mask_kernel_v1":
+    if name == "mask_kernel":
         s = _rng().standard_normal((2, 19, 23))
         return lambda kern: mask.apply_causal_mask(s, kernel=kern)
     q, k = _rng().standard_normal((2, 2, 35, 7))       # T 35: skipped, diagonal and partial tiles
@@ -93,7 +93,7 @@ def _kv_cache(name):
     q = rng.standard_normal((4, 5))
     if name == "decode_kernel_v1":
         return lambda k: kv_cache.decode_step(q, cache, version=1, kernel=k)
-    if name == "decode_partial_kernel":
+    if name == "decode_kernel_v2":
         return lambda k: kv_cache.decode_step(q, cache, kernel=k)
     return lambda k: kv_cache.decode_step(q, cache, merge_kernel=k)
 
@@ -171,8 +171,8 @@ CASES = {
     "softmax.softmax_kernel_v2": _softmax(2),
     "scores.scores_kernel_v1": _scores(1),
     "scores.scores_kernel_v2": _scores(2),
-    "mask.mask_kernel_v1": _mask("mask_kernel_v1"),
-    "mask.mask_kernel_v2": _mask("mask_kernel_v2"),
+    "mask.mask_kernel": _mask("mask_kernel"),
+    "mask.causal_scores_kernel": _mask("causal_scores_kernel"),
     "weighted_sum.weighted_sum_kernel_v2": _weighted_sum(),
     "weighted_sum.weighted_sum_causal_kernel": _weighted_sum(causal=True),   # blocks stopping at keys 18 and 21
     "multihead.split_heads_kernel": _multihead("split_heads_kernel"),
@@ -181,7 +181,7 @@ CASES = {
     "flash.flash_attention_kernel_v2": _flash(2),
     "flash.flash_attention_kernel_v3": _flash(3),        # T 19 of 64 queries, one key tile of 32
     "kv_cache.decode_kernel_v1": _kv_cache("decode_kernel_v1"),
-    "kv_cache.decode_partial_kernel": _kv_cache("decode_partial_kernel"),
+    "kv_cache.decode_kernel_v2": _kv_cache("decode_kernel_v2"),
     "kv_cache.decode_merge_kernel": _kv_cache("decode_merge_kernel"),
     "backward.row_dot_kernel": _backward("row_dot_kernel"),
     "backward.transpose_kernel": _backward("transpose_kernel"),

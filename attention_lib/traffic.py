@@ -32,7 +32,7 @@ def pipeline_traffic(t_q, t_k, d_k, d_v=None, causal=True):
     """Global-memory accesses of one head in ``attention.attention``'s pipeline, as count_memory
     counts them: {stage: (loads, stores)} in elements (4 bytes each).
 
-    scores: the tiled scores kernel (mask_kernel_v2 when causal: tiles wholly above the diagonal
+    scores: the tiled scores kernel (causal_scores_kernel when causal: tiles wholly above the diagonal
     load nothing); a tile reads its rows of q and of k once; every score is written. softmax:
     every score read three times (max, sum, normalise; once for a row that sees no key), every
     weight written once. weighted_sum: the tiled product reads each weight once per tile of
@@ -68,7 +68,7 @@ def count_pipeline(q, k, v, causal=True):
     s = np.empty((bh, t_q, t_k), np.float32)
     a = np.empty((bh, t_q, t_k), np.float32)
     out = np.empty((bh, t_q, d_v), np.float32)
-    score_kernel = mask.mask_kernel_v2 if causal else scores.scores_kernel_v2
+    score_kernel = mask.causal_scores_kernel if causal else scores.scores_kernel_v2
     reports = {
         "scores": sanitizer.count_memory(score_kernel, *scores.score_grid(bh, t_q, t_k), q, k,
                                          scores.scale_factor(d_k), s),

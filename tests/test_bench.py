@@ -87,7 +87,7 @@ def test_counts_equal_the_formulas_at_awkward_sizes(tiny_results):
     # intensity = FLOPs / bytes: ideal for all three, counted rising from v1 to v3
     assert v1["intensity"] == v1["flops"] / v1["ideal_bytes"]
     assert v1["counted"]["intensity"] < v2["counted"]["intensity"] < v3["counted"]["intensity"]
-    assert by_name["attention pipeline"]["launches"][0]["kernel"] == "mask_kernel_v2"
+    assert by_name["attention pipeline"]["launches"][0]["kernel"] == "causal_scores_kernel"
     assert len(by_name["attention pipeline"]["launches"]) == 3
 
 

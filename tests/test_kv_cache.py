@@ -122,7 +122,7 @@ def test_bad_appends_name_the_argument(k_new, v_new, error, says):
 @pytest.mark.parametrize("args, error, says", [
     ((0, 4, 5), ValueError, "n_head must be a positive int, got 0"),
     ((2, 4.0, 5), TypeError, "capacity must be a positive int, got float 4.0"),
-    ((2, 4, 129), ValueError, "d_k must be at most MAX_D_K = 128, got 129"),
+    ((2, 4, 129), ValueError, "d_k must be at most MAX_D = 128, got 129"),
 ])
 def test_bad_cache_sizes_are_refused(args, error, says):
     with pytest.raises(error, match=says):
@@ -160,7 +160,7 @@ def test_the_two_versions_agree_and_the_kernel_arguments_are_launched_the_same_w
     q = rng.standard_normal((2, 6))
     v2 = kv_cache.decode_step(q, cache)
     assert np.allclose(kv_cache.decode_step(q, cache, version=1), v2, rtol=1e-5, atol=1e-6)
-    assert np.array_equal(kv_cache.decode_step(q, cache, kernel=kv_cache.decode_partial_kernel), v2)
+    assert np.array_equal(kv_cache.decode_step(q, cache, kernel=kv_cache.decode_kernel_v2), v2)
     assert np.array_equal(kv_cache.decode_step(q, cache, merge_kernel=kv_cache.decode_merge_kernel), v2)
 
 
@@ -215,7 +215,7 @@ def test_the_decode_kernels_have_no_race(rng):
     q, k, v, parts, out = launches(rng, n_head, length, d_k, length + 2)
     (grid, block), (merge_grid, merge_block) = kv_cache.decode_grid(n_head, d_k, length, 2)
     scale = np.float32(1 / math.sqrt(d_k))
-    assert sanitizer.find_races(kv_cache.decode_partial_kernel, grid, block, q, k, v, length, scale, *parts) == []
+    assert sanitizer.find_races(kv_cache.decode_kernel_v2, grid, block, q, k, v, length, scale, *parts) == []
     assert sanitizer.find_races(kv_cache.decode_merge_kernel, merge_grid, merge_block, *parts, out) == []
     assert np.allclose(out, reference.attention(q[:, None], k[:, :length], v[:, :length])[:, 0], rtol=1e-5, atol=1e-6)
     (grid, block), = kv_cache.decode_grid(n_head, d_k, length, 1)
@@ -229,7 +229,7 @@ def test_global_traffic_matches_the_formula(rng, length):
     scale = np.float32(1 / math.sqrt(d_k))
     (grid, block), (merge_grid, merge_block) = kv_cache.decode_grid(n_head, d_k, length, 2)
     reports = {
-        "decode_partial_kernel": sanitizer.count_memory(kv_cache.decode_partial_kernel, grid, block,
+        "decode_kernel_v2": sanitizer.count_memory(kv_cache.decode_kernel_v2, grid, block,
                                                         q, k, v, length, scale, *parts),
         "decode_merge_kernel": sanitizer.count_memory(kv_cache.decode_merge_kernel, merge_grid,
                                                       merge_block, *parts, out),
@@ -244,7 +244,7 @@ def test_global_traffic_matches_the_formula(rng, length):
                    for a in report.arrays.values() if a.space == "global" and a.loads.sum() + a.stores.sum()}
         assert counted == arrays, kernel
     for name in ("k_cache", "v_cache"):                 # each filled position once, no unfilled slot
-        for report in (reports["decode_partial_kernel"], reports["decode_kernel_v1"]):
+        for report in (reports["decode_kernel_v2"], reports["decode_kernel_v1"]):
             assert (report.loads(name)[:, :length] == 1).all() and (report.loads(name)[:, length:] == 0).all()
 
 

@@ -86,7 +86,7 @@ def counted_traffic(rng, n_kv_head, length, d_k=5):
     (grid, block), (merge_grid, merge_block) = kv_cache.decode_grid(N_HEAD, d_k, length, 2, n_kv_head)
     (grid_1, block_1), = kv_cache.decode_grid(N_HEAD, d_k, length, 1, n_kv_head)
     reports = {
-        "decode_partial_kernel": sanitizer.count_memory(kv_cache.decode_partial_kernel, grid, block,
+        "decode_kernel_v2": sanitizer.count_memory(kv_cache.decode_kernel_v2, grid, block,
                                                         q, k, v, length, scale, *parts),
         "decode_merge_kernel": sanitizer.count_memory(kv_cache.decode_merge_kernel, merge_grid, merge_block,
                                                       *parts, out),
@@ -107,16 +107,16 @@ def test_each_cached_number_is_loaded_once_whatever_the_group(rng, n_kv_head, le
     formula = {**kv_cache.decode_traffic(length, N_HEAD, 5, 2, n_kv_head),
                **kv_cache.decode_traffic(length, N_HEAD, 5, 1, n_kv_head)}
     assert counts == formula
-    for kernel in ("decode_partial_kernel", "decode_kernel_v1"):
+    for kernel in ("decode_kernel_v2", "decode_kernel_v1"):
         for name in ("k_cache", "v_cache"):
             loads = reports[kernel].loads(name)                       # (n_kv_head, capacity, d_k)
             assert (loads[:, :length] == 1).all() and (loads[:, length:] == 0).all(), (kernel, name)
 
 
 def test_sharing_kv_heads_divides_the_cache_loads_by_the_group():
-    full = kv_cache.decode_traffic(33, 4, 16, 2)["decode_partial_kernel"]
+    full = kv_cache.decode_traffic(33, 4, 16, 2)["decode_kernel_v2"]
     for n_kv_head in (4, 2, 1):
-        shared = kv_cache.decode_traffic(33, 4, 16, 2, n_kv_head)["decode_partial_kernel"]
+        shared = kv_cache.decode_traffic(33, 4, 16, 2, n_kv_head)["decode_kernel_v2"]
         assert shared["k_cache"][0] * (4 // n_kv_head) == full["k_cache"][0] == 4 * 33 * 16
         assert shared["q"] == full["q"] and shared["acc_part"] == full["acc_part"]   # per query head
 
@@ -126,7 +126,7 @@ def test_the_gqa_kernels_have_no_race(rng):
     q, k, v, parts, out = host_launch(rng, N_HEAD, n_kv_head, length, d_k, length + 1)
     scale = np.float32(1 / math.sqrt(d_k))
     (grid, block), (merge_grid, merge_block) = kv_cache.decode_grid(N_HEAD, d_k, length, 2, n_kv_head)
-    assert sanitizer.find_races(kv_cache.decode_partial_kernel, grid, block, q, k, v, length, scale, *parts) == []
+    assert sanitizer.find_races(kv_cache.decode_kernel_v2, grid, block, q, k, v, length, scale, *parts) == []
     assert sanitizer.find_races(kv_cache.decode_merge_kernel, merge_grid, merge_block, *parts, out) == []
     assert np.allclose(out, gqa_reference(q, k[:, :length], v[:, :length]), rtol=1e-5, atol=1e-6)
     (grid, block), = kv_cache.decode_grid(N_HEAD, d_k, length, 1, n_kv_head)

@@ -77,7 +77,7 @@ def test_tile_counts():
 
 
 def expected_loads(t, d_k, tile=scores.TILE):
-    """Loads of each row of q and of k by mask_kernel_v2 on a (t, t) head: one per computed tile."""
+    """Loads of each row of q and of k by causal_scores_kernel on a (t, t) head: one per computed tile."""
     blocks = -(-t // tile)
     computed = [[c * tile <= min((r + 1) * tile, t) - 1 for c in range(blocks)] for r in range(blocks)]
     rows = np.arange(t) // tile
@@ -91,7 +91,7 @@ def test_the_fused_kernel_skips_the_tiles_above_the_diagonal(rng):
     q = rng.standard_normal((1, t, d_k)).astype(np.float32)
     k = rng.standard_normal((1, t, d_k)).astype(np.float32)
     grid, block = scores.score_grid(1, t, t)
-    fused = sanitizer.count_memory(mask.mask_kernel_v2, grid, block, q, k, np.float32(1),
+    fused = sanitizer.count_memory(mask.causal_scores_kernel, grid, block, q, k, np.float32(1),
                                    np.zeros((1, t, t), np.float32))
     q_loads, k_loads = expected_loads(t, d_k)
     assert np.array_equal(fused.loads("q")[0], q_loads) and np.array_equal(fused.loads("k")[0], k_loads)
@@ -207,7 +207,7 @@ def only_head_zero(s, window):
 
 
 def test_the_library_kernel_passes_the_exercise(capsys):
-    result = check("03_causal_mask", mask.mask_kernel_v1)
+    result = check("03_causal_mask", mask.mask_kernel)
     assert result.passed and result.diagnosis == "ok"
     assert capsys.readouterr().out.startswith("✔ 03_causal_mask [ok]")
 

@@ -1,6 +1,6 @@
 """Notebook 03's exercises: the in-place causal mask, then the tile-skip test of a fused kernel.
 
-``03_causal_mask`` (warm-up): the answer has mask_kernel_v1's signature ``(s, window)`` and is launched on the library's
+``03_causal_mask`` (warm-up): the answer has mask_kernel's signature ``(s, window)`` and is launched on the library's
 grid over random finite scores, with window 0 (none) and, in the last cases, a sliding window. A wrong
 answer is compared with the usual wrong masks, by which entries
 it changed: ``mask_not_applied`` (none), ``mask_includes_diagonal`` (j >= i: a position may

@@ -5,7 +5,7 @@
 the formula of Vaswani et al. (2017), computed by the kernels of notebooks 02 to 05 in three
 launches:
 
-1. scores with the 1/sqrt(d_k) scale folded in: ``mask.mask_kernel_v2`` when causal (the mask
+1. scores with the 1/sqrt(d_k) scale folded in: ``mask.causal_scores_kernel`` when causal (the mask
    fused in, tiles above the diagonal skipped), ``scores.scores_kernel_v2`` when not;
 2. the row softmax: ``softmax.softmax_kernel_v2`` on a GPU, ``softmax_kernel_v1`` on the
    simulator (see SOFTMAX_VERSION);
@@ -74,7 +74,7 @@ def launch_scores(q, k, causal):
     (bh, t_q, d_k), t_k = q.shape, k.shape[1]
     s = cuda.device_array((bh, t_q, t_k), np.float32)            # scores, never copied back
     grid, block = scores.score_grid(bh, t_q, t_k)
-    score_kernel = mask.mask_kernel_v2 if causal else scores.scores_kernel_v2
+    score_kernel = mask.causal_scores_kernel if causal else scores.scores_kernel_v2
     score_kernel[grid, block](q, k, scores.scale_factor(d_k), s)
     return s
 

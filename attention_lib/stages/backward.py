@@ -489,7 +489,7 @@ def count_naive(q, k, v, d_out, causal=True):
     grid, scale = scores.score_grid(bh, t_q, t_k), scores.scale_factor(d_k)
     count, ws, ws_grid = sanitizer.count_memory, weighted_sum.weighted_sum_kernel_v2, weighted_sum.weighted_sum_grid
     return {
-        "S": count(mask.mask_kernel_v2 if causal else scores.scores_kernel_v2, *grid, q, k, scale, s),
+        "S": count(mask.causal_scores_kernel if causal else scores.scores_kernel_v2, *grid, q, k, scale, s),
         "P": count(softmax.softmax_kernel_v1, *softmax.softmax_grid(bh * t_q, 1),
                    s.reshape(bh * t_q, t_k), p.reshape(bh * t_q, t_k)),
         "O": count(ws, *ws_grid(bh, t_q, d_v), p, v, out),

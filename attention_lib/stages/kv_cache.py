@@ -25,7 +25,7 @@ position, the new one included.
   and uses them for every query head of the group.
 - ``decode_kernel_v1``: a block per kv head, one thread per query head of its group, walks all
   cached keys, tile by tile, with the online softmax.
-- ``decode_partial_kernel`` + ``decode_merge_kernel`` (version 2, flash-decoding / split-K):
+- ``decode_kernel_v2`` + ``decode_merge_kernel`` (version 2, flash-decoding / split-K):
   a block per (chunk of KEYS_PER_CHUNK positions, kv head) writes a partial (m, l, acc) for each
   query head of the group; a second small kernel merges the chunks of each query head.
 - Launcher ``decode_step(q, cache, version=2, kernel=None, merge_kernel=None)``.
@@ -60,14 +60,14 @@ from attention_lib.validation import as_float32, positive_int, require, require_
 # simple; production split-decoding picks the number of splits from batch x heads and the SM
 # count. On the simulator 8: ANDREA-sim's T = 32 is 4 chunks, of fewer threads to simulate.
 KEYS_PER_CHUNK = 8 if SIMULATOR_SHAPES else 32
-# Largest head width the kernels accept: q is staged in arrays of MAX_D_K float32, whose size
+# Largest head width the kernels accept: q is staged in arrays of MAX_D float32, whose size
 # must be known when compiling (the same limit as flash.MAX_D).
-MAX_D_K = 128
+MAX_D = 128
 # A tile of KEYS_PER_CHUNK cached keys (or values) in shared memory, one position per row. The
-# row is one float longer than MAX_D_K: when the threads of a warp read a column (thread t the
+# row is one float longer than MAX_D: when the threads of a warp read a column (thread t the
 # key of row t), 129-float rows put them in 32 different banks, 128-float rows all in one (from
 # the index arithmetic: bank = (t * row + e) mod 32).
-TILE_SHAPE = (KEYS_PER_CHUNK, MAX_D_K + 1)
+TILE_SHAPE = (KEYS_PER_CHUNK, MAX_D + 1)
 # CUDA's limit on the threads of a block: version 1's block is one kv head's group of query heads.
 MAX_THREADS_PER_BLOCK = 1024
 # The merge kernel: 16 output components x 4 heads per block, x along d_k.
@@ -175,7 +175,7 @@ class CacheBookkeeping:
         n_kv_head = n_head if n_kv_head is None else n_kv_head
         sizes = tuple(positive_int(name, value) for name, value in
                       (("n_head", n_head), ("capacity", capacity), ("d_k", d_k), ("n_kv_head", n_kv_head)))
-        require(sizes[2] <= MAX_D_K, f"d_k must be at most MAX_D_K = {MAX_D_K}, got {sizes[2]}")
+        require(sizes[2] <= MAX_D, f"d_k must be at most MAX_D = {MAX_D}, got {sizes[2]}")
         require(sizes[0] % sizes[3] == 0,
                 f"n_kv_head must divide n_head = {sizes[0]} (each kv head serves a whole group of "
                 f"query heads), got {sizes[3]}")
@@ -330,8 +330,8 @@ def decode_kernel_v1(q, k_cache, v_cache, length, scale, out):
     v_s = cuda.shared.array(TILE_SHAPE, np.float32)   # and its values
     g, tid, group = cuda.blockIdx.x, cuda.threadIdx.x, q.shape[0] // k_cache.shape[0]
     h, d_k = g * group + tid, q.shape[1]         # the thread's query head: h // group = g
-    q_row = cuda.local.array(MAX_D_K, np.float32)   # private to the thread
-    acc = cuda.local.array(MAX_D_K, np.float32)
+    q_row = cuda.local.array(MAX_D, np.float32)   # private to the thread
+    acc = cuda.local.array(MAX_D, np.float32)
     stage_query(q_row, acc, q, h, scale)
     m, l = np.float32(-math.inf), np.float32(0.0)   # float32 throughout, as on a GPU
     for start in range(0, length, KEYS_PER_CHUNK):   # only the filled positions
@@ -404,13 +404,13 @@ def chunk_stats(m_part, l_part, p_chunk, h, c, m, n_keys, tid):
 
 
 @cuda.jit
-def decode_partial_kernel(q, k_cache, v_cache, length, scale, m_part, l_part, acc_part):
+def decode_kernel_v2(q, k_cache, v_cache, length, scale, m_part, l_part, acc_part):
     """Split-K decoding, step 1: block (c, g) attends kv head g's query heads to chunk c, staged once.
 
     Writes m_part, l_part (n_head, n_chunks), acc_part (n_head, n_chunks, d_k); the rest as decode_kernel_v1."""
     k_s = cuda.shared.array(TILE_SHAPE, np.float32)       # the chunk's keys
     v_s = cuda.shared.array(TILE_SHAPE, np.float32)       # and values
-    q_s = cuda.shared.array(MAX_D_K, np.float32)          # q[h] * scale, read by every thread
+    q_s = cuda.shared.array(MAX_D, np.float32)          # q[h] * scale, read by every thread
     s_chunk = cuda.shared.array(KEYS_PER_CHUNK, np.float32)   # the chunk's scores
     p_chunk = cuda.shared.array(KEYS_PER_CHUNK, np.float32)   # exp(score - chunk max)
     c, g, tid, group = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x, q.shape[0] // k_cache.shape[0]
@@ -447,7 +447,7 @@ def decode_merge_kernel(m_part, l_part, acc_part, out):
 
 # --- Launchers -------------------------------------------------------------------------------
 
-KERNELS = {1: decode_kernel_v1, 2: decode_partial_kernel}
+KERNELS = {1: decode_kernel_v1, 2: decode_kernel_v2}
 
 
 def n_chunks(length):
@@ -636,7 +636,7 @@ def decode_traffic(length, n_head, d_k, version=2, n_kv_head=None):
                                      "v_cache": (filled, 0), "out": (0, n_head * d_k)}}
     chunks = n_chunks(length)
     return {
-        "decode_partial_kernel": {"q": (n_head * d_k * chunks, 0), "k_cache": (filled, 0),
+        "decode_kernel_v2": {"q": (n_head * d_k * chunks, 0), "k_cache": (filled, 0),
                                   "v_cache": (filled, 0), "m_part": (0, n_head * chunks),
                                   "l_part": (0, n_head * chunks),
                                   "acc_part": (0, n_head * chunks * d_k)},

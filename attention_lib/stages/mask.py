@@ -12,9 +12,9 @@ T_q), so each query costs at most W keys however long the context.
 
 - NumPy reference: ``attention_lib.reference.causal_mask`` and ``apply_causal_mask`` (both with
   ``window=``: the one definition of the window).
-- ``mask_kernel_v1``: masks a scores matrix in place, one thread per score, with or without a
+- ``mask_kernel``: masks a scores matrix in place, one thread per score, with or without a
   window.
-- ``tile_is_future`` + ``mask_kernel_v2``: the tiled scores kernel of ``scores.py`` with the
+- ``tile_is_future`` + ``causal_scores_kernel``: the tiled scores kernel of ``scores.py`` with the
   mask fused in. A tile of S wholly above the diagonal (``tile_is_future``, the same answer for
   every thread of a block) is written as -inf without loading q or k or computing a dot
   product: for T much larger than TILE, almost half of the work.
@@ -36,7 +36,7 @@ from attention_lib.validation import as_float32
 # --- Kernels -----------------------------------------------------------------------------
 
 @cuda.jit
-def mask_kernel_v1(s, window):
+def mask_kernel(s, window):
     """Causal mask in place: s[h, i, j] = -inf where j > i + (T_k - T_q), and with a sliding
     window (window >= 1; 0 for none) also where j <= i + (T_k - T_q) - window; one thread per score.
 
@@ -66,7 +66,7 @@ def tile_is_future(t_q, t_k):
 
 
 @cuda.jit
-def mask_kernel_v2(q, k, inv_sqrt_dk, s):
+def causal_scores_kernel(q, k, inv_sqrt_dk, s):
     """Causal scores in one pass: scores_kernel_v2 (same arguments, grid and block) with the mask fused in.
 
     A future tile writes -inf without reading q or k; a diagonal tile masks j > i + (T_k - T_q).
@@ -89,7 +89,7 @@ def mask_kernel_v2(q, k, inv_sqrt_dk, s):
 # --- Counting the work -------------------------------------------------------------------
 
 def causal_tile_counts(t_q, t_k=None, tile=TILE):
-    """Tiles of one head's (t_q, t_k) scores: (computed, skipped) by mask_kernel_v2.
+    """Tiles of one head's (t_q, t_k) scores: (computed, skipped) by causal_scores_kernel.
 
     A tile is skipped when its first key comes after its last query (the kernel's own test).
     """
@@ -113,7 +113,7 @@ def apply_causal_mask(s, window=None, kernel=None):
     s: (..., T_q, T_k) float (-inf allowed: already masked scores) -> (..., T_q, T_k) float32.
     window: a sliding window (an int >= 1: keys more than window - 1 positions behind the query
     are masked too, as reference.causal_mask), or None. kernel: any kernel with
-    mask_kernel_v1's signature (default mask_kernel_v1).
+    mask_kernel's signature (default mask_kernel).
     """
     window = reference.check_window(window)
     s = as_float32("s", s, "(..., T_q, T_k)", min_ndim=2, allow_neg_inf=True)
@@ -123,7 +123,7 @@ def apply_causal_mask(s, window=None, kernel=None):
     check_grid("apply_causal_mask", grid, x="s's T_k in tiles of 16", y="s's T_q in tiles of 16", z="s's batch x heads")
     check_simulator_budget("apply_causal_mask", math.prod(grid) * math.prod(block))
     d_s = cuda.to_device(s.reshape(bh, t_q, t_k))      # (BH, T_q, T_k): a copy, masked in place
-    (mask_kernel_v1 if kernel is None else kernel)[grid, block](d_s, np.int32(window or 0))
+    (mask_kernel if kernel is None else kernel)[grid, block](d_s, np.int32(window or 0))
     return d_s.copy_to_host().reshape(s.shape)
 
 
@@ -131,12 +131,12 @@ def causal_scores(q, k, scale=True, kernel=None):
     """Masked attention scores in one launch: q @ k^T (/ sqrt(d_k)), -inf where j > i + T_k - T_q.
 
     q: (..., T_q, d_k) float; k: (..., T_k, d_k) float, same leading axes -> (..., T_q, T_k)
-    float32. kernel: any kernel with mask_kernel_v2's signature (default mask_kernel_v2).
+    float32. kernel: any kernel with causal_scores_kernel's signature (default causal_scores_kernel).
     """
     q3, k3, lead = flatten_qk(q, k, "causal_scores")
     (bh, t_q, d_k), t_k = q3.shape, k3.shape[1]
     d_s = cuda.device_array((bh, t_q, t_k), np.float32)
     grid, block = score_grid(bh, t_q, t_k)
-    (mask_kernel_v2 if kernel is None else kernel)[grid, block](
+    (causal_scores_kernel if kernel is None else kernel)[grid, block](
         cuda.to_device(q3), cuda.to_device(k3), scale_factor(d_k, scale), d_s)
     return d_s.copy_to_host().reshape(*lead, t_q, t_k)                # (..., T_q, T_k)

@@ -67,7 +67,7 @@ def weighted_sum_causal_kernel(a, v, out):
     mask hides a key: a[h, i, j] = 0 for j > i + (T_k - T_q) (the queries are the last T_q
     positions). The block's last query sees keys 0 .. k_end - 1 at most, so the block multiplies
     the slices a[h, :, :k_end] and v[h, :k_end] only: the steps of TILE keys past k_end, whose
-    weights are all 0, are neither loaded nor multiplied (as mask_kernel_v2 skips its tiles).
+    weights are all 0, are neither loaded nor multiplied (as causal_scores_kernel skips its tiles).
     """
     col, row = cuda.grid(2)
     h = cuda.blockIdx.z
@@ -117,7 +117,7 @@ def causal_tile_counts(bh, t_q, t_k, d_v):
     weighted_sum_causal_kernel on (bh, t_q, t_k) weights and d_v columns of values.
 
     A block of query rows stops at its last visible key, so the tiles skipped in each row of
-    blocks are the tiles of S that mask_kernel_v2 skips: mask.causal_tile_counts, once per
+    blocks are the tiles of S that causal_scores_kernel skips: mask.causal_tile_counts, once per
     head and per block across d_v. For T_q = T_k = n TILE that is n (n - 1) / 2 of n^2.
     """
     computed, skipped = mask.causal_tile_counts(t_q, t_k, TILE)
