@@ -55,6 +55,7 @@ from numba import cuda
 
 from attention_lib import reference, sanitizer
 from attention_lib.stages import attention, flash, mask, scores, softmax, weighted_sum
+from attention_lib.stages.kv_cache import row_dot   # a row . a shared tile's row: decoding's key score
 from attention_lib.launch import ceil_div, check_simulator_budget
 from attention_lib.runtime import SIMULATOR_SHAPES
 from attention_lib.validation import as_float32, require, require_finite_result
@@ -253,15 +254,6 @@ def load_query_tiles(q, d_out, lse, d_rows, h, i0, q_tile, do_tile, stats):
     load_rows(d_out, h, i0, n, d_out.shape[2], do_tile, BLOCK_K)
     load_entries(lse, h, i0, n, stats, 0, BLOCK_K)
     load_entries(d_rows, h, i0, n, stats, 1, BLOCK_K)
-
-
-@cuda.jit(device=True)
-def row_dot(row, tile, r, width):
-    """row . tile[r]: a thread's own row (local memory) against row r of a shared tile."""
-    acc = np.float32(0.0)
-    for c in range(width):
-        acc += row[c] * tile[r, c]
-    return acc
 
 
 @cuda.jit(device=True)

@@ -282,12 +282,13 @@ def stage_query(q_row, acc, q, h, scale):
 
 
 @cuda.jit(device=True)
-def key_score(q_row, k_s, t, d_k):
-    """The scaled score of the staged key in row t of the tile: q_row . k_s[t, :], float32."""
-    s = np.float32(0.0)
-    for c in range(d_k):
-        s += q_row[c] * k_s[t, c]
-    return s
+def row_dot(row, tile, r, width):
+    """row . tile[r]: a thread's own row (local memory) against row r of a shared tile, float32;
+    here the scaled query against a staged key, its score (notebook 10's backward reuses it)."""
+    acc = np.float32(0.0)
+    for c in range(width):
+        acc += row[c] * tile[r, c]
+    return acc
 
 
 @cuda.jit(device=True)
@@ -317,7 +318,7 @@ def write_normalised(out, acc, h, l, d_k):
 def attend_tile(acc, q_row, k_s, v_s, n_keys, d_k, m, l):
     """Fold the tile's n_keys staged keys and values into the running (m, l, acc); returns (m, l)."""
     for t in range(n_keys):
-        m, l = online_step(acc, v_s, t, d_k, key_score(q_row, k_s, t, d_k), m, l)
+        m, l = online_step(acc, v_s, t, d_k, row_dot(q_row, k_s, t, d_k), m, l)
     return m, l
 
 
