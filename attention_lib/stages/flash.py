@@ -1,56 +1,31 @@
-"""Fused attention (notebook 07): softmax(mask(Q K^T / sqrt(d_k))) V in one kernel, FlashAttention-style.
+"""Fused attention (notebook 07): softmax(mask(Q K^T / sqrt(d_k))) V in one kernel, FlashAttention-style,
+the (T_q, T_k) scores and weights never stored (the notebook tells why and how). The file, in order:
 
-The stage-by-stage pipeline (scores, mask, softmax, weighted sum) writes the (T_q, T_k) scores
-and weights to main memory and reads them back between kernels: at ANDREA-120M that is
-1024 x 1024 float32 = 4 MiB per head, 48 MiB per layer of 12 heads, 384 MiB at batch 8. The
-fused kernel never stores them. A block owns a tile of queries of one head and walks the keys
-a tile at a time: it scores the tile, masks it, folds it into each query's running maximum m,
-running sum l and output accumulator acc (the online softmax: when the maximum grows from
-m_old to m_new, l and acc are multiplied by exp(m_old - m_new)), and divides by l at the end.
-Milakov & Gimelshein 2018 (online softmax); Dao et al. 2022, FlashAttention (arXiv 2205.14135);
-Dao 2023, FlashAttention-2 (arXiv 2307.08691), two of whose choices this kernel follows: a
-block owns queries and loops over the keys (the outer loop over queries is the grid), and the
-output stays unnormalised until a single division by l at the end.
+- NumPy: ``online_update`` and ``online_attention``, attention a block of keys at a time.
+- Key ranges on the device: ``visible_keys``, ``first_key`` (sliding window), ``block_band``.
+- ``flash_attention_kernel_v1``: a thread per query, key by key from global memory.
+- ``flash_attention_kernel_v2``: a block per BLOCK_Q queries of up to V2_MAX_HEADS query heads
+  that share a key/value head; Q, K, V tiles in shared memory; tiles outside the band skipped.
+- ``flash_attention_kernel_v3`` and its ``v3_*`` parts: FlashAttention-2's forward in FP32 SIMT,
+  128 threads, 64 rows, micro-tiles in registers, exp2, row reductions by warp shuffles (shared
+  memory on the simulator); under GQA its rows interleave the group's queries. ``v3_sizes``,
+  ``build_flash_v3`` and ``make_flash_v3(d_k)``: the kernel for a head width. ``FAST``: its
+  floors for the kernel report.
+- ``KERNELS``, ``DEFAULT_VERSION`` (3 on a GPU, 2 on the simulator, which runs it about 3 times
+  faster), ``flash_grid``, ``flash_scale``, ``check_flash_inputs``.
+- ``flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=False,
+  window=None)``: the public launcher (with return_lse, each row's natural log-sum-exp, which
+  the backward pass rebuilds P from).
+- On the host: ``visible_count``, ``first_visible``, ``block_key_tiles``, ``band_key_tiles``
+  (tile skipping, for every tiled kernel), ``flash_tile_counts`` and ``flash_traffic`` (work
+  and main-memory traffic as formulas; ``attention_lib.traffic`` counts them with the
+  sanitizer, tests/test_flash.py and tests/test_gqa.py hold the two equal).
 
-- NumPy: ``online_update`` (fold one block of keys into (m, l, acc)) and ``online_attention``
-  (attention computed block by block with it; the (T_q, T_k) matrix never exists). The plain
-  reference is ``attention_lib.reference.attention``; the online softmax alone is
-  ``attention_lib.stages.softmax.online_softmax`` (notebook 04).
-- ``flash_attention_kernel_v1``: one thread per query, everything from global memory, key by key.
-- ``flash_attention_kernel_v2``: a block of BLOCK_Q threads per tile of BLOCK_Q queries; Q, K
-  and V tiles staged in shared memory; causal key tiles wholly after the block's last query
-  are skipped.
-- ``flash_attention_kernel_v3``: FlashAttention-2's forward in FP32 SIMT: 128 threads own 64
-  queries; each thread's micro-tiles of S and O are registers (every local-array index a constant
-  after unrolling); exp2 with log2(e)/sqrt(d_k) folded into Q; a row-wide rescale; the row max by
-  warp shuffles (a shared-memory fallback on the simulator); diagonal tiles masked, future tiles
-  never loaded, the longest causal blocks first. Built from short ``v3_*`` device functions; the
-  head width is compile-time: ``make_flash_v3(d_k)`` (cached) or ``build_flash_v3`` rebuilds
-  them for another d_k. ``FAST`` declares its floors for the kernel report.
-- Sliding windows (``window``, with causal; Mistral-style): query i sees only the last `window`
-  positions up to its own (reference.causal_mask). ``first_key`` is where its keys start, as
-  ``visible_keys`` is where they end; ``block_band`` gives a block's key range: its key loop
-  starts at the tile holding its first visible key, so tiles wholly before the window are
-  never loaded, and v3 masks only the tiles an edge of the band crosses.
-- ``visible_count``, ``first_visible``, ``block_key_tiles`` and ``band_key_tiles``: the same key
-  counts and tile skipping on the host, for every tiled kernel; ``flash_tile_counts`` and ``flash_traffic``: the fused
-  kernel's work and main-memory traffic, as formulas. ``attention_lib.traffic`` counts the same
-  traffic with the sanitizer, and the pipeline's (tests/test_flash.py checks that they agree).
-- Grouped-query attention: k and v may have H_kv heads where q has H (a multiple); the kernels
-  take ``group`` = H / H_kv; query head h reads key/value head h // group. v1 reads the shared
-  head once per query head. A v2 block serves the same queries of up to V2_MAX_HEADS such heads,
-  and a v3 block's 64 rows interleave the queries of the whole group (row r: query r // group
-  of head r % group), so both load each K/V tile once for the heads it serves (K/V loads about
-  / group, counted in tests/test_gqa.py).
-- Launcher ``flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=False,
-  window=None)``:
-  version 3 on a GPU, 2 on the simulator (which runs v2 about 3 times faster, measured);
-  with return_lse also the natural log-sum-exp of each row, which the backward pass rebuilds P from.
-
-The scale 1/sqrt(d_k) is folded into Q as it is loaded: (q / sqrt(d_k)) . k = (q . k) / sqrt(d_k),
-and multiplying each of the d_k elements of a query once costs less than multiplying each of
-its T_k scores (64 against 1024 at ANDREA-120M). Heads ride on the grid's y axis: q
-(..., T_q, d_k) is flattened to (BH, T_q, d_k), and block y handles head h = blockIdx.y.
+Grouped-query attention: k and v may have H_kv heads where q has H (a multiple), ``group`` =
+H / H_kv, query head h reads key/value head h // group. A tile a v2 or v3 block stages serves
+every query head the block holds: v2 loads K/V group (up to 8) times less; v3's 64 rows hold
+64 / group positions of each head, which saves loads only where the group's rows take fewer
+blocks than the heads alone would (few queries), not at long contexts.
 """
 
 import functools
@@ -669,84 +644,6 @@ def make_flash_v3(d_k):
     return flash_attention_kernel_v3 if d_k == HEAD else build_flash_v3(d_k)
 
 
-# --- Counting the work and the traffic (host) -----------------------------------------------------
-
-def visible_count(i, t_q, t_k, causal):
-    """visible_keys on the host: how many keys query i sees (0 .. T_k)."""
-    return t_k if not causal else max(0, min(t_k, i + (t_k - t_q) + 1))
-
-
-def first_visible(i, t_q, t_k, window=None):
-    """first_key on the host: the first key query i sees (0 without a window, None)."""
-    return 0 if window is None else max(0, i + (t_k - t_q) - window + 1)
-
-
-def block_key_tiles(t_q, t_k, causal, block_q, block_k):
-    """The causal tile skipping of a tiled kernel, one head: [(q0, rows, tiles), ...], one entry
-    per block of block_q queries (q0 its first query, rows how many it has), where `tiles` is how
-    many key tiles of block_k it computes: those up to its last query's last visible key. The
-    other ceil(T_k / block_k) - tiles are skipped; none of their keys is visible to the block.
-    """
-    return [(q0, min(block_q, t_q - q0),
-             ceil_div(visible_count(min(q0 + block_q, t_q) - 1, t_q, t_k, causal), block_k))
-            for q0 in range(0, t_q, block_q)]
-
-
-def band_key_tiles(t_q, t_k, causal, window, block_q, block_k):
-    """block_key_tiles with a sliding window (None: none), as block_band skips tiles, one head:
-    [(q0, rows, first, tiles), ...], where the block of queries q0 .. q0 + rows - 1 loads the
-    key tiles first .. first + tiles - 1 of block_k: from the one holding its first query's first
-    visible key to the one holding its last query's last. No key of the others is visible to it.
-    """
-    return [(q0, rows, first_visible(q0, t_q, t_k, window) // block_k,
-             tiles - first_visible(q0, t_q, t_k, window) // block_k)
-            for q0, rows, tiles in block_key_tiles(t_q, t_k, causal, block_q, block_k)]
-
-
-def flash_tile_counts(t_q, t_k=None, causal=True, block_q=BLOCK_Q, block_k=BLOCK_K, window=None):
-    """Key tiles of one head that flash_attention_kernel_v2 loads and skips: (loaded, skipped).
-
-    Summed over the ceil(T_q / block_q) blocks of queries; each block loads the tiles from its
-    first query's first visible key (0 without a window) to its last query's last visible key
-    and skips the rest (band_key_tiles).
-    """
-    t_k = t_q if t_k is None else t_k
-    per_block = band_key_tiles(t_q, t_k, causal, window, block_q, block_k)
-    loaded = sum(tiles for _, _, _, tiles in per_block)
-    return loaded, len(per_block) * ceil_div(t_k, block_k) - loaded
-
-
-def flash_traffic(t_q, t_k, d_k, d_v=None, causal=True, version=2, block_q=None, window=None, group=1):
-    """Global-memory accesses of one key/value head and its `group` query heads (one head
-    without grouped-query attention) in the fused kernel, as count_memory counts them.
-
-    -> {"q": loads, "k": loads, "v": loads, "out": stores, "lse": stores}, in elements (4 bytes
-    each). v1: every query reads each of its visible keys and values itself. v2 and v3: a block
-    of block_q queries (default: the version's, BLOCK_Q or v3's TILE_M for d_k) reads the keys
-    and values once, from the start of its first key tile (band_key_tiles, in tiles of BLOCK_K
-    or v3's TILE_N) to its last query's last visible key; v2 once for the v2_heads_per_block(group)
-    heads of its block (all `group` up to V2_MAX_HEADS), v3 once for the whole group, whose
-    queries a block's rows interleave (block_q // group queries of each head). window: a
-    sliding window or None.
-    """
-    d_v = d_k if d_v is None else d_v
-    if block_q is None:
-        block_q = v3_sizes(d_k)["TILE_M"] if version == 3 else BLOCK_Q
-    if version == 1:
-        keys = sum(visible_count(i, t_q, t_k, causal) - first_visible(i, t_q, t_k, window) for i in range(t_q))
-    elif version == 2:
-        keys = sum(visible_count(q0 + rows - 1, t_q, t_k, causal) - first * BLOCK_K
-                   for q0, rows, first, _ in band_key_tiles(t_q, t_k, causal, window, block_q, BLOCK_K))
-    else:
-        tile = v3_sizes(d_k)["TILE_N"]
-        keys = sum(visible_count((min(r0 + block_q, t_q * group) - 1) // group, t_q, t_k, causal)
-                   - first_visible(r0 // group, t_q, t_k, window) // tile * tile
-                   for r0 in range(0, t_q * group, block_q))
-    reads = {1: group, 2: group // v2_heads_per_block(group), 3: 1}[version]   # K/V reads per kv head
-    return {"q": group * t_q * d_k, "k": reads * keys * d_k, "v": reads * keys * d_v,
-            "out": group * t_q * d_v, "lse": group * t_q}
-
-
 # --- Launcher --------------------------------------------------------------------------------
 
 KERNELS = {1: flash_attention_kernel_v1, 2: flash_attention_kernel_v2, 3: flash_attention_kernel_v3}
@@ -831,3 +728,81 @@ def flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=
     if checked:
         require_finite_result("flash_attention", out, "q, k or v")
     return (out, d_lse.copy_to_host().reshape(*lead, t_q)) if return_lse else out
+
+
+# --- Counting the work and the traffic (host) -----------------------------------------------------
+
+def visible_count(i, t_q, t_k, causal):
+    """visible_keys on the host: how many keys query i sees (0 .. T_k)."""
+    return t_k if not causal else max(0, min(t_k, i + (t_k - t_q) + 1))
+
+
+def first_visible(i, t_q, t_k, window=None):
+    """first_key on the host: the first key query i sees (0 without a window, None)."""
+    return 0 if window is None else max(0, i + (t_k - t_q) - window + 1)
+
+
+def block_key_tiles(t_q, t_k, causal, block_q, block_k):
+    """The causal tile skipping of a tiled kernel, one head: [(q0, rows, tiles), ...], one entry
+    per block of block_q queries (q0 its first query, rows how many it has), where `tiles` is how
+    many key tiles of block_k it computes: those up to its last query's last visible key. The
+    other ceil(T_k / block_k) - tiles are skipped; none of their keys is visible to the block.
+    """
+    return [(q0, min(block_q, t_q - q0),
+             ceil_div(visible_count(min(q0 + block_q, t_q) - 1, t_q, t_k, causal), block_k))
+            for q0 in range(0, t_q, block_q)]
+
+
+def band_key_tiles(t_q, t_k, causal, window, block_q, block_k):
+    """block_key_tiles with a sliding window (None: none), as block_band skips tiles, one head:
+    [(q0, rows, first, tiles), ...], where the block of queries q0 .. q0 + rows - 1 loads the
+    key tiles first .. first + tiles - 1 of block_k: from the one holding its first query's first
+    visible key to the one holding its last query's last. No key of the others is visible to it.
+    """
+    return [(q0, rows, first_visible(q0, t_q, t_k, window) // block_k,
+             tiles - first_visible(q0, t_q, t_k, window) // block_k)
+            for q0, rows, tiles in block_key_tiles(t_q, t_k, causal, block_q, block_k)]
+
+
+def flash_tile_counts(t_q, t_k=None, causal=True, block_q=BLOCK_Q, block_k=BLOCK_K, window=None):
+    """Key tiles of one head that flash_attention_kernel_v2 loads and skips: (loaded, skipped).
+
+    Summed over the ceil(T_q / block_q) blocks of queries; each block loads the tiles from its
+    first query's first visible key (0 without a window) to its last query's last visible key
+    and skips the rest (band_key_tiles).
+    """
+    t_k = t_q if t_k is None else t_k
+    per_block = band_key_tiles(t_q, t_k, causal, window, block_q, block_k)
+    loaded = sum(tiles for _, _, _, tiles in per_block)
+    return loaded, len(per_block) * ceil_div(t_k, block_k) - loaded
+
+
+def flash_traffic(t_q, t_k, d_k, d_v=None, causal=True, version=2, block_q=None, window=None, group=1):
+    """Global-memory accesses of one key/value head and its `group` query heads (one head
+    without grouped-query attention) in the fused kernel, as count_memory counts them.
+
+    -> {"q": loads, "k": loads, "v": loads, "out": stores, "lse": stores}, in elements (4 bytes
+    each). v1: every query reads each of its visible keys and values itself. v2 and v3: a block
+    of block_q queries (default: the version's, BLOCK_Q or v3's TILE_M for d_k) reads the keys
+    and values once, from the start of its first key tile (band_key_tiles, in tiles of BLOCK_K
+    or v3's TILE_N) to its last query's last visible key; v2 once for the v2_heads_per_block(group)
+    heads of its block (all `group` up to V2_MAX_HEADS), v3 once for the whole group, whose
+    queries a block's rows interleave (block_q // group queries of each head). window: a
+    sliding window or None.
+    """
+    d_v = d_k if d_v is None else d_v
+    if block_q is None:
+        block_q = v3_sizes(d_k)["TILE_M"] if version == 3 else BLOCK_Q
+    if version == 1:
+        keys = sum(visible_count(i, t_q, t_k, causal) - first_visible(i, t_q, t_k, window) for i in range(t_q))
+    elif version == 2:
+        keys = sum(visible_count(q0 + rows - 1, t_q, t_k, causal) - first * BLOCK_K
+                   for q0, rows, first, _ in band_key_tiles(t_q, t_k, causal, window, block_q, BLOCK_K))
+    else:
+        tile = v3_sizes(d_k)["TILE_N"]
+        keys = sum(visible_count((min(r0 + block_q, t_q * group) - 1) // group, t_q, t_k, causal)
+                   - first_visible(r0 // group, t_q, t_k, window) // tile * tile
+                   for r0 in range(0, t_q * group, block_q))
+    reads = {1: group, 2: group // v2_heads_per_block(group), 3: 1}[version]   # K/V reads per kv head
+    return {"q": group * t_q * d_k, "k": reads * keys * d_k, "v": reads * keys * d_v,
+            "out": group * t_q * d_v, "lse": group * t_q}

@@ -86,25 +86,6 @@ def causal_scores_kernel(q, k, inv_sqrt_dk, s):
             s[h, i, j] = acc * inv_sqrt_dk
 
 
-# --- Counting the work -------------------------------------------------------------------
-
-def causal_tile_counts(t_q, t_k=None, tile=TILE):
-    """Tiles of one head's (t_q, t_k) scores: (computed, skipped) by causal_scores_kernel.
-
-    A tile is skipped when its first key comes after its last query (the kernel's own test).
-    """
-    t_k = t_q if t_k is None else t_k
-    computed = skipped = 0
-    for row_block in range(ceil_div(t_q, tile)):
-        last_row = min((row_block + 1) * tile, t_q) - 1
-        for col_block in range(ceil_div(t_k, tile)):
-            if col_block * tile > last_row + (t_k - t_q):
-                skipped += 1
-            else:
-                computed += 1
-    return computed, skipped
-
-
 # --- Launchers ---------------------------------------------------------------------------
 
 def apply_causal_mask(s, window=None, kernel=None):
@@ -140,3 +121,22 @@ def causal_scores(q, k, scale=True, kernel=None):
     (causal_scores_kernel if kernel is None else kernel)[grid, block](
         cuda.to_device(q3), cuda.to_device(k3), scale_factor(d_k, scale), d_s)
     return d_s.copy_to_host().reshape(*lead, t_q, t_k)                # (..., T_q, T_k)
+
+
+# --- Counting the work -------------------------------------------------------------------
+
+def causal_tile_counts(t_q, t_k=None, tile=TILE):
+    """Tiles of one head's (t_q, t_k) scores: (computed, skipped) by causal_scores_kernel.
+
+    A tile is skipped when its first key comes after its last query (the kernel's own test).
+    """
+    t_k = t_q if t_k is None else t_k
+    computed = skipped = 0
+    for row_block in range(ceil_div(t_q, tile)):
+        last_row = min((row_block + 1) * tile, t_q) - 1
+        for col_block in range(ceil_div(t_k, tile)):
+            if col_block * tile > last_row + (t_k - t_q):
+                skipped += 1
+            else:
+                computed += 1
+    return computed, skipped
