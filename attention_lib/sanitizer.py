@@ -2,8 +2,9 @@
 catch out-of-bounds indices, and show which thread wrote what.
 
 Without a GPU a kernel cannot be timed, so the course reasons about performance by counting
-memory accesses; and the most common kernel bug, a missing ``cuda.syncthreads()``, usually
-passes on the simulator by luck. This module makes both visible. It launches a ``@cuda.jit``
+memory accesses; and the most common kernel bug, a missing ``cuda.syncthreads()``, gives a
+wrong answer only for some thread orders (on the simulator, one fixed order). This module makes
+both visible. It launches a ``@cuda.jit``
 kernel once on the simulator with every array argument replaced by a recording wrapper, and,
 for the length of that launch only, patches three simulator internals:
 
