@@ -1,51 +1,20 @@
-"""The backward pass of attention (notebook 10): the gradients of one head, and two ways to compute them.
+"""The backward pass of attention (notebook 10): dQ, dK, dV of each head, naive and fused. Notebook 10
+derives the gradients (dV = P^T dO, dP = dO V^T, dS = P o (dP - D) with D = rowsum(dO o O), dQ =
+dS K scale, dK = dS^T Q scale) and says why dQ takes a second pass rather than atomics. The file:
 
-Forward, per head (q: (T_q, d_k), k: (T_k, d_k), v: (T_k, d_v), scale = 1/sqrt(d_k)):
-
-    S = Q K^T * scale          (T_q, T_k)   scores; masked entries -inf when causal
-    P = softmax(S)             (T_q, T_k)   row by row
-    O = P V                    (T_q, d_v)
-
-Given dO = dL/dO (T_q, d_v), the chain rule backwards through each line:
-
-    dV = P^T dO                (T_k, d_v)
-    dP = dO V^T                (T_q, T_k)
-    dS = P o (dP - D)          (T_q, T_k)   D_i = rowsum(dO o O)_i = sum_j P_ij dP_ij
-    dQ = dS K * scale          (T_q, d_k)
-    dK = dS^T Q * scale        (T_k, d_k)
-
-The row sum D is the softmax's Jacobian: dP_i/dS_i = diag(P_i) - P_i P_i^T, so
-dS_ij = P_ij dP_ij - P_ij sum_l P_il dP_il. A masked entry has P_ij = 0, so dS_ij = 0: no
-gradient reaches a key that the query could not see.
-
-- NumPy: ``backward_loops`` (one head, loops that follow the derivation), ``backward``
-  (vectorised, any leading axes, float64), ``log_sum_exp`` (the forward's per-row statistic, which
-  ``flash_attention(..., return_lse=True)`` returns on the device),
-  ``numerical_gradient`` (central finite differences, for checking both).
-- Naive kernels, from the stage kernels: ``launch_naive_backward`` computes P with the forward's
-  own kernels and stores it, then dV, dP, dS, dQ, dK each with a launch. New kernels:
-  ``row_dot_kernel`` (D), ``transpose_kernel`` (P^T and dS^T for the tiled products) and
-  ``score_grad_kernel`` (dS, which notebook 10's exercise asks for).
-- Fused kernels, FlashAttention-2-style (Dao 2023, arXiv 2307.08691): nothing T_q x T_k is ever
-  stored. ``flash_backward_dkdv_kernel``: a block owns BLOCK_K keys and walks the queries tile by
-  tile, recomputing S and P from Q, K and the forward's log-sum-exp (P_ij = exp(S_ij - lse_i)),
-  accumulating dK and dV in per-thread local arrays (indexed at run time, so local memory: the
-  kernel report shows their stack frame). ``flash_backward_dq_kernel``: a second pass, a block per
-  BLOCK_Q queries walking the keys, accumulating dQ. Causal tiles that hold no visible pair are
-  skipped in both, as in the forward.
+- NumPy: ``backward_loops`` (one head, the derivation's loops), ``backward`` (vectorised, any
+  leading axes, float64), ``log_sum_exp``, ``numerical_gradient`` (central finite differences).
+- Naive kernels: ``row_dot_kernel`` (D), ``transpose_kernel``, ``score_grad_kernel`` (dS, the
+  exercise's); ``launch_naive_backward`` stores P from the forward's own kernels, then one
+  launch per gradient.
+- Fused kernels, FlashAttention-2-style, nothing T_q x T_k stored: ``flash_backward_dkdv_kernel``
+  (a block per BLOCK_K keys walks the query tiles, recomputing P from the forward's log-sum-exp)
+  and ``flash_backward_dq_kernel`` (the second pass, a block per BLOCK_Q queries); causal tiles
+  without a visible pair are skipped; ``launch_fused_backward``.
 - Costs: ``footprint``, ``backward_flops``, ``dq_strategies``; ``count_naive`` and
-  ``count_fused`` count the main-memory traffic with ``sanitizer.count_memory``.
+  ``count_fused`` (main-memory traffic with ``sanitizer.count_memory``).
 - Launchers: ``attention_backward(q, k, v, d_out, causal=True)`` (naive) and
   ``flash_attention_backward(q, k, v, out, lse, d_out, causal=True)`` (fused).
-
-Why a second pass for dQ rather than atomics: the key-block kernel produces, for every pair of a
-query tile and its key block, a partial dQ of the tile (BLOCK_Q x d_k) that has to be added into
-main memory shared with every other key block. Atomic adds would do that with one atomic per
-element and visited tile (``dq_strategies``), in an order that changes from run to run (float
-addition is not associative: the result is not reproducible bit for bit), and the simulator runs
-atomics one at a time. The second pass recomputes S, P and dP once more (``backward_flops``: 1.75
-times the FLOPs of a backward given P, against 1.25 with atomics, at d_k = d_v) and writes dQ
-once, deterministically.
 """
 
 import math

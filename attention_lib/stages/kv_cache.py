@@ -1,43 +1,26 @@
-"""KV-cache decoding (notebook 08): one new token at a time, attending to the cached keys and values.
+"""KV-cache decoding (notebook 08): one new token at a time, attending to the cached keys and values
+(the notebook tells why a cache, and what grouped-query attention saves). The file:
 
-A decoder generates text one token at a time. Without a cache, step t recomputes the keys and
-values of every earlier position, although they cannot change: the causal mask keeps each
-position blind to everything after it, so the K and V of position j are final as soon as j has
-been processed. The cache keeps them. A step then projects only the new token's x to q, k and
-v, appends k and v to the cache, and attends with the one query per head to every cached
-position, the new one included.
+- Grouped-query attention throughout: the cache holds n_kv_head heads of K and V; query head h
+  reads kv head h // (n_head // n_kv_head) (n_kv_head = n_head: plain, 1: multi-query).
+- Sizes: ``cache_bytes`` and ``bytes_per_token``.
+- NumPy: ``chunk_partials`` and ``merge_partials`` (one query, chunk by chunk, merged with
+  log-sum-exp); ``decode_layer_numpy``, the reference of a whole layer decoded token by token.
+- ``KVCache``: K and V of the kv heads of one layer of one sequence, preallocated on the device
+  as (n_kv_head, capacity, d_k) arrays; ``append`` fills them from the front.
+- Kernels, each staging a kv head's keys and values in shared memory once for every query head
+  of its group: ``decode_kernel_v1`` (a block per kv head, a thread per query head) and, version
+  2, ``decode_kernel_v2`` (split-K: a block per chunk of KEYS_PER_CHUNK positions and kv head,
+  partial (m, l, acc)) + ``decode_merge_kernel``; their device functions (``row_dot``, which the
+  backward reuses, ``online_step``, ...).
+- ``KERNELS``, ``decode_grid``; the launcher ``decode_step(q, cache, version=2, kernel=None,
+  merge_kernel=None)``.
+- A layer with a cache on the device: ``qkv_heads``, ``prefill``, ``decode_layer_step``,
+  ``generate_layer_outputs``.
+- Cost: ``decode_traffic`` (per array, as ``sanitizer.count_memory`` counts) and ``token_cost``.
 
-- Grouped-query attention (GQA): the cache holds n_kv_head heads of K and V, and the n_head
-  query heads share them in groups of n_head // n_kv_head: query head h reads kv head
-  h // (n_head // n_kv_head). n_kv_head = n_head is plain multi-head attention, n_kv_head = 1
-  multi-query attention (MQA).
-- Sizes: ``cache_bytes`` (2 * n_layer * n_kv_head * T * d_k values per sequence: a K and a V for
-  every position, kv head and layer) and ``bytes_per_token`` (what a decode step reads per
-  generated token: every layer's cache, plus the weights once per step of the batch).
-- NumPy: ``chunk_partials`` and ``merge_partials``: attention of one query computed chunk by
-  chunk of the cache, each chunk giving (m, l, acc) and the chunks merged with log-sum-exp
-  (notebook 07's online-softmax algebra); ``decode_layer_numpy``: a whole attention layer run
-  token by token with a NumPy cache, the reference of the decode path.
-- ``KVCache``: K and V of the kv heads of ONE attention layer of ONE sequence, preallocated on
-  the device as (n_kv_head, capacity, d_k) arrays; ``append`` fills them from the front.
-- Both decode kernels read each cached key and value from main memory once for all the query
-  heads that share it: a block serves one kv head, stages its keys and values in shared memory
-  and uses them for every query head of the group.
-- ``decode_kernel_v1``: a block per kv head, one thread per query head of its group, walks all
-  cached keys, tile by tile, with the online softmax.
-- ``decode_kernel_v2`` + ``decode_merge_kernel`` (version 2, flash-decoding / split-K):
-  a block per (chunk of KEYS_PER_CHUNK positions, kv head) writes a partial (m, l, acc) for each
-  query head of the group; a second small kernel merges the chunks of each query head.
-- Launcher ``decode_step(q, cache, version=2, kernel=None, merge_kernel=None)``.
-- A multi-head attention layer with a cache, on the device: ``qkv_heads`` (the fused Q/K/V
-  projection, cut into heads), ``prefill`` (the prompt in one causal pass, filling the cache),
-  ``decode_layer_step`` (one token) and ``generate_layer_outputs`` (both, for a whole sequence).
-- Cost: ``decode_traffic`` (the global loads and stores of one decode step, per array, as
-  ``sanitizer.count_memory`` counts them) and ``token_cost`` (FLOPs and bytes per generated
-  token of one layer, with and without the cache).
-
-The plain NumPy reference of one decode step is ``reference.attention`` with one query: with
-T_q = 1 < T_k its causal mask lets the query (the last position) see every key.
+One decode step's plain reference is ``reference.attention`` with one query (T_q = 1 < T_k: the
+causal mask lets the last position see every key).
 """
 
 import math

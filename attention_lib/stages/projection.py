@@ -1,49 +1,20 @@
-"""Q/K/V projection (notebook 01): three learned linear maps of the same input, as matmul kernels.
+"""Q/K/V projection (notebook 01): out = x @ w (+ b), x (rows, d_model), w (d_model, d_out), b (d_out,)
+or empty (0,) for none, as matmul kernels (notebooks 01 and 09 tell how each works). The file:
 
-Q = x @ W_Q (+ b_Q), K = x @ W_K (+ b_K), V = x @ W_V (+ b_V). All three are one operation,
-``out = x @ w (+ b)`` with x: (rows, d_model), w: (d_model, d_out), b: (d_out,), so the
-kernels below compute that, and the launchers flatten any leading batch axes into rows.
-The NumPy reference is ``attention_lib.reference.project``.
-
-- ``projection_kernel_v1``: one thread per output element; each thread reads a row of x and a
-  column of w straight from global memory (x is read d_out times, w T times, per element).
-- ``tile_matmul`` + ``projection_kernel_v2``: the same thread-to-output mapping, but each block
-  loads (TILE, TILE) tiles of x and w into shared memory once (``load_tile_pair``) and every
-  thread of the block reuses them (``dot_tile_pair``); x is read ceil(d_out / TILE) times, w
-  ceil(T / TILE) times, per element. The tile loop is a device function so that
-  ``weighted_sum.py`` (A @ V, notebook 05) runs the same loop on each head's
-  slices: one tiled matmul in the library, not two copies.
-- ``store_output`` + ``projection_kernel_v3`` (notebook 09): register tiling. Each thread of a
-  (TILE, TILE) block computes a 2 x 2 micro-tile of outputs (MICRO = 2), so a block covers
-  (WIDE_TILE, WIDE_TILE) = 32 x 32 outputs. Per step along d_model a thread reads 2 + 2 numbers
-  from shared memory for 4 multiply-adds (v2: 2 for 1), and each x and w element is read from
-  global memory half as often as in v2 (ceil(d_out / 32), ceil(T / 32)). Its grid is
-  ``projection_grid_v3``; ``project(..., version=3)`` picks it.
-- ``projection_kernel_v4``: a 128 x 128 tile of out per block of 256 threads, 8 x 8 outputs per
-  thread (64 sums in registers), in the structure of CUTLASS's SGEMM: x's (128, 8) tile stored
-  transposed so that a thread's four neighbouring rows are one 16-byte shared load, fragments
-  split 4 + 4 so that the loads of a quarter-warp touch every bank once, two shared buffers with
-  the next tiles waiting in registers (one barrier per step of 8), bias added in the epilogue.
-  Composed of device functions: ``load_tiles`` (global to registers), ``store_tiles`` (registers
-  to shared), ``load_fragment`` and ``multiply_tile`` (the hot loop), ``walk_d_model`` (the
-  double-buffered main loop), ``store_micro_tile`` (the epilogue). Its grid is
-  ``projection_grid_v4``. ``FAST`` declares the floors the kernel report checks for it (no stack
-  frame, FFMA >= 60 % of the hot loop). Each x and w element is read ceil(d_out / 128) and
-  ceil(T / 128) times.
-- Biases: ``b`` is always passed; an empty one, shape (0,), means "no bias". Numba kernels
-  cannot take ``None``, and a separate bias kernel would read and write the whole output again;
-  ``b.shape[0] > 0`` costs one comparison per thread and nothing is read when there is no bias.
-- Fused QKV: GPT-2's ``c_attn`` keeps W_Q, W_K, W_V side by side as one (d_model, 3 * d_model)
-  matrix; one matmul (one launch, three times the blocks) then gives [Q | K | V] along the last
-  axis. ``project_qkv`` does that and splits the result.
-- ``flops`` and ``global_reads``: the work and the global-memory reads of one launch, by
-  formula; the sanitizer (``attention_lib.sanitizer.count_memory``) measures the same reads.
-  Tiles and blocks are the same on both backends, so these and the grids at ANDREA-120M sizes
-  are the GPU's figures; only the version the layers use differs, and ``layer_version(gpu=True)``
-  gives the GPU's on either backend.
-- Launchers ``project`` and ``project_qkv`` validate, copy, pick the grid (``projection_grid``) and
-  return NumPy float32; ``launch_projection`` is the launch itself, on device arrays, which the
-  exercise check uses to run a student's kernel exactly as the library runs its own.
+- ``projection_kernel_v1``: one thread per output, x and w read from global memory.
+- ``load_tile_pair``, ``dot_tile_pair``, ``tile_matmul`` + ``projection_kernel_v2``: (TILE, TILE)
+  shared-memory tiles; ``tile_matmul`` is also weighted_sum's A @ V (one tiled matmul, not two).
+- ``store_output`` + ``projection_kernel_v3`` (notebook 09): 2 x 2 outputs per thread.
+- ``load_tiles``, ``store_tiles``, ``load_fragment``, ``multiply_tile``, ``walk_d_model``,
+  ``store_micro_tile`` + ``projection_kernel_v4``: CUTLASS-style 128 x 128 tiles, 8 x 8 outputs
+  per thread, double-buffered; ``FAST``: its floors for the kernel report.
+- ``KERNELS``, ``layer_version`` (the version multihead and kv_cache launch), the grids
+  ``projection_grid``, ``projection_grid_v3``, ``projection_grid_v4``, ``projection_grid_of``;
+  ``launch_projection`` and ``launch_version`` on device arrays.
+- Launchers ``project(x, w, b=None, version=2, kernel=None)`` and ``project_qkv`` (GPT-2's fused
+  c_attn: [W_Q | W_K | W_V] in one launch, split after).
+- ``flops`` and ``global_reads``: the work and global-memory reads of a launch by formula (the
+  sanitizer counts the same); tiles are the same on both backends, so these are the GPU's figures.
 """
 
 import math
