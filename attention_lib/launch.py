@@ -7,10 +7,10 @@ from attention_lib.runtime import ON_SIMULATOR
 
 # The simulator's time budget, one estimate for every launcher: its threads plus the
 # multiply-adds they run in Python. Measured on a 2-core machine with scripts/simulator_speed.py
-# (numba-cuda 0.30.4, threads as greenlets): 36,000 to 60,000 threads a second (a copy, an
-# empty body), 0.4 to 1.3 million multiply-adds a second in the kernels' inner loops, and about
-# 2 us per thread per barrier, too little to count. A launch estimated above SIMULATOR_MAX_SECONDS is
-# refused rather than left to run for an hour.
+# (numba-cuda 0.30.4, threads as greenlets): 34,000 to 61,000 threads a second (a copy, an
+# empty body), 0.4 to 1.3 million multiply-adds a second in the kernels' inner loops, and 2 to
+# 3 us per thread per barrier, too little to count. A launch estimated above
+# SIMULATOR_MAX_SECONDS is refused rather than left to run for an hour.
 SIMULATOR_THREADS_PER_SECOND = 40_000
 SIMULATOR_MADDS_PER_SECOND = 500_000
 SIMULATOR_MAX_SECONDS = 120

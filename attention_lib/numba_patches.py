@@ -178,7 +178,10 @@ def _set_element(self, index, value):
 def _shared_array(self, shape, dtype, alignment=None):
     """``FakeCUDAShared.array`` keyed, as numba-cuda's, by the declaring line, but read from the
     caller's frame instead of a whole ``traceback.extract_stack`` (which checks every source
-    file on the stack, at each declaration of each thread)."""
+    file on the stack, at each declaration of each thread), and stored with ``setdefault``,
+    atomic under the interpreter lock: numba-cuda's own threads, which can switch between the
+    lookup and the store, then also get one array per block (numba-cuda's code gave two threads
+    two arrays about once in 300 launches of the fused kernel at a 1 us switch interval)."""
     if shape == 0 or alignment is not None:      # dynamic shared memory, or numba-cuda's error
         return _numba_shared_array(self, shape, dtype, alignment)
     caller = sys._getframe(1)
@@ -189,7 +192,7 @@ def _shared_array(self, shape, dtype, alignment=None):
         from numba.cuda.np import numpy_support
         if isinstance(dtype, types.Type):
             dtype = numpy_support.as_dtype(dtype)
-        shared = self._allocations[site] = np.empty(shape, dtype)
+        shared = self._allocations.setdefault(site, np.empty(shape, dtype))
     return shared
 
 
@@ -233,10 +236,12 @@ def simulate_threads_as_greenlets():
     from numba.cuda.simulator.cudadrv.devicearray import FakeWithinKernelCUDAArray
     global _numba_shared_array, _numba_call
     _numba_shared_array, _numba_call = kernelapi.FakeCUDAShared.array, kernel.FakeCUDAKernel.__call__
+    # The first three need greenlets (numba_cuda_threads puts numba-cuda's back); the others
+    # are right under either scheduler.
     replacements = [(kernel.BlockManager, "run", run_block),
                     (kernel.FakeCUDAKernel, "__call__", _call),
-                    (kernelapi.FakeCUDAShared, "array", _shared_array),
                     (kernelapi, "threading", _ThreadingWithSimulatedThreads()),
+                    (kernelapi.FakeCUDAShared, "array", _shared_array),
                     (FakeWithinKernelCUDAArray, "__getitem__", _element),
                     (FakeWithinKernelCUDAArray, "__setitem__", _set_element)]
     for owner, name, replacement in replacements:
@@ -244,18 +249,23 @@ def simulate_threads_as_greenlets():
         setattr(owner, name, replacement)
 
 
-_originals = []   # (owner, attribute, numba-cuda's, ours)
+_originals = []   # (owner, attribute, numba-cuda's, ours); the first GREENLETS_ONLY need greenlets
+GREENLETS_ONLY = 3
 _numba_shared_array = _numba_call = None
 
 
 @contextmanager
-def numba_cuda_threads():
-    """numba-cuda's own simulator threads for the length of a `with` block (to compare the two:
-    scripts/simulator_speed.py, tests/test_numba_patches.py)."""
-    for owner, name, theirs, _ in _originals:
+def numba_cuda_threads(keep_shortcuts=False):
+    """numba-cuda's own simulator, as shipped, for the length of a `with` block (to compare the
+    two: scripts/simulator_speed.py, tests/test_numba_patches.py). keep_shortcuts: put back only
+    what needs greenlets, and keep the shortcuts that are right under both schedulers (the
+    shared-array lookup among them, whose atomic store makes numba-cuda's threads race-free).
+    Not for the sanitizer, which counts barriers on SimulatedThread."""
+    restored = _originals[:GREENLETS_ONLY] if keep_shortcuts else _originals
+    for owner, name, theirs, _ in restored:
         setattr(owner, name, theirs)
     try:
         yield
     finally:
-        for owner, name, _, ours in _originals:
+        for owner, name, _, ours in restored:
             setattr(owner, name, ours)

@@ -149,3 +149,21 @@ def test_internals_patched_elsewhere_still_exist():
     # What the sanitizer and kernel_cases read on the simulator's objects.
     assert "_ary" in devicearray.FakeCUDAArray.__init__.__code__.co_names, f"FakeCUDAArray._ary {UPGRADE}"
     assert "_device" in kernel.FakeCUDAKernel.__init__.__code__.co_names, f"FakeCUDAKernel._device {UPGRADE}"
+
+
+def test_greenlets_and_numbas_own_threads_give_the_same_results():
+    """The library's tiled kernels (barriers, shared memory, device functions in other modules)
+    under both schedulers: the same numbers, to the bit."""
+    if not runtime.ON_SIMULATOR:
+        pytest.skip("the simulated threads only exist on the simulator")
+    import attention_lib
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal((19, 21)).astype(np.float32), rng.standard_normal((21, 17)).astype(np.float32)
+    s = rng.standard_normal((5, 11)).astype(np.float32)
+    q, k, v = (rng.standard_normal((2, 9, 5)).astype(np.float32) for _ in range(3))
+    runs = [lambda: attention_lib.project(x, w, version=2), lambda: attention_lib.softmax(s, version=2),
+            lambda: attention_lib.flash_attention(q, k, v, version=2)]
+    ours = [run() for run in runs]
+    with numba_patches.numba_cuda_threads(keep_shortcuts=True):    # race-free shared arrays
+        theirs = [run() for run in runs]
+    assert all(np.array_equal(a, b) for a, b in zip(ours, theirs))
