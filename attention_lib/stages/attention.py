@@ -1,37 +1,19 @@
-"""Scaled dot-product attention (notebook 05), assembled from the stage kernels on the device.
+"""Scaled dot-product attention (notebook 05), softmax(mask(q k^T / sqrt(d_k))) v, assembled from the stage
+kernels in three launches, the scores and weights kept on the device between them. The file:
 
-    attention(q, k, v) = softmax(mask(q k^T / sqrt(d_k))) v
+- ``SOFTMAX_VERSION``: the pipeline's softmax kernel (2 on a GPU, 1 on the simulator).
+- On device arrays: ``share_kv_heads`` (grouped-query attention: each key/value head copied for
+  the query heads of its group, as the stage kernels read one head per grid layer; the pipeline
+  saves no reads by GQA, the fused kernel and the cache do), ``launch_scores`` (scores, or the
+  causal scores of ``mask.causal_scores_kernel``), ``launch_row_softmax``, ``launch_weights`` and
+  ``launch_attention`` (the weighted sum, ``weighted_sum_causal_kernel`` when causal).
+- Launchers ``attention(q, k, v, causal=True)`` and ``attention_weights(q, k, causal=True)``,
+  NumPy in and out; ``pipeline_madds``, the simulator budget's work.
 
-the formula of Vaswani et al. (2017), computed by the kernels of notebooks 02 to 05 in three
-launches:
-
-1. scores with the 1/sqrt(d_k) scale folded in: ``mask.causal_scores_kernel`` when causal (the mask
-   fused in, tiles above the diagonal skipped), ``scores.scores_kernel_v2`` when not;
-2. the row softmax: ``softmax.softmax_kernel_v2`` on a GPU, ``softmax_kernel_v1`` on the
-   simulator (see SOFTMAX_VERSION);
-3. the weighted sum: ``weighted_sum.weighted_sum_causal_kernel`` when causal (the zero tiles of
-   the weights above the diagonal skipped), ``weighted_sum.weighted_sum_kernel_v2`` when not.
-
-Only q, k and v are copied to the device and only the output comes back: the (BH, T_q, T_k)
-scores and weights stay in device memory between the launches (the stage launchers, NumPy in
-and out, would copy each of them to the host and back). They are still written to and read
-from the GPU's main memory, which notebook 07's fused kernel avoids.
-
-Layout, as PyTorch's ``scaled_dot_product_attention``: q (..., T_q, d_k), k (..., T_k, d_k),
-v (..., T_k, d_v), with the same leading batch and head axes (no broadcasting), or, for
-grouped-query attention, H query heads and H_kv key/value heads on axis -3, H a multiple of
-H_kv (query head h reads key/value head h // (H / H_kv), PyTorch's ``enable_gqa``). The stage
-kernels read one head per grid layer, so ``share_kv_heads`` copies each key/value head for the
-query heads of its group on the device before the launches (``launch_*`` take BH heads of each):
-this pipeline saves no reads by GQA; the fused kernel (notebook 07) and the cache (notebook 08) do. Causal with
-T_q != T_k follows ``reference.causal_mask``: the queries are the *last* T_q positions, as when
-decoding with a cache (PyTorch's ``is_causal=True`` aligns them with the first positions
-instead; the two agree when T_q == T_k). A query that may see no key (T_q > T_k, causal) gets
-an all-zero output row, never NaN.
-
-The NumPy reference is ``attention_lib.reference.attention``. Launchers: ``attention`` and
-``attention_weights`` (the softmax weights of the same pipeline), NumPy in and out;
-``launch_weights`` and ``launch_attention`` run the pipeline on device arrays.
+Layout as PyTorch's ``scaled_dot_product_attention``: q (..., T_q, d_k), k (..., T_k, d_k),
+v (..., T_k, d_v); under GQA H query heads and H_kv key/value heads on axis -3, query head h
+reading h // (H / H_kv) (``enable_gqa``). Causal with T_q != T_k: the queries are the last T_q
+positions (``reference.causal_mask``); a query that sees no key gets zeros, never NaN.
 """
 
 import math

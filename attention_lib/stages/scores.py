@@ -145,13 +145,13 @@ def check_score_launch(what, bh, t_q, t_k, d_k):
     check_simulator_budget(what, math.prod(grid) * math.prod(block), bh * t_q * t_k * d_k)
 
 
-def flatten_qk(q, k, what, tiled=False):
+def flatten_qk(q, k, what):
     """Validate q and k and flatten their leading axes; returns (q3, k3, leading shape).
 
     q: (..., T_q, d_k); k: (..., T_k, d_k), same leading axes and d_k -> q3 (BH, T_q, d_k),
     k3 (BH, T_k, d_k) float32. These kernels read one head of k per head of q: grouped-query
     shapes (fewer heads in k) are refused here; ``attention.attention`` takes them. `what`
-    names the caller in the simulator-budget message; `tiled`: the launch runs tile_dot.
+    names the caller in the simulator-budget message.
     """
     q3, k3, _, lead, group = attention_inputs(q, k)
     require(group == 1, f"k must have the leading axes of q {lead}; got shape {np.shape(k)}")

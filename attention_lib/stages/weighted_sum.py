@@ -1,34 +1,15 @@
-"""Weighted values (notebook 05): each output row is a mix of the value rows, out = A @ V.
+"""Weighted values (notebook 05): out = A @ V per head, A (BH, T_q, T_k), V (BH, T_k, d_v). A @ V is
+notebook 01's matrix product with A as x and V as w, so the kernels reuse projection.py's (one
+matmul in the library). The file:
 
-out[i] = sum_j A[i, j] * V[j]: row i of the attention weights says how much of each value row
-goes into output row i. For one head A is (T_q, T_k), V is (T_k, d_v) and out is (T_q, d_v):
-(1024, 1024) @ (1024, 64) -> (1024, 64) at ANDREA-120M. Leading axes (batch, heads) are
-flattened into one axis of length BH, and every head is independent.
-
-The NumPy reference is ``attention_lib.reference.weighted_sum``. The kernels are not new code:
-A @ V is a matrix product, the operation of notebook 01's projection with A in the role of x
-and V in the role of w (and no bias), so this module reuses ``projection.py`` instead of
-copying it. The matmul then lives in one place: a bug fixed or a tile size tuned there holds
-for both stages.
-
-- Version 1: ``projection.projection_kernel_v1`` (one thread per output element, reading a row
-  of A and a column of V from global memory), launched once per head on that head's 2-D slices
-  a[h] (T_q, T_k) and v[h] (T_k, d_v): BH launches (96 for ANDREA-120M's batch of 8 x 12 heads),
-  each a small grid that leaves most of a big GPU idle, each paying a launch's overhead.
-- Version 2: ``weighted_sum_kernel_v2``, one launch for all heads, the head on the grid's z axis;
-  each block runs ``projection.tile_matmul``, the shared-memory tile loop of
-  ``projection_kernel_v2``, on its head's slices. Launching projection_kernel_v2 per head would
-  have reused the same loop but kept the BH small launches.
-- ``weighted_sum_causal_kernel``: version 2 for causal weights (``causal=True``). The upper
-  triangle of causal A is 0; each block stops at its last query's last visible key, so the
-  tiles of A above the diagonal are never loaded (``causal_tile_counts``: almost half for
-  T much larger than TILE, as for the fused mask of notebook 03). ``attention.py`` uses it.
-- Cost: ``projection.flops(T_q, T_k, d_v)`` is the work per head (2 T_q T_k d_v) and
-  ``projection.global_reads(T_q, d_v, version)`` how often each element of A and of V is read.
-- The tile is the same on both backends: ``weighted_sum_grid`` and ``causal_tile_counts`` at
-  ANDREA-120M sizes are the GPU's figures on either.
-- Launchers: ``launch_weighted_sum`` on device arrays (``attention.py`` keeps its weights on the
-  device and calls it) and ``weighted_sum(a, v, version=2, kernel=None)``, NumPy in and out.
+- ``KERNELS``: version 1 is ``projection.projection_kernel_v1`` itself, launched once per head
+  (``launch_per_head``); version 2 is ``weighted_sum_kernel_v2``, all heads in one launch (z
+  axis), each block running ``projection.tile_matmul``.
+- ``weighted_sum_causal_kernel``: version 2 for causal weights, each block stopping at its last
+  query's last visible key (``causal_tile_counts``); the pipeline (attention.py) uses it.
+- ``weighted_sum_grid``, ``flatten_av`` (validation), ``launch_weighted_sum`` on device arrays,
+  and the launcher ``weighted_sum(a, v, version=2, kernel=None, causal=False)``.
+- Costs are projection's: ``projection.flops(T_q, T_k, d_v)`` and ``projection.global_reads``.
 """
 
 import math
@@ -125,12 +106,11 @@ def causal_tile_counts(bh, t_q, t_k, d_v):
     return computed * blocks_across, skipped * blocks_across
 
 
-def flatten_av(a, v, what, tiled=False):
+def flatten_av(a, v, what):
     """Validate a and v and flatten their leading axes; returns (a3, v3, leading shape).
 
     a: (..., T_q, T_k); v: (..., T_k, d_v), the same leading axes -> a3 (BH, T_q, T_k),
-    v3 (BH, T_k, d_v) float32. `what` names the caller in the simulator-budget message; `tiled`:
-    the launch runs tile_matmul, whose barriers the budget counts too.
+    v3 (BH, T_k, d_v) float32. `what` names the caller in the simulator-budget message.
     """
     a = as_float32("a", a, "(..., T_q, T_k)", min_ndim=2)
     v = as_float32("v", v, "(..., T_k, d_v)", min_ndim=2)
