@@ -4,9 +4,10 @@ kernels in three launches, the scores and weights kept on the device between the
 - ``SOFTMAX_VERSION``: the pipeline's softmax kernel (2 on a GPU, 1 on the simulator).
 - On device arrays: ``share_kv_heads`` (grouped-query attention: each key/value head copied for
   the query heads of its group, as the stage kernels read one head per grid layer; the pipeline
-  saves no reads by GQA, the fused kernel and the cache do), ``launch_scores`` (scores, or the
-  causal scores of ``mask.causal_scores_kernel``), ``launch_row_softmax``, ``launch_weights`` and
-  ``launch_attention`` (the weighted sum, ``weighted_sum_causal_kernel`` when causal).
+  saves no reads by GQA, the fused kernel and the cache do), ``launch_masked_scores`` (scores,
+  or the causal scores of ``mask.causal_scores_kernel``), ``launch_row_softmax``,
+  ``launch_weights`` and ``launch_attention`` (the weighted sum, ``weighted_sum_causal_kernel``
+  when causal), each through its stage's ``launch_*``.
 - Launchers ``attention(q, k, v, causal=True)`` and ``attention_weights(q, k, causal=True)``,
   NumPy in and out; ``pipeline_madds``, the simulator budget's work.
 
@@ -50,14 +51,13 @@ def share_kv_heads(kv, bh):
     return shared
 
 
-def launch_scores(q, k, causal):
+def launch_masked_scores(q, k, causal):
     """mask(q k^T / sqrt(d_k)) on device arrays: q (BH, T_q, d_k), k (BH, T_k, d_k) float32
     -> a new device array (BH, T_q, T_k) float32, -inf above the diagonal when causal."""
     (bh, t_q, d_k), t_k = q.shape, k.shape[1]
     s = cuda.device_array((bh, t_q, t_k), np.float32)            # scores, never copied back
-    grid, block = scores.score_grid(bh, t_q, t_k)
     score_kernel = mask.causal_scores_kernel if causal else scores.scores_kernel_v2
-    score_kernel[grid, block](q, k, scores.scale_factor(d_k), s)
+    scores.launch_scores(score_kernel, q, k, scores.scale_factor(d_k), s)
     return s
 
 
@@ -65,16 +65,16 @@ def launch_row_softmax(s):
     """The softmax of every row of the device array s (BH, T_q, T_k) float32 -> a new one, same shape."""
     bh, t_q, t_k = s.shape
     a = cuda.device_array((bh, t_q, t_k), np.float32)
-    grid, block = softmax.softmax_grid(bh * t_q, SOFTMAX_VERSION)
     # The softmax kernels see rows: (BH * T_q, T_k) views of the same memory, no copy.
-    softmax.KERNELS[SOFTMAX_VERSION][grid, block](s.reshape(bh * t_q, t_k), a.reshape(bh * t_q, t_k))
+    softmax.launch_softmax(softmax.KERNELS[SOFTMAX_VERSION], s.reshape(bh * t_q, t_k),
+                           a.reshape(bh * t_q, t_k), SOFTMAX_VERSION)
     return a
 
 
 def launch_weights(q, k, causal):
     """softmax(mask(q k^T / sqrt(d_k))) on device arrays: q (BH, T_q, d_k), k (BH, T_k, d_k)
     float32 -> a new device array (BH, T_q, T_k) float32. No checks: ``attention`` makes them."""
-    return launch_row_softmax(launch_scores(q, k, causal))
+    return launch_row_softmax(launch_masked_scores(q, k, causal))
 
 
 def launch_attention(q, k, v, causal):

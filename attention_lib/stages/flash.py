@@ -12,7 +12,8 @@ the (T_q, T_k) scores and weights never stored (the notebook tells why and how).
   ``build_flash_v3`` and ``make_flash_v3(d_k)``: the kernel for a head width. ``FAST``: its
   floors for the kernel report.
 - ``KERNELS``, ``DEFAULT_VERSION`` (3 on a GPU, 2 on the simulator, which runs it about 3 times
-  faster), ``flash_grid``, ``flash_scale``, ``check_flash_inputs``.
+  faster), ``flash_grid``, ``flash_scale``, ``check_flash_inputs``, ``launch_flash`` (one launch
+  on device arrays).
 - ``flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=False,
   window=None)``: the public launcher (with return_lse, each row's natural log-sum-exp, which
   the backward pass rebuilds P from).
@@ -692,6 +693,16 @@ def check_flash_inputs(q, k, v, version, causal, window=None):
     return q3, k3, v3, lead, group
 
 
+def launch_flash(kernel, version, q, k, v, causal, window, out, lse):
+    """One fused launch on device arrays: q (BH, T_q, d_k), k (BH_kv, T_k, d_k), v (BH_kv, T_k,
+    d_v) float32 -> out (BH, T_q, d_v) and lse (BH, T_q) float32, written; `kernel` with
+    `version`'s signature, launched on its grid with its scale (window: None or an int)."""
+    (bh, t_q, d_k), group = q.shape, q.shape[0] // k.shape[0]
+    grid, block = flash_grid(bh, t_q, version, d_k, group)
+    kernel[grid, block](q, k, v, flash_scale(version, d_k), bool(causal), np.int32(window or 0),
+                        np.int32(group), out, lse)
+
+
 def flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=False, window=None):
     """Attention softmax(mask(q k^T / sqrt(d_k))) v in one fused kernel, on the device.
 
@@ -721,9 +732,8 @@ def flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=
         kernel = make_flash_v3(d_k) if version == 3 else KERNELS[version]
     d_out = cuda.device_array((bh, t_q, d_v), np.float32)
     d_lse = cuda.device_array((bh, t_q), np.float32)
-    kernel[grid, block](cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),   # (BH, T_q, d_k), (BH_kv, T_k, d)
-                        flash_scale(version, d_k), bool(causal), np.int32(window or 0), np.int32(group),
-                        d_out, d_lse)
+    q_dev, k_dev, v_dev = (cuda.to_device(a) for a in (q, k, v))  # (BH, T_q, d_k), (BH_kv, T_k, d) x 2
+    launch_flash(kernel, version, q_dev, k_dev, v_dev, causal, window, d_out, d_lse)
     out = d_out.copy_to_host().reshape(*lead, t_q, d_v)    # (..., T_q, d_v)
     if checked:
         require_finite_result("flash_attention", out, "q, k or v")

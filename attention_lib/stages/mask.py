@@ -29,7 +29,7 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.launch import ceil_div, check_grid, check_simulator_budget
-from attention_lib.stages.scores import TILE, flatten_qk, scale_factor, score_grid, tile_dot
+from attention_lib.stages.scores import TILE, flatten_qk, launch_scores, scale_factor, score_grid, tile_dot
 from attention_lib.validation import as_float32
 
 
@@ -88,6 +88,13 @@ def causal_scores_kernel(q, k, inv_sqrt_dk, s):
 
 # --- Launchers ---------------------------------------------------------------------------
 
+def launch_mask(kernel, s, window=None):
+    """One in-place mask launch on the device array s (BH, T_q, T_k) float32; `kernel`: any with
+    mask_kernel's signature, launched on score_grid (one thread per score)."""
+    grid, block = score_grid(*s.shape)
+    kernel[grid, block](s, np.int32(window or 0))
+
+
 def apply_causal_mask(s, window=None, kernel=None):
     """Scores with every future key set to -inf, on the device; `s` itself is left unchanged.
 
@@ -104,7 +111,7 @@ def apply_causal_mask(s, window=None, kernel=None):
     check_grid("apply_causal_mask", grid, x="s's T_k in tiles of 16", y="s's T_q in tiles of 16", z="s's batch x heads")
     check_simulator_budget("apply_causal_mask", math.prod(grid) * math.prod(block))
     d_s = cuda.to_device(s.reshape(bh, t_q, t_k))      # (BH, T_q, T_k): a copy, masked in place
-    (mask_kernel if kernel is None else kernel)[grid, block](d_s, np.int32(window or 0))
+    launch_mask(mask_kernel if kernel is None else kernel, d_s, window)
     return d_s.copy_to_host().reshape(s.shape)
 
 
@@ -117,9 +124,8 @@ def causal_scores(q, k, scale=True, kernel=None):
     q3, k3, lead = flatten_qk(q, k, "causal_scores")
     (bh, t_q, d_k), t_k = q3.shape, k3.shape[1]
     d_s = cuda.device_array((bh, t_q, t_k), np.float32)
-    grid, block = score_grid(bh, t_q, t_k)
-    (causal_scores_kernel if kernel is None else kernel)[grid, block](
-        cuda.to_device(q3), cuda.to_device(k3), scale_factor(d_k, scale), d_s)
+    launch_scores(causal_scores_kernel if kernel is None else kernel,
+                  cuda.to_device(q3), cuda.to_device(k3), scale_factor(d_k, scale), d_s)
     return d_s.copy_to_host().reshape(*lead, t_q, t_k)                # (..., T_q, T_k)
 
 

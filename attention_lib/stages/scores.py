@@ -138,6 +138,14 @@ def score_grid(bh, t_q, t_k):
     return (ceil_div(t_k, TILE), ceil_div(t_q, TILE), bh), (TILE, TILE)
 
 
+def launch_scores(kernel, q, k, scale, s):
+    """One scores launch on device arrays: q (BH, T_q, d_k) and k (BH, T_k, d_k) float32, scale
+    the float32 factor -> s (BH, T_q, T_k) float32, written. `kernel`: any with scores_kernel_v1's
+    signature (mask.causal_scores_kernel too), launched on score_grid."""
+    grid, block = score_grid(*s.shape)
+    kernel[grid, block](q, k, scale, s)
+
+
 def check_score_launch(what, bh, t_q, t_k, d_k):
     """The grid and simulator-budget checks of a (bh, t_q, t_k) scores launch."""
     grid, block = score_grid(bh, t_q, t_k)
@@ -172,6 +180,5 @@ def scores(q, k, scale=True, version=2, kernel=None):
         kernel = KERNELS[version]
     (bh, t_q, d_k), t_k = q3.shape, k3.shape[1]
     d_s = cuda.device_array((bh, t_q, t_k), np.float32)
-    grid, block = score_grid(bh, t_q, t_k)
-    kernel[grid, block](cuda.to_device(q3), cuda.to_device(k3), scale_factor(d_k, scale), d_s)
+    launch_scores(kernel, cuda.to_device(q3), cuda.to_device(k3), scale_factor(d_k, scale), d_s)
     return d_s.copy_to_host().reshape(*lead, t_q, t_k)                # (..., T_q, T_k)

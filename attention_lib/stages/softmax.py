@@ -183,6 +183,13 @@ def softmax_grid(rows, version):
     return rows, THREADS_PER_ROW
 
 
+def launch_softmax(kernel, s, out, version):
+    """One softmax launch on device arrays: s and out (rows, T_k) float32, out written; `kernel`:
+    any with `version`'s signature and thread mapping, launched on softmax_grid."""
+    grid, block = softmax_grid(s.shape[0], version)
+    kernel[grid, block](s, out)
+
+
 def softmax(s, version=2, kernel=None):
     """Attention weights: the softmax of each row of s, on the device.
 
@@ -200,5 +207,5 @@ def softmax(s, version=2, kernel=None):
     check_simulator_budget("softmax", grid * block, 3 * rows * t_k)    # max, exp and sum, divide
     d_s = cuda.to_device(s.reshape(rows, t_k))                # (rows = ... x T_q, T_k)
     d_out = cuda.device_array((rows, t_k), np.float32)
-    (KERNELS[version] if kernel is None else kernel)[grid, block](d_s, d_out)
+    launch_softmax(KERNELS[version] if kernel is None else kernel, d_s, d_out, version)
     return d_out.copy_to_host().reshape(s.shape)              # (..., T_q, T_k)
