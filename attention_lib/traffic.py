@@ -41,10 +41,10 @@ def pipeline_traffic(t_q, t_k, d_k, d_v=None, causal=True):
     d_v = d_k if d_v is None else d_v
     tile, ws_tile = scores.TILE, weighted_sum.TILE
     q_loads = k_loads = 0
-    for _, rows, tiles in flash.block_key_tiles(t_q, t_k, causal, tile, tile):
+    for _, rows, tiles in mask.block_key_tiles(t_q, t_k, causal, tile, tile):
         q_loads += tiles * rows * d_k                       # the row block's q, once per tile
         k_loads += min(t_k, tiles * tile) * d_k             # whole key tiles, the last one short
-    seeing = sum(flash.visible_count(i, t_q, t_k, causal) > 0 for i in range(t_q))   # rows with a key
+    seeing = sum(mask.visible_count(i, t_q, t_k, causal) > 0 for i in range(t_q))   # rows with a key
     return {
         "scores": (q_loads + k_loads, t_q * t_k),
         "softmax": ((3 * seeing + (t_q - seeing)) * t_k, t_q * t_k),

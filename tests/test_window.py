@@ -4,7 +4,7 @@ the key tiles they load (counted = formula), and the errors for a bad window."""
 import numpy as np
 import pytest
 from attention_lib import reference, sanitizer, traffic
-from attention_lib.stages import flash
+from attention_lib.stages import flash, mask
 
 
 def qkv(rng, lead, t_q, t_k, d_k):
@@ -92,7 +92,7 @@ def test_band_tile_counts_equal_a_brute_force(t_q, t_k, window, block_q, block_k
                  for q0 in range(0, t_q, block_q) for k0 in range(0, t_k, block_k))
     total = -(-t_q // block_q) * -(-t_k // block_k)
     assert flash.flash_tile_counts(t_q, t_k, block_q=block_q, block_k=block_k, window=window) == (loaded, total - loaded)
-    for q0, rows, first, tiles in flash.band_key_tiles(t_q, t_k, True, window, block_q, block_k):
+    for q0, rows, first, tiles in mask.band_key_tiles(t_q, t_k, True, window, block_q, block_k):
         seen = visible[q0:q0 + rows].any(axis=0)                 # keys some query of the block sees
         hit = [seen[k0:k0 + block_k].any() for k0 in range(0, t_k, block_k)]
         assert hit == [first <= tile < first + tiles for tile in range(len(hit))]
@@ -136,8 +136,8 @@ def test_key_tiles_before_the_window_are_never_loaded(rng):
     t, b = 64, flash.BLOCK_Q
     q, k, v = qkv(rng, (1,), t, t, 5)
     report, _ = traffic.count_fused(q, k, v, True, 2, window=3)
-    blocks = flash.band_key_tiles(t, t, True, 3, b, flash.BLOCK_K)
-    want = [sum(first * flash.BLOCK_K <= j < flash.visible_count(q0 + rows - 1, t, t, True)
+    blocks = mask.band_key_tiles(t, t, True, 3, b, flash.BLOCK_K)
+    want = [sum(first * flash.BLOCK_K <= j < mask.visible_count(q0 + rows - 1, t, t, True)
                 for q0, rows, first, _ in blocks) for j in range(t)]
     assert np.array_equal(report.loads("k")[0], np.repeat(np.array(want)[:, None], 5, axis=1))
     causal, _ = traffic.count_fused(q, k, v, True, 2)

@@ -17,9 +17,9 @@ the (T_q, T_k) scores and weights never stored (the notebook tells why and how).
 - ``flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=False,
   window=None)``: the public launcher (with return_lse, each row's natural log-sum-exp, which
   the backward pass rebuilds P from).
-- On the host: ``visible_count``, ``first_visible``, ``block_key_tiles``, ``band_key_tiles``
-  (tile skipping, for every tiled kernel), ``flash_tile_counts`` and ``flash_traffic`` (work
-  and main-memory traffic as formulas; ``attention_lib.traffic`` counts them with the
+- On the host: ``flash_tile_counts`` and ``flash_traffic`` (work and main-memory traffic as
+  formulas, from mask's ``visible_count``, ``first_visible``, ``block_key_tiles`` and
+  ``band_key_tiles``; ``attention_lib.traffic`` counts them with the
   sanitizer, tests/test_flash.py and tests/test_gqa.py hold the two equal).
 
 Grouped-query attention: k and v may have H_kv heads where q has H (a multiple), ``group`` =
@@ -38,6 +38,8 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.launch import ceil_div, check_grid, check_simulator_budget, check_version
+# The host's key counts and tile skipping are notebook 03's (the mask), shared by every tiled kernel.
+from attention_lib.stages.mask import band_key_tiles, block_key_tiles, first_visible, visible_count  # noqa: F401
 from attention_lib.runtime import ON_SIMULATOR, SIMULATOR_SHAPES
 from attention_lib.validation import attention_inputs, require, require_finite_result
 
@@ -741,38 +743,6 @@ def flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=
 
 
 # --- Counting the work and the traffic (host) -----------------------------------------------------
-
-def visible_count(i, t_q, t_k, causal):
-    """visible_keys on the host: how many keys query i sees (0 .. T_k)."""
-    return t_k if not causal else max(0, min(t_k, i + (t_k - t_q) + 1))
-
-
-def first_visible(i, t_q, t_k, window=None):
-    """first_key on the host: the first key query i sees (0 without a window, None)."""
-    return 0 if window is None else max(0, i + (t_k - t_q) - window + 1)
-
-
-def block_key_tiles(t_q, t_k, causal, block_q, block_k):
-    """The causal tile skipping of a tiled kernel, one head: [(q0, rows, tiles), ...], one entry
-    per block of block_q queries (q0 its first query, rows how many it has), where `tiles` is how
-    many key tiles of block_k it computes: those up to its last query's last visible key. The
-    other ceil(T_k / block_k) - tiles are skipped; none of their keys is visible to the block.
-    """
-    return [(q0, min(block_q, t_q - q0),
-             ceil_div(visible_count(min(q0 + block_q, t_q) - 1, t_q, t_k, causal), block_k))
-            for q0 in range(0, t_q, block_q)]
-
-
-def band_key_tiles(t_q, t_k, causal, window, block_q, block_k):
-    """block_key_tiles with a sliding window (None: none), as block_band skips tiles, one head:
-    [(q0, rows, first, tiles), ...], where the block of queries q0 .. q0 + rows - 1 loads the
-    key tiles first .. first + tiles - 1 of block_k: from the one holding its first query's first
-    visible key to the one holding its last query's last. No key of the others is visible to it.
-    """
-    return [(q0, rows, first_visible(q0, t_q, t_k, window) // block_k,
-             tiles - first_visible(q0, t_q, t_k, window) // block_k)
-            for q0, rows, tiles in block_key_tiles(t_q, t_k, causal, block_q, block_k)]
-
 
 def flash_tile_counts(t_q, t_k=None, causal=True, block_q=BLOCK_Q, block_k=BLOCK_K, window=None):
     """Key tiles of one head that flash_attention_kernel_v2 loads and skips: (loaded, skipped).

@@ -18,7 +18,9 @@ T_q), so each query costs at most W keys however long the context.
   mask fused in. A tile of S wholly above the diagonal (``tile_is_future``, the same answer for
   every thread of a block) is written as -inf without loading q or k or computing a dot
   product: for T much larger than TILE, almost half of the work.
-- ``causal_tile_counts``: how many tiles the fused kernel computes and skips.
+- ``causal_tile_counts``: how many tiles the fused kernel computes and skips; ``visible_count``,
+  ``first_visible``, ``block_key_tiles``, ``band_key_tiles``: the same key counts and tile
+  skipping on the host for every tiled kernel (flash's too).
 - Launchers ``apply_causal_mask(s, window=None)`` and ``causal_scores(q, k, scale=True)``.
 """
 
@@ -134,15 +136,41 @@ def causal_scores(q, k, scale=True, kernel=None):
 def causal_tile_counts(t_q, t_k=None, tile=TILE):
     """Tiles of one head's (t_q, t_k) scores: (computed, skipped) by causal_scores_kernel.
 
-    A tile is skipped when its first key comes after its last query (the kernel's own test).
+    A tile is skipped when its first key comes after its last query (the kernel's own test):
+    per row of tiles, those past the last query's last visible key (block_key_tiles).
     """
     t_k = t_q if t_k is None else t_k
-    computed = skipped = 0
-    for row_block in range(ceil_div(t_q, tile)):
-        last_row = min((row_block + 1) * tile, t_q) - 1
-        for col_block in range(ceil_div(t_k, tile)):
-            if col_block * tile > last_row + (t_k - t_q):
-                skipped += 1
-            else:
-                computed += 1
-    return computed, skipped
+    computed = sum(tiles for _, _, tiles in block_key_tiles(t_q, t_k, True, tile, tile))
+    return computed, ceil_div(t_q, tile) * ceil_div(t_k, tile) - computed
+
+
+def visible_count(i, t_q, t_k, causal):
+    """visible_keys on the host: how many keys query i sees (0 .. T_k)."""
+    return t_k if not causal else max(0, min(t_k, i + (t_k - t_q) + 1))
+
+
+def first_visible(i, t_q, t_k, window=None):
+    """first_key on the host: the first key query i sees (0 without a window, None)."""
+    return 0 if window is None else max(0, i + (t_k - t_q) - window + 1)
+
+
+def block_key_tiles(t_q, t_k, causal, block_q, block_k):
+    """The causal tile skipping of a tiled kernel, one head: [(q0, rows, tiles), ...], one entry
+    per block of block_q queries (q0 its first query, rows how many it has), where `tiles` is how
+    many key tiles of block_k it computes: those up to its last query's last visible key. The
+    other ceil(T_k / block_k) - tiles are skipped; none of their keys is visible to the block.
+    """
+    return [(q0, min(block_q, t_q - q0),
+             ceil_div(visible_count(min(q0 + block_q, t_q) - 1, t_q, t_k, causal), block_k))
+            for q0 in range(0, t_q, block_q)]
+
+
+def band_key_tiles(t_q, t_k, causal, window, block_q, block_k):
+    """block_key_tiles with a sliding window (None: none), as block_band skips tiles, one head:
+    [(q0, rows, first, tiles), ...], where the block of queries q0 .. q0 + rows - 1 loads the
+    key tiles first .. first + tiles - 1 of block_k: from the one holding its first query's first
+    visible key to the one holding its last query's last. No key of the others is visible to it.
+    """
+    return [(q0, rows, first_visible(q0, t_q, t_k, window) // block_k,
+             tiles - first_visible(q0, t_q, t_k, window) // block_k)
+            for q0, rows, tiles in block_key_tiles(t_q, t_k, causal, block_q, block_k)]
