@@ -3,7 +3,6 @@
 
 - Grouped-query attention throughout: the cache holds n_kv_head heads of K and V; query head h
   reads kv head h // (n_head // n_kv_head) (n_kv_head = n_head: plain, 1: multi-query).
-- Sizes: ``cache_bytes`` and ``bytes_per_token``.
 - NumPy: ``chunk_partials`` and ``merge_partials`` (one query, chunk by chunk, merged with
   log-sum-exp); ``decode_layer_numpy``, the reference of a whole layer decoded token by token.
 - ``KVCache``: K and V of the kv heads of one layer of one sequence, preallocated on the device
@@ -17,7 +16,8 @@
   merge_kernel=None)``.
 - A layer with a cache on the device: ``qkv_heads``, ``prefill``, ``decode_layer_step``,
   ``generate_layer_outputs``.
-- Cost: ``decode_traffic`` (per array, as ``sanitizer.count_memory`` counts) and ``token_cost``.
+- Sizes and cost: ``cache_bytes``, ``bytes_per_token``, ``decode_traffic`` (per array, as
+  ``sanitizer.count_memory`` counts) and ``token_cost``.
 
 One decode step's plain reference is ``reference.attention`` with one query (T_q = 1 < T_k: the
 causal mask lets the last position see every key).
@@ -58,31 +58,6 @@ MERGE_BLOCK = (16, 4)
 # The projections of the layer helpers: the 128 x 128 kernel v4 on a GPU; the naive v1 on the
 # simulator (projection.layer_version says why).
 PROJECTION_VERSION = projection.layer_version()
-
-
-# --- Sizes ---------------------------------------------------------------------------------
-
-def cache_bytes(n_layer, n_head, T, d_k, bytes_per_value=4, batch=1, n_kv_head=None):
-    """Bytes of a KV cache: a key and a value of d_k numbers for every position, kv head and layer.
-
-    2 * n_layer * n_kv_head * T * d_k * bytes_per_value * batch; n_kv_head None means n_head
-    (one kv head per query head); bytes_per_value 4 for float32, 2 for float16. ANDREA-120M,
-    T 1024, float32: 2 * 12 * 12 * 1024 * 64 * 4 = 75,497,472 bytes per sequence.
-    """
-    n_kv_head = n_head if n_kv_head is None else n_kv_head   # the query heads do not count
-    return 2 * n_layer * n_kv_head * T * d_k * bytes_per_value * batch
-
-
-def bytes_per_token(n_layer, n_head, T, d_k, weight_bytes, batch=1, n_kv_head=None, bytes_per_value=4):
-    """Main-memory bytes one decode step reads per generated token, at context T.
-
-    A step of a batch of `batch` sequences reads the weights (weight_bytes, the whole model)
-    once for all its tokens, and each sequence's own cache of every layer for its token only:
-    -> cache_bytes(n_layer, n_head, T, d_k, bytes_per_value, n_kv_head=n_kv_head)
-    + weight_bytes / batch, a float. Activations (a few d_model per layer) are left out.
-    """
-    own_cache = cache_bytes(n_layer, n_head, T, d_k, bytes_per_value, n_kv_head=n_kv_head)
-    return own_cache + weight_bytes / batch
 
 
 # --- NumPy: one query against the cache, chunk by chunk --------------------------------------
@@ -601,6 +576,31 @@ def generate_layer_outputs(x, w_q, w_k, w_v, w_o, n_head, n_prompt=1, version=2,
     for t in range(n_prompt, T):
         outputs.append(decode_layer_step(x[t], *weights, cache, version)[None])   # (1, d_model)
     return np.concatenate(outputs)                                 # (T, d_model)
+
+
+# --- Sizes ---------------------------------------------------------------------------------
+
+def cache_bytes(n_layer, n_head, T, d_k, bytes_per_value=4, batch=1, n_kv_head=None):
+    """Bytes of a KV cache: a key and a value of d_k numbers for every position, kv head and layer.
+
+    2 * n_layer * n_kv_head * T * d_k * bytes_per_value * batch; n_kv_head None means n_head
+    (one kv head per query head); bytes_per_value 4 for float32, 2 for float16. ANDREA-120M,
+    T 1024, float32: 2 * 12 * 12 * 1024 * 64 * 4 = 75,497,472 bytes per sequence.
+    """
+    n_kv_head = n_head if n_kv_head is None else n_kv_head   # the query heads do not count
+    return 2 * n_layer * n_kv_head * T * d_k * bytes_per_value * batch
+
+
+def bytes_per_token(n_layer, n_head, T, d_k, weight_bytes, batch=1, n_kv_head=None, bytes_per_value=4):
+    """Main-memory bytes one decode step reads per generated token, at context T.
+
+    A step of a batch of `batch` sequences reads the weights (weight_bytes, the whole model)
+    once for all its tokens, and each sequence's own cache of every layer for its token only:
+    -> cache_bytes(n_layer, n_head, T, d_k, bytes_per_value, n_kv_head=n_kv_head)
+    + weight_bytes / batch, a float. Activations (a few d_model per layer) are left out.
+    """
+    own_cache = cache_bytes(n_layer, n_head, T, d_k, bytes_per_value, n_kv_head=n_kv_head)
+    return own_cache + weight_bytes / batch
 
 
 # --- Cost ------------------------------------------------------------------------------------

@@ -2,9 +2,9 @@
 notebook 01's matrix product with A as x and V as w, so the kernels reuse projection.py's (one
 matmul in the library). The file:
 
-- ``KERNELS``: version 1 is ``projection.projection_kernel_v1`` itself, launched once per head
-  (``launch_per_head``); version 2 is ``weighted_sum_kernel_v2``, all heads in one launch (z
-  axis), each block running ``projection.tile_matmul``.
+- ``KERNELS``: version 1, ``weighted_sum_kernel_v1``, is ``projection.projection_kernel_v1``
+  itself, launched once per head (``launch_per_head``); version 2, ``weighted_sum_kernel_v2``,
+  runs all heads in one launch (z axis), each block running ``projection.tile_matmul``.
 - ``weighted_sum_causal_kernel``: version 2 for causal weights, each block stopping at its last
   query's last visible key (``causal_tile_counts``); the pipeline (attention.py) uses it.
 - ``weighted_sum_grid``, ``flatten_av`` (validation), ``launch_weighted_sum`` on device arrays,
@@ -60,7 +60,9 @@ def weighted_sum_causal_kernel(a, v, out):
         out[h, row, col] = acc
 
 
-KERNELS = {1: projection_kernel_v1, 2: weighted_sum_kernel_v2}
+# Version 1 is notebook 01's kernel itself, A in the role of x and V in that of w, once per head.
+weighted_sum_kernel_v1 = projection_kernel_v1
+KERNELS = {1: weighted_sum_kernel_v1, 2: weighted_sum_kernel_v2}
 
 
 # --- Launchers ---------------------------------------------------------------------------
@@ -85,7 +87,7 @@ def launch_weighted_sum(a, v, out, version=2, kernel=None, causal=False):
     causal (version 2): a is 0 above the causal diagonal, and weighted_sum_causal_kernel skips
     those tiles. `kernel` replaces that version's library kernel and is launched the same way."""
     if version == 1:
-        launch_per_head(projection_kernel_v1 if kernel is None else kernel, a, v, out)
+        launch_per_head(weighted_sum_kernel_v1 if kernel is None else kernel, a, v, out)
     else:
         grid, block = weighted_sum_grid(*out.shape)
         if kernel is None:
