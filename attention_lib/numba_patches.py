@@ -236,21 +236,19 @@ def simulate_threads_as_greenlets():
     from numba.cuda.simulator.cudadrv.devicearray import FakeWithinKernelCUDAArray
     global _numba_shared_array, _numba_call
     _numba_shared_array, _numba_call = kernelapi.FakeCUDAShared.array, kernel.FakeCUDAKernel.__call__
-    # The first three need greenlets (numba_cuda_threads puts numba-cuda's back); the others
-    # are right under either scheduler.
-    replacements = [(kernel.BlockManager, "run", run_block),
-                    (kernel.FakeCUDAKernel, "__call__", _call),
-                    (kernelapi, "threading", _ThreadingWithSimulatedThreads()),
-                    (kernelapi.FakeCUDAShared, "array", _shared_array),
-                    (FakeWithinKernelCUDAArray, "__getitem__", _element),
-                    (FakeWithinKernelCUDAArray, "__setitem__", _set_element)]
-    for owner, name, replacement in replacements:
-        _originals.append((owner, name, getattr(owner, name), replacement))
+    # needs_greenlets: wrong under numba-cuda's own threads (numba_cuda_threads puts it back).
+    replacements = [(kernel.BlockManager, "run", run_block, True),
+                    (kernel.FakeCUDAKernel, "__call__", _call, True),
+                    (kernelapi, "threading", _ThreadingWithSimulatedThreads(), True),
+                    (kernelapi.FakeCUDAShared, "array", _shared_array, False),
+                    (FakeWithinKernelCUDAArray, "__getitem__", _element, False),
+                    (FakeWithinKernelCUDAArray, "__setitem__", _set_element, False)]
+    for owner, name, replacement, needs_greenlets in replacements:
+        _originals.append((owner, name, getattr(owner, name), replacement, needs_greenlets))
         setattr(owner, name, replacement)
 
 
-_originals = []   # (owner, attribute, numba-cuda's, ours); the first GREENLETS_ONLY need greenlets
-GREENLETS_ONLY = 3
+_originals = []   # (owner, attribute, numba-cuda's, ours, needs_greenlets)
 _numba_shared_array = _numba_call = None
 
 
@@ -261,11 +259,11 @@ def numba_cuda_threads(keep_shortcuts=False):
     what needs greenlets, and keep the shortcuts that are right under both schedulers (the
     shared-array lookup among them, whose atomic store makes numba-cuda's threads race-free).
     Not for the sanitizer, which counts barriers on SimulatedThread."""
-    restored = _originals[:GREENLETS_ONLY] if keep_shortcuts else _originals
-    for owner, name, theirs, _ in restored:
+    restored = [patch for patch in _originals if patch[4] or not keep_shortcuts]
+    for owner, name, theirs, _, _ in restored:
         setattr(owner, name, theirs)
     try:
         yield
     finally:
-        for owner, name, _, ours in restored:
+        for owner, name, _, ours, _ in restored:
             setattr(owner, name, ours)

@@ -4,9 +4,9 @@ catch out-of-bounds indices, and show which thread wrote what.
 Without a GPU a kernel cannot be timed, so the course reasons about performance by counting
 memory accesses; and the most common kernel bug, a missing ``cuda.syncthreads()``, gives a
 wrong answer only for some thread orders (on the simulator, one fixed order). This module makes
-both visible. It launches a ``@cuda.jit``
-kernel once on the simulator with every array argument replaced by a recording wrapper, and,
-for the length of that launch only, patches three simulator internals:
+both visible. It launches a ``@cuda.jit`` kernel once on the simulator with every array argument
+replaced by a recording wrapper, and, for the length of that launch only, patches three
+simulator internals:
 
 - ``FakeCUDAShared.array`` (``cuda.shared.array``) so shared arrays are recorded too;
 - ``SimulatedThread.syncthreads`` (attention_lib.numba_patches) so each thread counts the

@@ -29,7 +29,7 @@ def test_simulator_thread_patches_still_apply():
         _resolve(*numba_patches.PATCHED[name])
     from numba.cuda.simulator import kernel, kernelapi
     from numba.cuda.simulator.cudadrv import devicearray
-    theirs = {(owner, name): original for owner, name, original, _ in numba_patches._originals}
+    theirs = {(owner, name): original for owner, name, original, *_ in numba_patches._originals}
     call = theirs.get((kernel.FakeCUDAKernel, "__call__"), kernel.FakeCUDAKernel.__call__)
     # A launch still runs each block through BlockManager.run, with the fields run_block reads.
     assert {"BlockManager", "run", "swapped_cuda_module", "_kernel_context"} <= set(call.__code__.co_names), \
@@ -167,3 +167,30 @@ def test_greenlets_and_numbas_own_threads_give_the_same_results():
     with numba_patches.numba_cuda_threads(keep_shortcuts=True):    # race-free shared arrays
         theirs = [run() for run in runs]
     assert all(np.array_equal(a, b) for a, b in zip(ours, theirs))
+
+
+def test_numba_cudas_own_threads_get_one_shared_array_per_block_from_the_library_lookup(monkeypatch):
+    """Eight operating-system threads declare the same shared array at once while creating it is
+    slow: the library's lookup (kept under numba_cuda_threads(keep_shortcuts=True)) must hand
+    them all the same array; numba-cuda's unlocked get-then-store handed out one each."""
+    import threading
+    import time
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+    real_empty = np.empty
+
+    def slow_empty(*args, **kwargs):
+        time.sleep(0.01)                     # every thread reaches the lookup before any stores
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(np, "empty", slow_empty)
+    shared, got = FakeCUDAShared(0), []
+
+    def declare():
+        got.append(numba_patches._shared_array(shared, 4, np.float32))   # one declaring line
+
+    threads = [threading.Thread(target=declare) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 8 and len({id(a) for a in got}) == 1

@@ -24,9 +24,9 @@ from numba import cuda
 
 from attention_lib import reference, sanitizer
 from attention_lib.stages import attention, flash, mask, scores, softmax, weighted_sum
-from attention_lib.stages.kv_cache import row_dot   # a row . a shared tile's row: decoding's key score
 from attention_lib.launch import ceil_div, check_simulator_budget
 from attention_lib.runtime import SIMULATOR_SHAPES
+from attention_lib.stages.kv_cache import row_dot   # a row . a shared tile's row: decoding's key score
 from attention_lib.validation import as_float32, require, require_finite_result
 
 MAX_D = flash.MAX_D

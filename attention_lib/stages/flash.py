@@ -18,9 +18,9 @@ the (T_q, T_k) scores and weights never stored (the notebook tells why and how).
   window=None)``: the public launcher (with return_lse, each row's natural log-sum-exp, which
   the backward pass rebuilds P from).
 - On the host: ``flash_tile_counts`` and ``flash_traffic`` (work and main-memory traffic as
-  formulas, from mask's ``visible_count``, ``first_visible``, ``block_key_tiles`` and
-  ``band_key_tiles``; ``attention_lib.traffic`` counts them with the
-  sanitizer, tests/test_flash.py and tests/test_gqa.py hold the two equal).
+  formulas, from mask's ``visible_count``, ``first_visible`` and ``band_key_tiles``;
+  ``attention_lib.traffic`` counts them with the sanitizer, tests/test_flash.py and
+  tests/test_gqa.py hold the two equal).
 
 Grouped-query attention: k and v may have H_kv heads where q has H (a multiple), ``group`` =
 H / H_kv, query head h reads key/value head h // group. A tile a v2 or v3 block stages serves
@@ -38,9 +38,9 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.launch import ceil_div, check_grid, check_simulator_budget, check_version
-# The host's key counts and tile skipping are notebook 03's (the mask), shared by every tiled kernel.
-from attention_lib.stages.mask import band_key_tiles, block_key_tiles, first_visible, visible_count  # noqa: F401
 from attention_lib.runtime import ON_SIMULATOR, SIMULATOR_SHAPES
+# The host's key counts and tile skipping are notebook 03's (the mask), shared by every tiled kernel.
+from attention_lib.stages.mask import band_key_tiles, first_visible, visible_count
 from attention_lib.validation import attention_inputs, require, require_finite_result
 
 # Largest head width the kernels accept: each thread keeps its query row and its output

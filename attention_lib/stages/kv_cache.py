@@ -578,7 +578,7 @@ def generate_layer_outputs(x, w_q, w_k, w_v, w_o, n_head, n_prompt=1, version=2,
     return np.concatenate(outputs)                                 # (T, d_model)
 
 
-# --- Sizes ---------------------------------------------------------------------------------
+# --- Sizes and cost --------------------------------------------------------------------------
 
 def cache_bytes(n_layer, n_head, T, d_k, bytes_per_value=4, batch=1, n_kv_head=None):
     """Bytes of a KV cache: a key and a value of d_k numbers for every position, kv head and layer.
@@ -603,7 +603,6 @@ def bytes_per_token(n_layer, n_head, T, d_k, weight_bytes, batch=1, n_kv_head=No
     return own_cache + weight_bytes / batch
 
 
-# --- Cost ------------------------------------------------------------------------------------
 
 def decode_traffic(length, n_head, d_k, version=2, n_kv_head=None):
     """Global-memory loads and stores of one decode_step, per array, as count_memory counts them.
