@@ -116,6 +116,13 @@ def _flash(version):
     return lambda kern: flash.flash_attention(q, k, v, version=version, kernel=kern)
 
 
+def _flash_grouped():
+    from attention_lib.stages import flash
+    q = _rng().standard_normal((3, 23, flash.HEAD))     # 3 query heads on 1 kv head: 69 rows, 2 slices,
+    k, v = _rng().standard_normal((2, 1, 23, flash.HEAD))  # the second of 5 rows; one partial key tile
+    return lambda kern: flash.flash_attention(q, k, v, version=3, kernel=kern)
+
+
 def _weighted_sum(causal=False):
     from attention_lib import reference
     from attention_lib.stages import weighted_sum
@@ -180,6 +187,7 @@ CASES = {
     "flash.flash_attention_kernel_v1": _flash(1),
     "flash.flash_attention_kernel_v2": _flash(2),
     "flash.flash_attention_kernel_v3": _flash(3),        # T 19 of 64 queries, one key tile of 32
+    "flash.flash_attention_kernel_v3_grouped": _flash_grouped(),
     "kv_cache.decode_kernel_v1": _kv_cache("decode_kernel_v1"),
     "kv_cache.decode_kernel_v2": _kv_cache("decode_kernel_v2"),
     "kv_cache.decode_merge_kernel": _kv_cache("decode_merge_kernel"),

@@ -6,7 +6,8 @@ For each kernel of the library, with the argument types and block size its launc
 GPU shapes (``ATTENTION_LIB_SHAPES=gpu``, recorded by ``signatures``): PTX from Numba (in a
 process with the simulator off), ``ptxas -v`` for registers, stack frame (local memory), spills
 and static shared memory, ``nvdisasm`` for the SASS of the hot loop, and the resident warps per
-SM those figures allow on an H200. ptxas and nvdisasm come from NVIDIA's pip wheels (the
+SM those figures allow on an H200 (with the dynamic shared memory the launch asks for, which
+ptxas does not see). ptxas and nvdisasm come from NVIDIA's pip wheels (the
 ``compile`` extra), never from PATH, so the PTX meets the assembler of its own NVVM.
 
 - ``report(arch, names) -> {"arch", "kernels": {name: row}}``: every kernel, or those named (the
@@ -223,8 +224,9 @@ def _row(job, arch):
     with tempfile.TemporaryDirectory() as workdir:
         ptxas, sass = _assemble(ptx, arch, workdir, job["name"].replace(".", "_"))
     row = {"signature": [str(t) for t in signature], **parse_ptxas(ptxas),
-           "threads_per_block": job["threads_per_block"]}
-    row["warps_per_sm"] = warps_per_sm(row["registers"], row["shared_bytes"], row["threads_per_block"])
+           "dynamic_shared_bytes": job.get("dynamic_shared_bytes", 0), "threads_per_block": job["threads_per_block"]}
+    row["warps_per_sm"] = warps_per_sm(row["registers"], row["shared_bytes"] + row["dynamic_shared_bytes"],
+                                       row["threads_per_block"])
     row["hot_loop"] = hot_loop(sass)
     return row
 
@@ -299,7 +301,8 @@ def report(arch=DEFAULT_ARCH, names=None, processes=None, cache=True):
         if missing:
             jobs = [{"name": name, "module": f"attention_lib.stages.{name.split('.')[0]}",
                      "kernel": name.split(".")[1], "args": launch["args"],
-                     "threads_per_block": launch["threads_per_block"]}
+                     "threads_per_block": launch["threads_per_block"],
+                     "dynamic_shared_bytes": launch["dynamic_shared_bytes"]}
                     for name, launch in _library_launches(missing).items()]
             rows.update(store.save(_compile(jobs, arch, processes)))
     return {"arch": arch, "kernels": dict(sorted(rows.items()))}
@@ -382,7 +385,8 @@ def report_kernel(kernel, arg_types, threads_per_block, arch=DEFAULT_ARCH):
 # ---- the table and the floors ----
 
 COLUMNS = [("registers", "regs"), ("stack_bytes", "stack B"), ("spill_bytes", "spill B"),
-           ("shared_bytes", "smem B"), ("threads_per_block", "threads"), ("warps_per_sm", "warps/SM")]
+           ("shared_bytes", "smem B"), ("dynamic_shared_bytes", "dyn smem B"), ("threads_per_block", "threads"),
+           ("warps_per_sm", "warps/SM")]
 LOOP_COLUMNS = [("ffma", "FFMA"), ("lds", "LDS"), ("local", "LDL+STL"), ("ldg", "LDG"), ("total", "instr")]
 
 

@@ -204,6 +204,9 @@ class _View:
         for i in range(len(self._ary)):
             yield self[i]
 
+    def reshape(self, *shape):  # a view of the same elements (dynamic_shared.shared_rows)
+        return _View(self._ary.reshape(*shape), self._ids.reshape(*shape), self._target)
+
     def __getattr__(self, name):  # size, ndim, dtype, strides...
         return getattr(self._ary, name)
 
@@ -228,7 +231,8 @@ def _simulated(kernel):
     own during the launch, so the same code runs on the CPU, instrumented, beside the GPU. The
     device functions it calls (``@cuda.jit(device=True)``, found in the globals of the kernel
     and, in turn, of each device function) are swapped for simulator versions for as long as
-    the launch lasts.
+    the launch lasts, and so are intrinsics that carry a ``simulator_version``
+    (``dynamic_shared.shared_rows``).
     """
     if runtime.ON_SIMULATOR:
         yield kernel
@@ -236,11 +240,14 @@ def _simulated(kernel):
     from numba.cuda.simulator.kernel import FakeCUDAKernel
     numba_patches.simulate_threads_as_greenlets()
 
-    swapped = []  # (globals dict, name, compiled device function)
+    swapped = []  # (globals dict, name, compiled device function or intrinsic)
 
     def swap_device_functions(fn):
         for name, value in list(fn.__globals__.items()):
-            if getattr(value, "targetoptions", {}).get("device") and hasattr(value, "py_func"):
+            if hasattr(value, "simulator_version"):   # an intrinsic: its NumPy twin
+                swapped.append((fn.__globals__, name, value))
+                fn.__globals__[name] = value.simulator_version
+            elif getattr(value, "targetoptions", {}).get("device") and hasattr(value, "py_func"):
                 swapped.append((fn.__globals__, name, value))
                 fn.__globals__[name] = FakeCUDAKernel(value.py_func, device=True)
                 swap_device_functions(value.py_func)

@@ -44,18 +44,20 @@ class Recorded(Exception):
 
 
 class TypeRecorder:
-    """Looks like a kernel to a launcher: records the argument types and block size of its
-    launch, then stops the launcher (raises ``Recorded``) instead of running the kernel."""
+    """Looks like a kernel to a launcher: records the argument types, block size and dynamic
+    shared memory of its launch, then stops the launcher (raises ``Recorded``) instead of running the kernel."""
 
     def __init__(self, kernel):
         self.kernel, self.py_func = kernel, kernel.py_func
         self.arg_types = None
         self.threads_per_block = None
+        self.dynamic_shared_bytes = 0
 
     def __getitem__(self, config):
         def launch(*args):
             self.arg_types = [describe(a) for a in args]
             self.threads_per_block = threads_in(config[1])
+            self.dynamic_shared_bytes = int(config[3]) if len(config) > 3 else 0
             raise Recorded(self.kernel)
         return launch
 
@@ -69,8 +71,9 @@ def check_names(names):
 
 
 def recorded_launches(names=None):
-    """name -> {"args": [described argument, ...], "threads_per_block": N} for every kernel of
-    ``kernel_cases.CASES`` (or those in `names`), from the first launch its launcher makes.
+    """name -> {"args": [described argument, ...], "threads_per_block": N,
+    "dynamic_shared_bytes": B} for every kernel of ``kernel_cases.CASES`` (or those in `names`),
+    from the first launch its launcher makes.
 
     What runs before that launch runs for real (input copies, the kernels a launcher starts
     first); nothing after it does.
@@ -87,5 +90,6 @@ def recorded_launches(names=None):
             pass
         if not recorder.arg_types:
             raise RuntimeError(f"{name}: its case in kernel_cases.CASES launched nothing")
-        launches[name] = {"args": recorder.arg_types, "threads_per_block": recorder.threads_per_block}
+        launches[name] = {"args": recorder.arg_types, "threads_per_block": recorder.threads_per_block,
+                          "dynamic_shared_bytes": recorder.dynamic_shared_bytes}
     return launches

@@ -89,10 +89,10 @@ def count_fused(q, k, v, causal=True, version=2, window=None):
     group = bh // k.shape[0]
     out = np.empty((bh, t_q, d_v), np.float32)
     lse = np.empty((bh, t_q), np.float32)
-    kernel = flash.make_flash_v3(d_k) if version == 3 else flash.KERNELS[version]
-    report = sanitizer.count_memory(kernel, *flash.flash_grid(bh, t_q, version, d_k, group), q, k, v,
-                                    flash.flash_scale(version, d_k), bool(causal), np.int32(window or 0),
-                                    np.int32(group), out, lse)
+    kernel = flash.fused_kernel(version, t_q, group, d_k)
+    grid, block, nbytes = flash.launch_config(kernel, version, bh, t_q, d_k, group)
+    report = sanitizer.count_memory(kernel, grid, block, q, k, v, flash.flash_scale(version, d_k), bool(causal),
+                                    np.int32(window or 0), np.int32(group), out, lse, sharedmem=nbytes)
     return report, out
 
 

@@ -64,11 +64,14 @@ def test_reference_multi_head_attention_with_one_kv_head_is_multi_query(rng):
 CASES = [((), 4, 2, 1, 1, 5), ((), 4, 1, 7, 7, 16), ((), 4, 4, 19, 19, 5), ((), 4, 2, 33, 33, 5),
          ((), 4, 1, 7, 19, 5), ((2,), 4, 2, 19, 19, 16)]
 V3_CASES = [CASES[1], CASES[4], CASES[5]]        # v3 simulates slowly: one of each kind
+# v3's grouped kernel (more rows than one slice): 2 slices, the second of 2 rows; 4 slices and
+# a second block of 104 rows; group 3 with a batch axis and T_q < T_k; d_k 100 (slices of 32 rows).
+V3_GROUPED_CASES = [CASES[3], ((), 12, 1, 30, 30, 5), ((2,), 6, 2, 40, 45, 8), ((), 4, 1, 20, 20, 100)]
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize("version, case", [(v, c) for v in (1, 2) for c in CASES] + [(3, c) for c in V3_CASES],
-                         ids=lambda x: str(x))
+@pytest.mark.parametrize("version, case", [(v, c) for v in (1, 2) for c in CASES]
+                         + [(3, c) for c in V3_CASES + V3_GROUPED_CASES], ids=lambda x: str(x))
 def test_fused_kernels_equal_the_reference(rng, version, case, causal):
     lead, n_head, n_kv_head, t_q, t_k, d_k = case
     q, k, v = qkv(rng, lead, n_head, n_kv_head, t_q, t_k, d_k)
@@ -132,26 +135,74 @@ def test_v1_reads_the_shared_head_once_per_query_head():
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_v3_packs_the_group_into_its_rows_and_shares_each_tile_it_loads(causal):
     base_k, base_v = counted_loads(3, 1, causal)                         # 4 heads of T 19: a block each
-    # group 2: a kv head's 2 x 19 rows fit one block of 64, which loads each element once.
-    k_loads, v_loads = counted_loads(3, 2, causal)
-    assert np.array_equal(k_loads, base_k[:2]) and np.array_equal(v_loads, base_v[:2])
-    # group 4: 76 rows, two blocks, each loading its band: causal, the first (queries 0 .. 15 of
-    # every head) keys 0 .. 15 and the second (16 .. 18) all 19; without the mask both all 19.
-    k_loads, v_loads = counted_loads(3, 4, causal)
-    one_head = base_k[0].sum()
-    if causal:
-        assert one_head < k_loads.sum() < 2 * one_head
-    else:
-        assert k_loads.sum() == 2 * one_head
+    # group 2: a kv head's 2 x 19 rows fit one slice of 64; group 4: 76 rows, the grouped
+    # kernel's two slices of one block. Either block loads each element once, like one head.
     for group in (2, 4):
         k_loads, v_loads = counted_loads(3, group, causal)
+        assert np.array_equal(k_loads, base_k[:4 // group]) and np.array_equal(v_loads, base_v[:4 // group])
         want = flash.flash_traffic(19, 19, 5, causal=causal, version=3, group=group)
         assert k_loads.sum() == (4 // group) * want["k"] and v_loads.sum() == (4 // group) * want["v"]
+
+
+def v3_loads(q, k, v, kernel):
+    """K loads of one v3 launch of `kernel` on NumPy q, k, v (BH, T, d), counted, its output checked."""
+    from attention_lib import sanitizer
+    (bh, t, d), group = q.shape, q.shape[0] // k.shape[0]
+    out, lse = np.zeros((bh, t, d), np.float32), np.zeros((bh, t), np.float32)
+    grid, block, nbytes = flash.launch_config(kernel, 3, bh, t, d, group)
+    report = sanitizer.count_memory(kernel, grid, block, q, k, v, flash.flash_scale(3, d), True, np.int32(0),
+                                    np.int32(group), out, lse, sharedmem=nbytes)
+    assert_close_float32(out, per_head_reference(q, k, v, True))
+    return int(report.loads("k").sum())
+
+
+def test_at_long_contexts_the_grouped_kernel_loads_k_as_one_head_alone_does():
+    """4 query heads on one K/V head, T 70 (2 blocks of 64 queries for one head): the grouped
+    kernel's 4 slices hold the same 64 queries of every head, 2 blocks, the loads of one head
+    alone; the one-slice kernel's 280 rows take 5 blocks of 16 queries, each loading its band."""
+    q, k, v = qkv(np.random.default_rng(8), (), 4, 1, 70, 70, 5)
+    assert flash.v3_slices(70, 4, 5) == 4
+    alone = flash.flash_traffic(70, 70, 5, version=3)["k"]               # one head, no group
+    grouped = v3_loads(q, k, v, flash.make_flash_v3(5, grouped=True))
+    assert grouped == alone == flash.flash_traffic(70, 70, 5, version=3, group=4)["k"]
+    one_slice = v3_loads(q, k, v, flash.make_flash_v3(5))
+    assert one_slice == flash.flash_traffic(70, 70, 5, version=3, group=4, block_q=64)["k"] > alone
 
 
 def test_v3_grid_runs_over_kv_heads_and_blocks_of_the_groups_rows():
     assert flash.flash_grid(12, 19, 3, d_k=64, group=4) == ((2, 3), flash.THREADS_V3)   # 76 rows: 2 blocks
     assert flash.flash_grid(12, 1, 3, d_k=64, group=12) == ((1, 1), flash.THREADS_V3)  # a decoding step
+    assert flash.flash_grid(12, 19, 3, d_k=64, group=4, slices=2) == ((1, 3), (flash.THREADS_V3, 2))
+    assert flash.flash_grid(12, 100, 3, d_k=128, group=12, slices=4) == ((10, 1), (flash.THREADS_V3, 4))
+
+
+def test_the_grouped_kernel_takes_a_slice_per_head_where_rows_fill_them(monkeypatch):
+    assert [flash.v3_slices(1, g) for g in (1, 4, 12)] == [1, 1, 1]       # decoding: one slice holds the group
+    assert [flash.v3_slices(64, g) for g in (1, 2, 3, 4, 12)] == [1, 2, 3, 4, 4]
+    assert flash.v3_slices(20, 4) == 2                                  # 80 rows fill two slices of 64
+    assert flash.v3_slices(20, 4, d_k=100) == 3                         # and three of 32
+    assert flash.fused_kernel(3, 64, 2, 64) is flash.flash_attention_kernel_v3_grouped
+    assert flash.fused_kernel(3, 32, 2, 64) is flash.flash_attention_kernel_v3
+    # A device whose block holds less shared memory gets fewer slices (80 KB: 2 at d_k 64).
+    from attention_lib import dynamic_shared
+    monkeypatch.setattr(dynamic_shared, "largest_block_bytes", lambda: 80 * 1024)
+    assert flash.v3_slices(64, 4) == 2 and 4 * flash.v3_shared_words(64, 2) <= 80 * 1024 < 4 * flash.v3_shared_words(64, 3)
+
+
+def test_the_grouped_kernels_shared_memory_is_all_it_needs():
+    """2 slices at d_k 64: K (32 x 65) and V (32 x 64), then per slice Q (64 x 65), P (64 x 40) and
+    the row reductions (64 x 8) = 18,592 words; one word less and the last view does not fit."""
+    assert flash.v3_shared_words(64, 2) == 32 * 65 + 32 * 64 + 2 * 64 * (65 + 40 + 8) == 18_592
+    q, k, v = qkv(np.random.default_rng(9), (), 3, 1, 23, 23, 5)       # 69 rows: 2 slices
+    kernel = flash.make_flash_v3(5, grouped=True)
+    grid, block, nbytes = flash.launch_config(kernel, 3, 3, 23, 5, 3)
+    assert block == (flash.THREADS_V3, 2) and nbytes == 4 * flash.v3_shared_words(5, 2)
+    args = (q, k, v, flash.flash_scale(3, 5), True, np.int32(0), np.int32(3),
+            np.zeros((3, 23, 5), np.float32), np.zeros((3, 23), np.float32))
+    with pytest.raises(ValueError):
+        kernel[grid, block, 0, nbytes - 4](*args)
+    kernel[grid, block, 0, nbytes](*args)
+    assert_close_float32(args[7], per_head_reference(q, k, v, True))
 
 
 # --- The unfused pipeline and the stage launchers -------------------------------------------

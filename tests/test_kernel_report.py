@@ -22,7 +22,7 @@ from attention_lib import kernel_report, report_cache
 from attention_lib.kernel_cases import CASES
 from attention_lib.stages import flash, projection
 
-ROW_KEYS = {"signature", "registers", "stack_bytes", "spill_bytes", "shared_bytes",
+ROW_KEYS = {"signature", "registers", "stack_bytes", "spill_bytes", "shared_bytes", "dynamic_shared_bytes",
             "threads_per_block", "warps_per_sm", "hot_loop"}
 LOOP_KEYS = {"ffma", "lds", "local", "ldg", "total", "ffma_fraction"}
 
@@ -111,12 +111,18 @@ def test_block_sizes_and_shared_memory_are_the_gpu_configurations(report):
     # Static shared memory: the q, k and v tiles of MAX_D float32 each (flash.py's comment).
     assert row["shared_bytes"] == (flash.BLOCK_Q_GPU + 2 * flash.BLOCK_K) * flash.MAX_D * 4
     assert report["kernels"]["softmax.softmax_kernel_v2"]["threads_per_block"] == 128
+    # flash v3's grouped kernel declares none: its case's 2 slices take the dynamic bytes its launch asks.
+    grouped_name = "flash.flash_attention_kernel_v3_grouped"
+    grouped = report["kernels"][grouped_name]
+    assert grouped["shared_bytes"] == 0 and grouped["threads_per_block"] == 2 * flash.THREADS_V3
+    assert grouped["dynamic_shared_bytes"] == 4 * flash.v3_shared_words(flash.HEAD, 2)
+    assert all(row["dynamic_shared_bytes"] == 0 for name, row in report["kernels"].items() if name != grouped_name)
 
 
 def test_warps_per_sm_follow_from_the_row(report):
     for name, row in report["kernels"].items():
         assert row["warps_per_sm"] == kernel_report.warps_per_sm(
-            row["registers"], row["shared_bytes"], row["threads_per_block"]), name
+            row["registers"], row["shared_bytes"] + row["dynamic_shared_bytes"], row["threads_per_block"]), name
 
 
 def test_local_arrays_indexed_at_run_time_are_a_stack_frame(report):
@@ -192,8 +198,8 @@ def test_table_has_a_line_per_kernel(report):
     assert lines[0].split()[:3] == ["kernel", "regs", "stack"]
     v2 = next(line for line in lines if line.startswith("flash.flash_attention_kernel_v2 "))
     row = report["kernels"]["flash.flash_attention_kernel_v2"]
-    assert v2.split()[1:7] == [f"{row[k]:,}" for k in ("registers", "stack_bytes", "spill_bytes",
-                                                      "shared_bytes", "threads_per_block", "warps_per_sm")]
+    assert v2.split()[1:8] == [f"{row[k]:,}" for k in ("registers", "stack_bytes", "spill_bytes", "shared_bytes",
+                                                      "dynamic_shared_bytes", "threads_per_block", "warps_per_sm")]
 
 
 # ---- the pieces, on known inputs ----

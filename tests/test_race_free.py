@@ -20,9 +20,10 @@ class RaceRecorder:
 
     def __getitem__(self, config):
         griddim, blockdim = config[0], config[1]
+        sharedmem = config[3] if len(config) > 3 else 0
 
         def launch(*args):
-            self.races += sanitizer.find_races(self.kernel, griddim, blockdim, *args)
+            self.races += sanitizer.find_races(self.kernel, griddim, blockdim, *args, sharedmem=sharedmem)
             self.launches += 1
         return launch
 

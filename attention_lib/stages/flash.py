@@ -11,9 +11,12 @@ the (T_q, T_k) scores and weights never stored (the notebook tells why and how).
   memory on the simulator); under GQA its rows interleave the group's queries. ``v3_sizes``,
   ``build_flash_v3`` and ``make_flash_v3(d_k)``: the kernel for a head width. ``FAST``: its
   floors for the kernel report.
+- ``flash_attention_kernel_v3_grouped``: the same parts compiled with ``GROUPED``, a block of up
+  to V3_MAX_SLICES slices of 64 rows sharing each K/V tile, in dynamic shared memory
+  (``v3_shared_words``, ``v3_grouped_arrays``, ``v3_slices``, ``is_grouped``).
 - ``KERNELS``, ``DEFAULT_VERSION`` (3 on a GPU, 2 on the simulator, which runs it about 3 times
-  faster), ``flash_grid``, ``flash_scale``, ``check_flash_inputs``, ``launch_flash`` (one launch
-  on device arrays).
+  faster), ``fused_kernel``, ``flash_grid``, ``launch_config``, ``flash_scale``,
+  ``check_flash_inputs``, ``launch_flash`` (one launch on device arrays).
 - ``flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=False,
   window=None)``: the public launcher (with return_lse, each row's natural log-sum-exp, which
   the backward pass rebuilds P from).
@@ -24,9 +27,10 @@ the (T_q, T_k) scores and weights never stored (the notebook tells why and how).
 
 Grouped-query attention: k and v may have H_kv heads where q has H (a multiple), ``group`` =
 H / H_kv, query head h reads key/value head h // group. A tile a v2 or v3 block stages serves
-every query head the block holds: v2 loads K/V group (up to 8) times less; v3's 64 rows hold
-64 / group positions of each head, which saves loads only where the group's rows take fewer
-blocks than the heads alone would (few queries), not at long contexts.
+every query head the block holds: v2 loads K/V group (up to 8) times less. v3's 64 rows hold
+64 / group positions of each head, which is enough while a group's rows fit them (decoding);
+past that the grouped kernel holds 64 positions of up to 4 heads, so at long contexts a group
+of up to 4 loads K/V as one head alone does (a group of 12: 256 rows, 21 positions of each).
 """
 
 import functools
@@ -34,9 +38,10 @@ import math
 import types
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32
 
-from attention_lib import reference
+from attention_lib import dynamic_shared, reference
+from attention_lib.dynamic_shared import shared_rows
 from attention_lib.launch import ceil_div, check_grid, check_simulator_budget, check_version
 from attention_lib.runtime import ON_SIMULATOR, SIMULATOR_SHAPES
 # The host's key counts and tile skipping are notebook 03's (the mask), shared by every tiled kernel.
@@ -304,8 +309,10 @@ def flash_attention_kernel_v2(q, k, v, scale, causal, window, group, out, lse):
 
 # Floors the kernel report holds v3 to at d_k 64 (ptxas -v and nvdisasm for sm_90 measured 0
 # bytes of stack, 128 registers, 43,392 bytes of shared memory: 16 warps per SM on an H200,
-# and a hot loop of 128 FFMA in 206 instructions).
-FAST = {"flash_attention_kernel_v3": {"max_stack_bytes": 0, "min_warps_per_sm": 16, "min_ffma_fraction": 0.5}}
+# and a hot loop of 128 FFMA in 206 instructions; the grouped kernel at 2 slices: 0, 128,
+# 74,368 bytes of dynamic shared memory, 16 warps, 128 FFMA in 217).
+FAST = {"flash_attention_kernel_v3": {"max_stack_bytes": 0, "min_warps_per_sm": 16, "min_ffma_fraction": 0.5},
+        "flash_attention_kernel_v3_grouped": {"max_stack_bytes": 0, "min_warps_per_sm": 16, "min_ffma_fraction": 0.5}}
 
 
 # --- Kernel 3: FlashAttention-2's forward, micro-tiles in registers --------------------------
@@ -356,6 +363,10 @@ S_SIZE = 16
 O_SIZE = 32
 ROW_STRIDE = 65
 P_STRIDE = 40
+# The grouped kernel below is these functions compiled with GROUPED = True (build_flash_v3):
+# a constant, so the one-slice kernel compiles without the slices' arithmetic (which costs it
+# 24 bytes of stack and 36 of spills, measured with ptxas for sm_90).
+GROUPED = False
 
 
 @cuda.jit(device=True)
@@ -364,8 +375,12 @@ def v3_load_tile(tile, src, h, r0, n, group, scale):
     times scale, into the shared tile ((rows, >= HEAD_PAD)): packed row r is row r // group of
     head h * group + r % group (group 1: row r of head h). Its other rows and columns HEAD ..
     HEAD_PAD - 1 become 0, so a padded key scores 0 and a padded value adds 0 (stale memory could
-    hold NaN: 0 * NaN = NaN). Consecutive threads copy consecutive columns: coalesced reads."""
-    for e in range(cuda.threadIdx.x, tile.shape[0] * HEAD_PAD, THREADS_V3):
+    hold NaN: 0 * NaN = NaN). Consecutive threads of the block (all its slices) copy consecutive
+    columns: coalesced reads."""
+    first, threads = cuda.threadIdx.x, THREADS_V3
+    if GROUPED:                          # compile-time: the one-slice kernel keeps its constant stride
+        first, threads = first + cuda.threadIdx.y * THREADS_V3, THREADS_V3 * cuda.blockDim.y
+    for e in range(first, tile.shape[0] * HEAD_PAD, threads):
         r = e // HEAD_PAD                    # a compile-time power of two for most heads
         c = e - r * HEAD_PAD
         x = np.float32(0.0)
@@ -581,19 +596,29 @@ def v3_write(out, lse, regs, h, r0, rg, cg, t_q, group):
 
 
 @cuda.jit(device=True)
-def v3_block(q, k, v, scale, causal, window, group, out, lse, smem, regs):
-    """The work of one block: TILE_M packed rows of key/value head h = blockIdx.y, row r being
-    query r // group of query head h * group + r % group (so the group's query heads share every
-    K/V tile the block loads), against every key tile that holds a key one of its queries sees
-    (block_band). Block x takes the x-th block of rows from the end: in a causal launch the
-    longest blocks start first, the short ones fill in at the end."""
+def v3_block_rows(t_q, group):
+    """(h, b0, r0, last): the block's key/value head blockIdx.y, its first and last packed rows
+    (of t_q * group) and this slice's first: TILE_M rows a slice, blockDim.y slices if GROUPED.
+    Block x takes the x-th block of rows from the end: in a causal launch the longest blocks
+    start first, the short ones fill in at the end."""
+    rows = TILE_M * cuda.blockDim.y if GROUPED else TILE_M
+    b0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * rows
+    r0 = b0 + cuda.threadIdx.y * TILE_M if GROUPED else b0
+    return cuda.blockIdx.y, b0, r0, min(b0 + rows, t_q * group) - 1
+
+
+@cuda.jit(device=True)
+def v3_block(q, k, v, scale, causal, window, group, out, lse, q_block, smem, regs):
+    """The work of one block: its packed rows of key/value head h (v3_block_rows; row r is query
+    r // group of query head h * group + r % group, so the group's query heads share every K/V
+    tile the block loads) against every key tile holding a key one of its queries sees
+    (block_band). q_block: the block's Q rows; smem: this slice's (q_tile, k, v, p and red)."""
     rg, cg = cuda.threadIdx.x // COL_GROUPS, cuda.threadIdx.x % COL_GROUPS
-    h, r0 = cuda.blockIdx.y, (cuda.gridDim.x - 1 - cuda.blockIdx.x) * TILE_M
     t_q, t_k = q.shape[1], k.shape[1]
-    last = min(r0 + TILE_M, t_q * group) - 1         # the block's last packed row
-    v3_load_tile(smem[0], q, h, r0, last + 1 - r0, group, scale)
+    h, b0, r0, last = v3_block_rows(t_q, group)
+    v3_load_tile(q_block, q, h, b0, last + 1 - b0, group, scale)
     v3_start(regs[1], regs[2], regs[3])
-    start, block_keys, clear_from, clear_to = block_band(r0 // group, last // group, t_q, t_k, causal, window, TILE_N)
+    start, block_keys, clear_from, clear_to = block_band(b0 // group, last // group, t_q, t_k, causal, window, TILE_N)
     for k0 in range(start, block_keys, TILE_N):      # masked: a tile an edge of the band crosses
         v3_key_tile(k, v, smem, regs, h, r0, k0, min(TILE_N, block_keys - k0),
                     k0 < clear_from or k0 + TILE_N > clear_to, rg, cg, t_q, causal, window, group)
@@ -617,34 +642,110 @@ def flash_attention_kernel_v3(q, k, v, scale, causal, window, group, out, lse):
             cuda.local.array(MICRO_M, np.float32),                   # l: partial sum per row
             cuda.local.array(O_SIZE, np.float32),                    # o: unnormalised output
             cuda.local.array(MICRO_M, np.float32))                   # tile_max
-    v3_block(q, k, v, scale, causal, window, group, out, lse, smem, regs)
+    v3_block(q, k, v, scale, causal, window, group, out, lse, q_tile, smem, regs)
+
+
+# --- Kernel 3 under grouped-query attention: slices that share the K/V tiles ------------------
+#
+# 64 rows take every byte of the 48 KB a block may declare, so one block of v3 loads a K/V tile
+# for 64 / group queries of each head of a group. The grouped kernel's block is blockDim.y
+# slices of 128 threads and TILE_M rows, one slice per head of the group up to V3_MAX_SLICES:
+# every K/V tile is loaded once for TILE_M * slices rows. Its arrays are views of the launch's
+# dynamic shared memory, laid out K, V, Q of all slices, P of all slices, then the row
+# reductions (used on the simulator only, but the same layout and size on both). 4 slices are 512 threads: ptxas must fit a thread in 65,536 / 512 = 128
+# registers, the cap of the one-slice kernel.
+
+V3_MAX_SLICES = 4
+V3_GROUPED_JIT = {} if ON_SIMULATOR else {"launch_bounds": (THREADS_V3 * V3_MAX_SLICES, 1)}
+
+
+def v3_shared_words(d_k, slices):
+    """float32 words of dynamic shared memory the grouped kernel's block of `slices` slices
+    uses at head width d_k (v3_grouped_arrays' layout)."""
+    z = v3_sizes(d_k)
+    return (z["TILE_N"] * (z["ROW_STRIDE"] + z["HEAD_PAD"])
+            + slices * z["TILE_M"] * (z["ROW_STRIDE"] + z["P_STRIDE"] + COL_GROUPS))
+
+
+@cuda.jit(device=True)
+def v3_grouped_arrays(words):
+    """(q_block, (q_tile, k_tile, v_tile, p_tile, red)): the block's Q rows and this slice's
+    arrays, as views of the dynamic shared memory `words` (float32, v3_shared_words long)."""
+    rows, mine = TILE_M * cuda.blockDim.y, TILE_M * cuda.threadIdx.y
+    q_at = TILE_N * (ROW_STRIDE + HEAD_PAD)
+    p_at = q_at + rows * ROW_STRIDE
+    red_at = p_at + rows * P_STRIDE
+    q_block = shared_rows(words, q_at, rows, ROW_STRIDE)
+    return q_block, (shared_rows(words, q_at + mine * ROW_STRIDE, TILE_M, ROW_STRIDE),
+                     shared_rows(words, 0, TILE_N, ROW_STRIDE),
+                     shared_rows(words, TILE_N * ROW_STRIDE, TILE_N, HEAD_PAD),
+                     shared_rows(words, p_at + mine * P_STRIDE, TILE_M, P_STRIDE),
+                     shared_rows(words, red_at + mine * COL_GROUPS, TILE_M, COL_GROUPS))
+
+
+def v3_grouped_kernel(q, k, v, scale, causal, window, group, out, lse):
+    """The source of flash_attention_kernel_v3_grouped (build_flash_v3 compiles it with
+    GROUPED): flash_attention_kernel_v3 with blockDim.y slices sharing each K/V tile, grid
+    (ceil(T_q * group / (TILE_M * slices)), BH_kv), block (THREADS_V3, slices), launched with
+    v3_shared_words(d_k, slices) * 4 bytes of dynamic shared memory."""
+    q_block, smem = v3_grouped_arrays(cuda.shared.array(0, float32))
+    regs = (cuda.local.array(S_SIZE, np.float32),                    # s, then p
+            cuda.local.array(MICRO_M, np.float32),                   # m: running max per row
+            cuda.local.array(MICRO_M, np.float32),                   # l: partial sum per row
+            cuda.local.array(O_SIZE, np.float32),                    # o: unnormalised output
+            cuda.local.array(MICRO_M, np.float32))                   # tile_max
+    v3_block(q, k, v, scale, causal, window, group, out, lse, q_block, smem, regs)
 
 
 # The device functions of flash v3, callees first: make_flash_v3 recompiles them for a head width.
 V3_PARTS = (v3_load_tile, v3_scores_step, v3_scores, v3_mask, v3_row_reduce_shuffle, v3_row_reduce_shared,
             v3_row_reduce, v3_online_update, v3_tile_max, v3_accumulate_step, v3_accumulate, v3_store_p, v3_start,
-            v3_key_tile, v3_write, v3_block)
+            v3_key_tile, v3_write, v3_block_rows, v3_block, v3_grouped_arrays)
 
 
-def build_flash_v3(d_k, replace=None):
-    """flash_attention_kernel_v3 compiled anew for heads of width d_k (1 .. MAX_D): the same
-    functions with v3_sizes(d_k) as their compile-time globals. replace: {part name: function}
-    puts another function's code in a part's place (an exercise's answer, a test's mutant)."""
+def build_flash_v3(d_k, replace=None, grouped=False):
+    """flash_attention_kernel_v3 (grouped: flash_attention_kernel_v3_grouped) compiled anew for
+    heads of width d_k (1 .. MAX_D): the same functions with v3_sizes(d_k) as their compile-time
+    globals. replace: {part name: function} puts another function's code in a part's place (an
+    exercise's answer, a test's mutant)."""
     require(isinstance(d_k, int) and 1 <= d_k <= MAX_D, f"d_k must be an int in 1 .. {MAX_D}, got {d_k!r}")
-    names = {**globals(), **v3_sizes(d_k)}
+    names = {**globals(), **v3_sizes(d_k), "GROUPED": grouped}
     for part in V3_PARTS:
         name = part.py_func.__name__
         fn = getattr((replace or {}).get(name, part), "py_func", (replace or {}).get(name, part))
         names[name] = cuda.jit(device=True)(types.FunctionType(fn.__code__, names, name, None, fn.__closure__))
-    fn = flash_attention_kernel_v3.py_func
-    return cuda.jit(**V3_JIT)(types.FunctionType(fn.__code__, names, fn.__name__))
+    fn, name = ((v3_grouped_kernel, "flash_attention_kernel_v3_grouped") if grouped
+                else (flash_attention_kernel_v3.py_func, "flash_attention_kernel_v3"))
+    return cuda.jit(**(V3_GROUPED_JIT if grouped else V3_JIT))(types.FunctionType(fn.__code__, names, name))
+
+
+flash_attention_kernel_v3_grouped = build_flash_v3(HEAD, grouped=True)
 
 
 @functools.lru_cache(maxsize=None)
-def make_flash_v3(d_k):
-    """flash_attention_kernel_v3 for heads of width d_k, built once per width (the module's
-    own instance for HEAD)."""
-    return flash_attention_kernel_v3 if d_k == HEAD else build_flash_v3(d_k)
+def make_flash_v3(d_k, grouped=False):
+    """flash_attention_kernel_v3 (grouped: its grouped kernel) for heads of width d_k, built once
+    per width (the module's own instances for HEAD)."""
+    if d_k == HEAD:
+        return flash_attention_kernel_v3_grouped if grouped else flash_attention_kernel_v3
+    return build_flash_v3(d_k, grouped=grouped)
+
+
+def is_grouped(kernel):
+    """Whether `kernel` (or the stand-in a test passes for it) is v3's grouped kernel, whatever
+    its head width or replaced parts: it is launched with slices and dynamic shared memory."""
+    code = getattr(getattr(kernel, "py_func", None), "__code__", None)
+    return code is v3_grouped_kernel.__code__
+
+
+def v3_slices(t_q, group, d_k=HEAD):
+    """Slices of the grouped kernel's block for t_q queries of `group` heads: one per head, up
+    to V3_MAX_SLICES, no more than the t_q * group rows fill, and no more than this device's
+    block may hold (dynamic_shared.largest_block_bytes). 1: the one-slice kernel does."""
+    slices = min(V3_MAX_SLICES, group, ceil_div(t_q * group, v3_sizes(d_k)["TILE_M"]))
+    while slices > 1 and 4 * v3_shared_words(d_k, slices) > dynamic_shared.largest_block_bytes():
+        slices -= 1
+    return slices
 
 
 # --- Launcher --------------------------------------------------------------------------------
@@ -660,14 +761,16 @@ def v2_heads_per_block(group):
     return max(g for g in range(1, min(group, V2_MAX_HEADS) + 1) if group % g == 0)
 
 
-def flash_grid(bh, t_q, version, d_k=HEAD, group=1):
+def flash_grid(bh, t_q, version, d_k=HEAD, group=1, slices=1):
     """(grid, block) for bh query heads of t_q queries, `group` of them to a key/value head:
     x over blocks of queries, y over heads (version 3's block of queries depends on the head
     width d_k). Version 2's block is (BLOCK_Q, G) for G = v2_heads_per_block(group) heads, and
     y runs over the bh / G groups of G heads. Version 3's y runs over the bh / group key/value
-    heads and x over blocks of TILE_M of the group's t_q * group (query, head) rows."""
+    heads and x over blocks of TILE_M * slices of the group's t_q * group (query, head) rows;
+    its block is THREADS_V3, or (THREADS_V3, slices) for the grouped kernel."""
     if version == 3:                    # a block's rows: the group's heads' queries, interleaved
-        return (ceil_div(t_q * group, v3_sizes(d_k)["TILE_M"]), bh // group), THREADS_V3
+        rows = v3_sizes(d_k)["TILE_M"] * slices
+        return (ceil_div(t_q * group, rows), bh // group), THREADS_V3 if slices == 1 else (THREADS_V3, slices)
     if version == 2:
         heads = v2_heads_per_block(group)
         return (ceil_div(t_q, BLOCK_Q), bh // heads), (BLOCK_Q, heads)
@@ -695,14 +798,32 @@ def check_flash_inputs(q, k, v, version, causal, window=None):
     return q3, k3, v3, lead, group
 
 
+def fused_kernel(version, t_q, group, d_k):
+    """The library's kernel of `version` for t_q queries of `group` query heads per key/value
+    head of width d_k: v3 is its grouped kernel where the group's rows fill more than a slice."""
+    if version == 3:
+        return make_flash_v3(d_k, v3_slices(t_q, group, d_k) > 1)
+    return KERNELS[version]
+
+
+def launch_config(kernel, version, bh, t_q, d_k, group):
+    """(grid, block, dynamic shared bytes) of a fused launch of `kernel` for bh query heads of
+    t_q queries, `group` to a key/value head: flash_grid's, and for v3's grouped kernel its
+    v3_slices and their shared memory (0 for the other kernels)."""
+    if not (version == 3 and is_grouped(kernel)):
+        return (*flash_grid(bh, t_q, version, d_k, group), 0)
+    slices = v3_slices(t_q, group, d_k)
+    return (*flash_grid(bh, t_q, 3, d_k, group, slices), 4 * v3_shared_words(d_k, slices))
+
+
 def launch_flash(kernel, version, q, k, v, causal, window, out, lse):
     """One fused launch on device arrays: q (BH, T_q, d_k), k (BH_kv, T_k, d_k), v (BH_kv, T_k,
     d_v) float32 -> out (BH, T_q, d_v) and lse (BH, T_q) float32, written; `kernel` with
-    `version`'s signature, launched on its grid with its scale (window: None or an int)."""
+    `version`'s signature, launched as launch_config says with its scale (window: None or an int)."""
     (bh, t_q, d_k), group = q.shape, q.shape[0] // k.shape[0]
-    grid, block = flash_grid(bh, t_q, version, d_k, group)
-    kernel[grid, block](q, k, v, flash_scale(version, d_k), bool(causal), np.int32(window or 0),
-                        np.int32(group), out, lse)
+    grid, block, nbytes = launch_config(kernel, version, bh, t_q, d_k, group)
+    dynamic_shared.launch(kernel, grid, block, nbytes, q, k, v, flash_scale(version, d_k), bool(causal),
+                          np.int32(window or 0), np.int32(group), out, lse)
 
 
 def flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=False, window=None):
@@ -724,14 +845,13 @@ def flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=
     version = DEFAULT_VERSION if version is None else version
     q, k, v, lead, group = check_flash_inputs(q, k, v, version, causal, window)   # (BH or BH_kv, T, d) each
     (bh, t_q, d_k), t_k, d_v = q.shape, k.shape[1], v.shape[2]
-    grid, block = flash_grid(bh, t_q, version, d_k, group)
+    checked = kernel is None                                # a kernel passed in answers for itself
+    kernel = fused_kernel(version, t_q, group, d_k) if kernel is None else kernel
+    grid, block, _ = launch_config(kernel, version, bh, t_q, d_k, group)
     check_grid("flash_attention", grid, x="q's T_q in blocks of queries", y="q's batch x heads")
     madds = bh * sum(visible_count(i, t_q, t_k, causal) - first_visible(i, t_q, t_k, window)
                      for i in range(t_q)) * (d_k + d_v)
     check_simulator_budget("flash_attention", math.prod(grid) * math.prod(np.atleast_1d(block)), madds)
-    checked = kernel is None                                # a kernel passed in answers for itself
-    if kernel is None:
-        kernel = make_flash_v3(d_k) if version == 3 else KERNELS[version]
     d_out = cuda.device_array((bh, t_q, d_v), np.float32)
     d_lse = cuda.device_array((bh, t_q), np.float32)
     q_dev, k_dev, v_dev = (cuda.to_device(a) for a in (q, k, v))  # (BH, T_q, d_k), (BH_kv, T_k, d) x 2
@@ -763,16 +883,16 @@ def flash_traffic(t_q, t_k, d_k, d_v=None, causal=True, version=2, block_q=None,
 
     -> {"q": loads, "k": loads, "v": loads, "out": stores, "lse": stores}, in elements (4 bytes
     each). v1: every query reads each of its visible keys and values itself. v2 and v3: a block
-    of block_q queries (default: the version's, BLOCK_Q or v3's TILE_M for d_k) reads the keys
-    and values once, from the start of its first key tile (band_key_tiles, in tiles of BLOCK_K
-    or v3's TILE_N) to its last query's last visible key; v2 once for the v2_heads_per_block(group)
-    heads of its block (all `group` up to V2_MAX_HEADS), v3 once for the whole group, whose
-    queries a block's rows interleave (block_q // group queries of each head). window: a
-    sliding window or None.
+    of block_q queries (default: the version's, BLOCK_Q, or v3's TILE_M for d_k times its
+    v3_slices) reads the keys and values once, from the start of its first key tile
+    (band_key_tiles, in tiles of BLOCK_K or v3's TILE_N) to its last query's last visible key; v2
+    once for the v2_heads_per_block(group) heads of its block (all `group` up to V2_MAX_HEADS),
+    v3 once for the whole group, whose queries a block's rows interleave (block_q // group
+    queries of each head). window: a sliding window or None.
     """
     d_v = d_k if d_v is None else d_v
     if block_q is None:
-        block_q = v3_sizes(d_k)["TILE_M"] if version == 3 else BLOCK_Q
+        block_q = v3_sizes(d_k)["TILE_M"] * v3_slices(t_q, group, d_k) if version == 3 else BLOCK_Q
     if version == 1:
         keys = sum(visible_count(i, t_q, t_k, causal) - first_visible(i, t_q, t_k, window) for i in range(t_q))
     elif version == 2:
