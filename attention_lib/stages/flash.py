@@ -626,23 +626,29 @@ def v3_block(q, k, v, scale, causal, window, group, out, lse, q_block, smem, reg
     v3_write(out, lse, regs, h, r0, rg, cg, t_q, group)
 
 
+@cuda.jit(device=True)
+def v3_run_block(q, k, v, scale, causal, window, group, out, lse, q_block, smem):
+    """v3_block with this thread's per-thread arrays, declared here for both kernels."""
+    regs = (cuda.local.array(S_SIZE, np.float32),                    # s, then p
+            cuda.local.array(MICRO_M, np.float32),                   # m: running max per row
+            cuda.local.array(MICRO_M, np.float32),                   # l: partial sum per row
+            cuda.local.array(O_SIZE, np.float32),                    # o: unnormalised output
+            cuda.local.array(MICRO_M, np.float32))                   # tile_max
+    v3_block(q, k, v, scale, causal, window, group, out, lse, q_block, smem, regs)
+
+
 @cuda.jit(**V3_JIT)
 def flash_attention_kernel_v3(q, k, v, scale, causal, window, group, out, lse):
     """FlashAttention-2's forward for heads of width HEAD: v1's arguments, but scale is
     log2(e) / sqrt(d_k) (the scores come out in base 2, for exp2). Grid
-    (ceil(T_q * group / TILE_M), BH_kv), block THREADS_V3; every per-thread array below is registers."""
+    (ceil(T_q * group / TILE_M), BH_kv), block THREADS_V3."""
     q_tile = cuda.shared.array((TILE_M, ROW_STRIDE), np.float32)    # Q, scaled
     k_tile = cuda.shared.array((TILE_N, ROW_STRIDE), np.float32)    # a tile of K
     v_tile = cuda.shared.array((TILE_N, HEAD_PAD), np.float32)      # and of V
     p_tile = cuda.shared.array((TILE_M, P_STRIDE), np.float32)      # P, for O += P V
     red = cuda.shared.array((TILE_M, COL_GROUPS), np.float32)       # row reductions, simulator only
     smem = (q_tile, k_tile, v_tile, p_tile, red)
-    regs = (cuda.local.array(S_SIZE, np.float32),                    # s, then p
-            cuda.local.array(MICRO_M, np.float32),                   # m: running max per row
-            cuda.local.array(MICRO_M, np.float32),                   # l: partial sum per row
-            cuda.local.array(O_SIZE, np.float32),                    # o: unnormalised output
-            cuda.local.array(MICRO_M, np.float32))                   # tile_max
-    v3_block(q, k, v, scale, causal, window, group, out, lse, q_tile, smem, regs)
+    v3_run_block(q, k, v, scale, causal, window, group, out, lse, q_tile, smem)
 
 
 # --- Kernel 3 under grouped-query attention: slices that share the K/V tiles ------------------
@@ -689,18 +695,13 @@ def v3_grouped_kernel(q, k, v, scale, causal, window, group, out, lse):
     (ceil(T_q * group / (TILE_M * slices)), BH_kv), block (THREADS_V3, slices), launched with
     v3_shared_words(d_k, slices) * 4 bytes of dynamic shared memory."""
     q_block, smem = v3_grouped_arrays(cuda.shared.array(0, float32))
-    regs = (cuda.local.array(S_SIZE, np.float32),                    # s, then p
-            cuda.local.array(MICRO_M, np.float32),                   # m: running max per row
-            cuda.local.array(MICRO_M, np.float32),                   # l: partial sum per row
-            cuda.local.array(O_SIZE, np.float32),                    # o: unnormalised output
-            cuda.local.array(MICRO_M, np.float32))                   # tile_max
-    v3_block(q, k, v, scale, causal, window, group, out, lse, q_block, smem, regs)
+    v3_run_block(q, k, v, scale, causal, window, group, out, lse, q_block, smem)
 
 
 # The device functions of flash v3, callees first: make_flash_v3 recompiles them for a head width.
 V3_PARTS = (v3_load_tile, v3_scores_step, v3_scores, v3_mask, v3_row_reduce_shuffle, v3_row_reduce_shared,
             v3_row_reduce, v3_online_update, v3_tile_max, v3_accumulate_step, v3_accumulate, v3_store_p, v3_start,
-            v3_key_tile, v3_write, v3_block_rows, v3_block, v3_grouped_arrays)
+            v3_key_tile, v3_write, v3_block_rows, v3_block, v3_run_block, v3_grouped_arrays)
 
 
 def build_flash_v3(d_k, replace=None, grouped=False):
