@@ -309,8 +309,8 @@ def flash_attention_kernel_v2(q, k, v, scale, causal, window, group, out, lse):
 
 # Floors the kernel report holds v3 to at d_k 64 (ptxas -v and nvdisasm for sm_90 measured 0
 # bytes of stack, 128 registers, 43,392 bytes of shared memory: 16 warps per SM on an H200,
-# and a hot loop of 128 FFMA in 206 instructions; the grouped kernel at 2 slices: 0, 128,
-# 74,368 bytes of dynamic shared memory, 16 warps, 128 FFMA in 217).
+# and a hot loop of 128 FFMA in 206 instructions; the grouped kernel at 2 slices: 0 bytes of
+# stack, 128 registers, 74,368 bytes of dynamic shared memory, 16 warps, 128 FFMA in 217).
 FAST = {"flash_attention_kernel_v3": {"max_stack_bytes": 0, "min_warps_per_sm": 16, "min_ffma_fraction": 0.5},
         "flash_attention_kernel_v3_grouped": {"max_stack_bytes": 0, "min_warps_per_sm": 16, "min_ffma_fraction": 0.5}}
 
@@ -653,13 +653,13 @@ def flash_attention_kernel_v3(q, k, v, scale, causal, window, group, out, lse):
 
 # --- Kernel 3 under grouped-query attention: slices that share the K/V tiles ------------------
 #
-# 64 rows take every byte of the 48 KB a block may declare, so one block of v3 loads a K/V tile
-# for 64 / group queries of each head of a group. The grouped kernel's block is blockDim.y
+# 64 rows take 43,392 of the 49,152 bytes a block may declare, so a block of v3 loads a K/V
+# tile for 64 / group queries of each head of a group. The grouped kernel's block is blockDim.y
 # slices of 128 threads and TILE_M rows, one slice per head of the group up to V3_MAX_SLICES:
 # every K/V tile is loaded once for TILE_M * slices rows. Its arrays are views of the launch's
 # dynamic shared memory, laid out K, V, Q of all slices, P of all slices, then the row
-# reductions (used on the simulator only, but the same layout and size on both). 4 slices are 512 threads: ptxas must fit a thread in 65,536 / 512 = 128
-# registers, the cap of the one-slice kernel.
+# reductions (used on the simulator only; the same layout and size on both). 4 slices are 512
+# threads: ptxas must fit a thread in 65,536 / 512 = 128 registers, the one-slice kernel's cap.
 
 V3_MAX_SLICES = 4
 V3_GROUPED_JIT = {} if ON_SIMULATOR else {"launch_bounds": (THREADS_V3 * V3_MAX_SLICES, 1)}
