@@ -42,6 +42,7 @@ TABLE_COLUMNS = {
     "registers": lambda row: row["registers"],
     "stack bytes": lambda row: row["stack_bytes"], "stack (local memory)": lambda row: row["stack_bytes"],
     "shared bytes": lambda row: row["shared_bytes"], "static shared": lambda row: row["shared_bytes"],
+    "dynamic shared": lambda row: row["dynamic_shared_bytes"],
     "threads / block": lambda row: row["threads_per_block"],
     "warps per sm": lambda row: row["warps_per_sm"], "warps / sm": lambda row: row["warps_per_sm"],
     "hot loop: ffma": lambda row: row["hot_loop"]["ffma"], "lds": lambda row: row["hot_loop"]["lds"],
