@@ -65,8 +65,9 @@ CASES = [((), 4, 2, 1, 1, 5), ((), 4, 1, 7, 7, 16), ((), 4, 4, 19, 19, 5), ((), 
          ((), 4, 1, 7, 19, 5), ((2,), 4, 2, 19, 19, 16)]
 V3_CASES = [CASES[1], CASES[4], CASES[5]]        # v3 simulates slowly: one of each kind
 # v3's grouped kernel (more rows than one slice): 2 slices, the second of 2 rows; 4 slices and
-# a second block of 104 rows; group 3 with a batch axis and T_q < T_k; d_k 100 (slices of 32 rows).
-V3_GROUPED_CASES = [CASES[3], ((), 12, 1, 30, 30, 5), ((2,), 6, 2, 40, 45, 8), ((), 4, 1, 20, 20, 100)]
+# a second block of 104 rows; group 3 with a batch axis and T_q < T_k (75 rows, 2 slices); d_k 100
+# (slices of 32 rows).
+V3_GROUPED_CASES = [CASES[3], ((), 12, 1, 30, 30, 5), ((2,), 6, 2, 25, 30, 8), ((), 4, 1, 20, 20, 100)]
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
@@ -157,16 +158,16 @@ def v3_loads(q, k, v, kernel):
 
 
 def test_at_long_contexts_the_grouped_kernel_loads_k_as_one_head_alone_does():
-    """4 query heads on one K/V head, T 70 (2 blocks of 64 queries for one head): the grouped
-    kernel's 4 slices hold the same 64 queries of every head, 2 blocks, the loads of one head
-    alone; the one-slice kernel's 280 rows take 5 blocks of 16 queries, each loading its band."""
-    q, k, v = qkv(np.random.default_rng(8), (), 4, 1, 70, 70, 5)
-    assert flash.v3_slices(70, 4, 5) == 4
-    alone = flash.flash_traffic(70, 70, 5, version=3)["k"]               # one head, no group
+    """4 query heads on one K/V head, T 40: the grouped kernel's 3 slices hold all 160 rows in one
+    block, which loads K as one head alone does; the one-slice kernel's 160 rows take 3 blocks of
+    16 queries, each loading its band."""
+    q, k, v = qkv(np.random.default_rng(8), (), 4, 1, 40, 40, 5)
+    assert flash.v3_slices(40, 4, 5) == 3
+    alone = flash.flash_traffic(40, 40, 5, version=3)["k"]               # one head, no group
     grouped = v3_loads(q, k, v, flash.make_flash_v3(5, grouped=True))
-    assert grouped == alone == flash.flash_traffic(70, 70, 5, version=3, group=4)["k"]
+    assert grouped == alone == flash.flash_traffic(40, 40, 5, version=3, group=4)["k"]
     one_slice = v3_loads(q, k, v, flash.make_flash_v3(5))
-    assert one_slice == flash.flash_traffic(70, 70, 5, version=3, group=4, block_q=64)["k"] > alone
+    assert one_slice == flash.flash_traffic(40, 40, 5, version=3, group=4, block_q=64)["k"] > alone
 
 
 def test_v3_grid_runs_over_kv_heads_and_blocks_of_the_groups_rows():
