@@ -144,10 +144,13 @@ def _backward(name):
         if name == "score_grad_kernel":
             return lambda kern: backward.attention_backward(q, k, v, d_out, kernel=kern)
         return lambda kern: _patched(backward, name, kern, lambda: backward.attention_backward(q, k, v, d_out))
-    # The fused backward: 2 x 1 heads of T_q 19 against T_k 23 (queries the last 19 positions:
-    # partial tiles both ways, and tiles skipped), d_k 7, d_v 5.
-    q, k = rng.standard_normal((2, 1, 19, 7)), rng.standard_normal((2, 1, 23, 7))
-    v, d_out = rng.standard_normal((2, 1, 23, 5)), rng.standard_normal((2, 1, 19, 5))
+    if name == "group_sum_kernel":        # grouped-query: 3 query heads on one K/V head, T 7, 9
+        q, k, v, d_out = (rng.standard_normal(s) for s in ((3, 7, 5), (1, 9, 5), (1, 9, 3), (3, 7, 3)))
+        return lambda kern: _patched(backward, name, kern, lambda: backward.attention_backward(q, k, v, d_out))
+    # The fused backward: 2 x 2 query heads on 2 x 1 K/V heads, T_q 19 against T_k 23 (queries the
+    # last 19 positions: partial tiles both ways, and tiles skipped), d_k 7, d_v 5.
+    q, k = rng.standard_normal((2, 2, 19, 7)), rng.standard_normal((2, 1, 23, 7))
+    v, d_out = rng.standard_normal((2, 1, 23, 5)), rng.standard_normal((2, 2, 19, 5))
     out, lse = reference.attention(q, k, v), backward.log_sum_exp(q, k)
     return lambda kern: _patched(backward, name, kern,
                                  lambda: backward.flash_attention_backward(q, k, v, out, lse, d_out))
@@ -194,6 +197,7 @@ CASES = {
     "backward.row_dot_kernel": _backward("row_dot_kernel"),
     "backward.transpose_kernel": _backward("transpose_kernel"),
     "backward.score_grad_kernel": _backward("score_grad_kernel"),
+    "backward.group_sum_kernel": _backward("group_sum_kernel"),
     "backward.flash_backward_dkdv_kernel": _backward("flash_backward_dkdv_kernel"),
     "backward.flash_backward_dq_kernel": _backward("flash_backward_dq_kernel"),
 }

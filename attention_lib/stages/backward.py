@@ -3,10 +3,11 @@ derives the gradients (dV = P^T dO, dP = dO V^T, dS = P o (dP - D) with D = rows
 dS K scale, dK = dS^T Q scale) and says why dQ takes a second pass rather than atomics. The file:
 
 - NumPy: ``backward_loops`` (one head, the derivation's loops), ``backward`` (vectorised, any
-  leading axes, float64), ``log_sum_exp``, ``numerical_gradient`` (central finite differences).
+  leading axes, float64), ``fold_kv_heads``, ``log_sum_exp``, ``numerical_gradient`` (central finite differences).
 - Naive kernels: ``row_dot_kernel`` (D), ``transpose_kernel``, ``score_grad_kernel`` (dS, the
-  exercise's); ``launch_naive_backward`` stores P from the forward's own kernels, then one
-  launch per gradient.
+  exercise's), ``group_sum_kernel`` (a shared K/V head's gradient); ``launch_naive_backward``
+  stores P from the forward's own kernels, then one launch per gradient;
+  ``launch_grouped_naive_backward`` for shared K/V heads.
 - Fused kernels, FlashAttention-2-style, nothing T_q x T_k stored: ``flash_backward_dkdv_kernel``
   (a block per BLOCK_K keys walks the query tiles, recomputing P from the forward's log-sum-exp)
   and ``flash_backward_dq_kernel`` (the second pass, a block per BLOCK_Q queries); causal tiles
@@ -15,6 +16,11 @@ dS K scale, dK = dS^T Q scale) and says why dQ takes a second pass rather than a
   ``count_fused`` (main-memory traffic with ``sanitizer.count_memory``).
 - Launchers: ``attention_backward(q, k, v, d_out, causal=True)`` (naive) and
   ``flash_attention_backward(q, k, v, out, lse, d_out, causal=True)`` (fused).
+
+Grouped-query attention: k and v may have fewer heads than q (axis -3), as in the forward. A
+key/value head's gradient sums what each query head of its group gives it: the naive backward
+adds per-head gradients (``group_sum_kernel``), the fused dK/dV pass walks the query tiles of
+every head of the group in one block, so the sum stays in its registers.
 """
 
 import math
@@ -63,12 +69,12 @@ def backward_loops(q, k, v, d_out, causal=True):
 
 
 def backward(q, k, v, d_out, causal=True):
-    """The gradients of attention, vectorised; float64.
-
-    q: (..., T_q, d_k); k: (..., T_k, d_k); v: (..., T_k, d_v); d_out: (..., T_q, d_v), the
-    gradient of the loss with respect to attention's output -> (dq, dk, dv), shapes of q, k, v.
-    """
-    q, k, v, d_out = (np.asarray(a, dtype=np.float64) for a in (q, k, v, d_out))
+    """The gradients of attention, vectorised; float64. q: (..., T_q, d_k); k: (..., T_k, d_k);
+    v: (..., T_k, d_v); d_out: (..., T_q, d_v), the loss's gradient with respect to attention's
+    output -> (dq, dk, dv), shapes of q, k, v. k and v may have fewer heads on axis -3
+    (grouped-query attention): a K/V head's gradient sums its query heads' (fold_kv_heads)."""
+    q, k_heads, v_heads, d_out = (np.asarray(a, dtype=np.float64) for a in (q, k, v, d_out))
+    k, v = reference.share_kv_heads(k_heads, q), reference.share_kv_heads(v_heads, q)  # (..., H, T_k, d)
     scale = 1.0 / math.sqrt(q.shape[-1])
     p = reference.attention_weights(q, k, causal)           # (..., T_q, T_k)
     o = p @ v                                               # (..., T_q, d_v)
@@ -78,7 +84,16 @@ def backward(q, k, v, d_out, causal=True):
     ds = p * (dp - d_rows)                                  # (..., T_q, T_k)
     dq = ds @ k * scale                                     # (..., T_q, d_k)
     dk = np.swapaxes(ds, -1, -2) @ q * scale                # (..., T_k, d_k)
-    return dq, dk, dv
+    return dq, fold_kv_heads(dk, k_heads.shape), fold_kv_heads(dv, v_heads.shape)
+
+
+def fold_kv_heads(grad, shape):
+    """grad (..., H, T_k, d), one per query head -> `shape` (..., H_kv, T_k, d): each key/value
+    head's sum over the H / H_kv query heads that read it (query head h reads h // group)."""
+    if grad.shape == tuple(shape):
+        return grad
+    group = grad.shape[-3] // shape[-3]
+    return grad.reshape(*shape[:-2], group, *shape[-2:]).sum(axis=-3)   # (..., H_kv, group, T_k, d)
 
 
 def log_sum_exp(q, k, causal=True):
@@ -88,7 +103,7 @@ def log_sum_exp(q, k, causal=True):
     backward rebuilds any entry of P from S and one number per row. A row that sees no key
     gets -inf (log of an empty sum).
     """
-    s = reference.scores(q, k)                              # (..., T_q, T_k), scaled
+    s = reference.scores(q, reference.share_kv_heads(k, q))  # (..., T_q, T_k), scaled
     if causal:
         s = reference.apply_causal_mask(s)
     top = np.max(s, axis=-1)
@@ -161,9 +176,29 @@ def score_grad_kernel(p, dp, d_rows, scale, d_raw):
         d_raw[h, i, j] = scale * p[h, i, j] * (dp[h, i, j] - d_rows[h, i])
 
 
+@cuda.jit
+def group_sum_kernel(per_head, shared):
+    """shared (BH_kv, T, d) float32, written: for key/value head g the sum of per_head (BH, T, d)
+    over the query heads g * group .. (g + 1) * group - 1 that read it (grouped-query attention).
+    A thread per element of shared; block (x, g) along its (T x d) entries."""
+    e, g = cuda.grid(1), cuda.blockIdx.y
+    t, c = e // shared.shape[2], e % shared.shape[2]
+    if t < shared.shape[1]:
+        group = per_head.shape[0] // shared.shape[0]
+        total = np.float32(0.0)
+        for r in range(group):
+            total += per_head[g * group + r, t, c]
+        shared[g, t, c] = total
+
+
 def row_grid(bh, t_q):
     """(grid, block) of row_dot_kernel: x over rows, y over heads."""
     return (ceil_div(t_q, ROWS_PER_BLOCK), bh), ROWS_PER_BLOCK
+
+
+def group_sum_grid(bh_kv, t, d):
+    """(grid, block) of group_sum_kernel for (BH_kv, T, d): x over the T * d entries, y over heads."""
+    return (ceil_div(t * d, ROWS_PER_BLOCK), bh_kv), ROWS_PER_BLOCK
 
 
 def transposed(a):
@@ -193,6 +228,17 @@ def launch_naive_backward(q, k, v, d_out, causal, dq, dk, dv, kernel=None):
         p, dp, d_rows, scores.scale_factor(d_k), d_raw)     # dS * scale
     weighted_sum.launch_weighted_sum(d_raw, k, dq)          # dQ = dS K * scale
     weighted_sum.launch_weighted_sum(transposed(d_raw), q, dk)         # dK = dS^T Q * scale
+
+
+def launch_grouped_naive_backward(q, k, v, d_out, causal, dq, dk, dv, kernel=None):
+    """launch_naive_backward with k and v of BH_kv < BH heads (grouped-query attention): the stage
+    kernels work on copies of each K/V head for its query heads (attention.share_kv_heads), then
+    group_sum_kernel adds the copies' dK and dV into each K/V head's."""
+    per_head = [cuda.device_array((q.shape[0], *a.shape[1:]), np.float32) for a in (dk, dv)]   # (BH, T_k, d)
+    shared_k, shared_v = (attention.share_kv_heads(a, q.shape[0]) for a in (k, v))
+    launch_naive_backward(q, shared_k, shared_v, d_out, causal, dq, *per_head, kernel)
+    for summed, grad in zip((dk, dv), per_head):
+        group_sum_kernel[group_sum_grid(*summed.shape)](grad, summed)
 
 
 # --- Fused kernels: S and P recomputed tile by tile, nothing T x T stored ------------------
@@ -296,22 +342,24 @@ def dkdv_tile(q_tile, do_tile, stats, i0, j, k_row, v_row, dk_acc, dv_acc, scale
 
 @cuda.jit
 def flash_backward_dkdv_kernel(q, k, v, d_out, lse, d_rows, scale, causal, dk, dv):
-    """dk, dv (BH, T_k, d) float32, written; q, d_out (BH, T_q, d), k, v (BH, T_k, d), lse, d_rows
-    (BH, T_q) float32; scale 1/sqrt(d_k). Block (x, h): BLOCK_K keys of head h, one per thread."""
+    """dk, dv (BH_kv, T_k, d) written from q, d_out (BH, T_q, d), k, v (BH_kv, T_k, d), lse and
+    d_rows (BH, T_q), float32; scale 1/sqrt(d_k). Block (x, g): BLOCK_K keys of K/V head g, a thread each."""
     q_tile = cuda.shared.array((BLOCK_Q, MAX_D), np.float32)   # the tile's queries
     do_tile = cuda.shared.array((BLOCK_Q, MAX_D), np.float32)  # and their output gradients
     stats = cuda.shared.array((2, BLOCK_Q), np.float32)        # and their lse (row 0) and D (row 1)
     k_row, v_row = cuda.local.array(MAX_D, np.float32), cuda.local.array(MAX_D, np.float32)
     dk_acc, dv_acc = cuda.local.array(MAX_D, np.float32), cuda.local.array(MAX_D, np.float32)
-    h, j0, j = cuda.blockIdx.y, cuda.blockIdx.x * BLOCK_K, cuda.blockIdx.x * BLOCK_K + cuda.threadIdx.x
-    start_rows(k, v, h, j, k_row, v_row, dk_acc, dv_acc)
-    for i0 in range(first_query_tile(j0, q.shape[1], k.shape[1], causal), q.shape[1], BLOCK_Q):
-        load_query_tiles(q, d_out, lse, d_rows, h, i0, q_tile, do_tile, stats)
-        cuda.syncthreads()                                     # wait: the query tiles are complete
-        dkdv_tile(q_tile, do_tile, stats, i0, j, k_row, v_row, dk_acc, dv_acc, scale, causal, q, v)
-        cuda.syncthreads()                                     # wait: all are done with them before the next copy
-    store_row(dk, h, j, dk_acc, scale)                         # dK = scale * sum_i dS_ij Q_i
-    store_row(dv, h, j, dv_acc, np.float32(1.0))
+    g, j0, j = cuda.blockIdx.y, cuda.blockIdx.x * BLOCK_K, cuda.blockIdx.x * BLOCK_K + cuda.threadIdx.x
+    group = q.shape[0] // k.shape[0]
+    start_rows(k, v, g, j, k_row, v_row, dk_acc, dv_acc)
+    for h in range(g * group, (g + 1) * group):                # the query heads that read K/V head g
+        for i0 in range(first_query_tile(j0, q.shape[1], k.shape[1], causal), q.shape[1], BLOCK_Q):
+            load_query_tiles(q, d_out, lse, d_rows, h, i0, q_tile, do_tile, stats)
+            cuda.syncthreads()                                 # wait: the query tiles are complete
+            dkdv_tile(q_tile, do_tile, stats, i0, j, k_row, v_row, dk_acc, dv_acc, scale, causal, q, v)
+            cuda.syncthreads()                                 # wait: all are done with them before the next copy
+    store_row(dk, g, j, dk_acc, scale)                         # dK = scale * sum_i dS_ij Q_i, over the group
+    store_row(dv, g, j, dv_acc, np.float32(1.0))
 
 
 @cuda.jit(device=True)
@@ -341,7 +389,7 @@ def dq_tile(k_tile, v_tile, n, q_row, do_row, lse, d_rows, h, i, dq_acc, scale, 
 @cuda.jit
 def flash_backward_dq_kernel(q, k, v, d_out, lse, d_rows, scale, causal, dq):
     """dq (BH, T_q, d_k) float32, written; the other arguments as flash_backward_dkdv_kernel's.
-    Block (x, h): BLOCK_Q queries of head h, one per thread, walking the key tiles they see."""
+    Block (x, h): BLOCK_Q queries of head h, a thread each, over the K/V head h // group's tiles."""
     k_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)   # the current tile of keys
     v_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)   # and of their values
     q_row, do_row = cuda.local.array(MAX_D, np.float32), cuda.local.array(MAX_D, np.float32)
@@ -349,9 +397,10 @@ def flash_backward_dq_kernel(q, k, v, d_out, lse, d_rows, scale, causal, dq):
     h, q0, i = cuda.blockIdx.y, cuda.blockIdx.x * BLOCK_Q, cuda.blockIdx.x * BLOCK_Q + cuda.threadIdx.x
     start_rows(q, d_out, h, i, q_row, do_row, dq_acc, dq_acc)  # one accumulator: dQ
     my_keys, block_keys = key_range(i, q0, q.shape[1], k.shape[1], causal)
+    g = h // (q.shape[0] // k.shape[0])                        # the K/V head query head h reads
     for k0 in range(0, block_keys, BLOCK_K):
-        load_rows(k, h, k0, min(BLOCK_K, block_keys - k0), k.shape[2], k_tile, BLOCK_Q)
-        load_rows(v, h, k0, min(BLOCK_K, block_keys - k0), v.shape[2], v_tile, BLOCK_Q)
+        load_rows(k, g, k0, min(BLOCK_K, block_keys - k0), k.shape[2], k_tile, BLOCK_Q)
+        load_rows(v, g, k0, min(BLOCK_K, block_keys - k0), v.shape[2], v_tile, BLOCK_Q)
         cuda.syncthreads()                                     # wait: the K and V tiles are complete
         dq_tile(k_tile, v_tile, min(BLOCK_K, my_keys - k0), q_row, do_row, lse, d_rows, h, i, dq_acc,
                 scale, k, v)
@@ -359,17 +408,20 @@ def flash_backward_dq_kernel(q, k, v, d_out, lse, d_rows, scale, causal, dq):
     store_row(dq, h, i, dq_acc, scale)                         # dQ = scale * sum_j dS_ij K_j
 
 
-def fused_grids(bh, t_q, t_k):
-    """{"dkdv": (grid, block), "dq": (grid, block)} of the two fused kernels."""
-    return {"dkdv": ((ceil_div(t_k, BLOCK_K), bh), BLOCK_K), "dq": ((ceil_div(t_q, BLOCK_Q), bh), BLOCK_Q)}
+def fused_grids(bh, t_q, t_k, bh_kv=None):
+    """{"dkdv": (grid, block), "dq": (grid, block)} of the two fused kernels for bh query heads
+    and bh_kv key/value heads (default bh)."""
+    bh_kv = bh if bh_kv is None else bh_kv
+    return {"dkdv": ((ceil_div(t_k, BLOCK_K), bh_kv), BLOCK_K), "dq": ((ceil_div(t_q, BLOCK_Q), bh), BLOCK_Q)}
 
 
 def launch_fused_backward(q, k, v, out, lse, d_out, causal, dq, dk, dv):
-    """The fused backward on device arrays (shapes as the kernels'); dq, dk, dv written."""
+    """The fused backward on device arrays (shapes as the kernels', k and v with BH or fewer
+    heads); dq, dk, dv written."""
     bh, t_q, d_k = q.shape
     d_rows = cuda.device_array((bh, t_q), np.float32)
     row_dot_kernel[row_grid(bh, t_q)](d_out, out, d_rows)   # D = rowsum(dO o O): T_q numbers
-    grids, scale = fused_grids(bh, t_q, k.shape[1]), scores.scale_factor(d_k)
+    grids, scale = fused_grids(bh, t_q, k.shape[1], k.shape[0]), scores.scale_factor(d_k)
     flash_backward_dkdv_kernel[grids["dkdv"]](q, k, v, d_out, lse, d_rows, scale, bool(causal), dk, dv)
     flash_backward_dq_kernel[grids["dq"]](q, k, v, d_out, lse, d_rows, scale, bool(causal), dq)
 
@@ -471,7 +523,7 @@ def count_fused(q, k, v, out, lse, d_out, causal=True):
     (bh, t_q, d_k), t_k = q.shape, k.shape[1]
     d_rows = np.empty((bh, t_q), np.float32)
     dq, dk, dv = (np.empty(a.shape, np.float32) for a in (q, k, v))
-    grids, scale = fused_grids(bh, t_q, t_k), scores.scale_factor(d_k)
+    grids, scale = fused_grids(bh, t_q, t_k, k.shape[0]), scores.scale_factor(d_k)
     reports = {
         "row sums": sanitizer.count_memory(row_dot_kernel, *row_grid(bh, t_q), d_out, out, d_rows),
         "dK, dV": sanitizer.count_memory(flash_backward_dkdv_kernel, *grids["dkdv"], q, k, v, d_out, lse,
@@ -489,7 +541,7 @@ def _flatten(what, q, k, v, d_out, causal, extra=()):
     returns (q3, k3, v3, d_out3, [extra3...], lead), each flattened to (BH, ...) float32. The
     simulator budget counts a thread per query and per key and the multiply-adds of the fused
     backward's two passes."""
-    q3, k3, v3, lead = attention._flatten(q, k, v, causal, what)
+    q3, k3, v3, lead = attention._flatten(q, k, v, causal, what, share_kv=True)
     (bh, t_q, d_k), (t_k, d_v) = q3.shape, v3.shape[1:]
     require(max(d_k, d_v) <= MAX_D, f"q and v must have d_k, d_v <= {MAX_D} (MAX_D); got d_k {d_k}, d_v {d_v}")
     d_out = as_float32("d_out", d_out, "(..., T_q, d_v)", min_ndim=2)
@@ -505,9 +557,10 @@ def _flatten(what, q, k, v, d_out, causal, extra=()):
     return (q3, k3, v3, d_out.reshape(bh, t_q, d_v), *flat, lead)
 
 
-def _results(what, dq, dk, dv, lead):
-    """Copy the three gradients back with the leading axes restored, and refuse non-finite ones."""
-    grads = tuple(a.copy_to_host().reshape(*lead, *a.shape[1:]) for a in (dq, dk, dv))
+def _results(what, dq, dk, dv, lead, lead_kv):
+    """Copy the three gradients back with the leading axes restored (q's, and k's for dk and
+    dv), and refuse non-finite ones."""
+    grads = tuple(a.copy_to_host().reshape(*axes, *a.shape[1:]) for a, axes in ((dq, lead), (dk, lead_kv), (dv, lead_kv)))
     for grad in grads:
         require_finite_result(what, grad, "q, k, v or d_out")
     return grads
@@ -518,13 +571,15 @@ def attention_backward(q, k, v, d_out, causal=True, kernel=None):
     with the stage kernels (the weights P are computed and stored, T_q x T_k per head).
 
     q: (..., T_q, d_k); k: (..., T_k, d_k); v: (..., T_k, d_v); d_out: (..., T_q, d_v), float,
-    the same leading axes -> (dq, dk, dv) float32 with the shapes of q, k, v. kernel: replaces
+    the same leading axes, or k and v with fewer heads on axis -3 (grouped-query attention, as
+    attention takes them) -> (dq, dk, dv) float32 with the shapes of q, k, v. kernel: replaces
     score_grad_kernel (same signature and grid).
     """
     q3, k3, v3, do3, lead = _flatten("attention_backward", q, k, v, d_out, causal)
     dq, dk, dv = (cuda.device_array(a.shape, np.float32) for a in (q3, k3, v3))
-    launch_naive_backward(*(cuda.to_device(a) for a in (q3, k3, v3, do3)), causal, dq, dk, dv, kernel)
-    return _results("attention_backward", dq, dk, dv, lead)
+    launch = launch_naive_backward if k3.shape[0] == q3.shape[0] else launch_grouped_naive_backward
+    launch(*(cuda.to_device(a) for a in (q3, k3, v3, do3)), causal, dq, dk, dv, kernel)
+    return _results("attention_backward", dq, dk, dv, lead, np.shape(k)[:-2])
 
 
 def flash_attention_backward(q, k, v, out, lse, d_out, causal=True):
@@ -532,8 +587,9 @@ def flash_attention_backward(q, k, v, out, lse, d_out, causal=True):
 
     q: (..., T_q, d_k); k: (..., T_k, d_k); v: (..., T_k, d_v); out: (..., T_q, d_v), the
     forward's output; lse: (..., T_q), the forward's log-sum-exp of each row of scaled scores
-    (-inf for a row that sees no key); d_out: (..., T_q, d_v); float, the same leading axes
-    -> (dq, dk, dv) float32 with the shapes of q, k, v.
+    (-inf for a row that sees no key); d_out: (..., T_q, d_v); float, the same leading axes (k
+    and v may have fewer heads on axis -3, as flash_attention takes them) -> (dq, dk, dv) float32
+    with the shapes of q, k, v.
     """
     require(isinstance(causal, (bool, np.bool_)), f"causal must be True or False, got {causal!r}")
     t_q, d_v = np.shape(d_out)[-2:] if np.ndim(d_out) >= 2 else (None, None)
@@ -542,4 +598,4 @@ def flash_attention_backward(q, k, v, out, lse, d_out, causal=True):
         extra=(("out", out, "(..., T_q, d_v)", (t_q, d_v), False), ("lse", lse, "(..., T_q)", (t_q,), True)))
     dq, dk, dv = (cuda.device_array(a.shape, np.float32) for a in (q3, k3, v3))
     launch_fused_backward(*(cuda.to_device(a) for a in (q3, k3, v3, out3, lse3, do3)), causal, dq, dk, dv)
-    return _results("flash_attention_backward", dq, dk, dv, lead)
+    return _results("flash_attention_backward", dq, dk, dv, lead, np.shape(k)[:-2])
