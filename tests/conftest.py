@@ -1,4 +1,7 @@
-"""Shared fixtures. attention_lib is imported first: it chooses GPU or simulator before numba.cuda loads."""
+"""Shared fixtures, and the order the files are collected in. attention_lib is imported before
+numba: it chooses GPU or simulator before numba.cuda loads."""
+
+from pathlib import Path
 
 import attention_lib  # noqa: F401  (must precede any numba.cuda import)
 import numpy as np
@@ -9,3 +12,23 @@ import pytest
 def rng():
     """A fresh, seeded generator per test: random data, the same on every run."""
     return np.random.default_rng(12345)
+
+
+# `make test`'s two workers take whole files (--dist loadfile) in collection order, so a slow
+# file collected last keeps one worker busy while the other has finished. The slowest files
+# (measured with --durations=0 in a fresh clone) are collected first, then the other notebooks
+# (several seconds each), then the other test files; the tests inside every file keep their order.
+SLOW_FILES_FIRST = ("tests/test_compile.py", "tests/test_student_copies.py", "tests/test_bench.py",
+                    "tests/test_gqa.py", "tests/test_flash.py", "tests/test_properties.py",
+                    "notebooks/07_fused_attention.ipynb", "notebooks/09_performance.ipynb",
+                    "tests/test_race_free.py", "tests/test_wheel.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {path: n for n, path in enumerate(SLOW_FILES_FIRST)}
+    root = Path(str(config.rootpath))
+
+    def place(item):
+        path = Path(str(item.fspath)).relative_to(root)
+        return rank.get(path.as_posix(), len(rank) + (path.suffix != ".ipynb"))
+    items.sort(key=place)
