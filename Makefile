@@ -32,12 +32,9 @@ NOTEBOOK = $(wildcard notebooks/$(NB)_*.ipynb)
 
 .PHONY: lab test unit notebook student install clean bench
 
-# --no-compile: pip would byte-compile every installed module (JupyterLab, numba, the CUDA
-# wheels), about 55 of the install's 125 s on a 2-core machine; Python compiles the few modules
-# actually imported the first time they are, and keeps them.
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --editable ".[$(EXTRAS)]" --no-compile
+	$(BIN)/python -m pip install --quiet --editable ".[$(EXTRAS)]"
 	touch $@
 
 install: $(INSTALLED)
