@@ -29,6 +29,7 @@ def pytest_collection_modifyitems(session, config, items):
     root = Path(str(config.rootpath))
 
     def place(item):
-        path = Path(str(item.fspath)).relative_to(root)
-        return rank.get(path.as_posix(), len(rank) + (path.suffix != ".ipynb"))
+        path = Path(str(item.fspath))
+        name = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+        return rank.get(name, len(rank) + (path.suffix != ".ipynb"))
     items.sort(key=place)
