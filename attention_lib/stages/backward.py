@@ -263,12 +263,23 @@ def load_entries(src, h, r0, n, stats, which, threads):
 @cuda.jit(device=True)
 def load_query_tiles(q, d_out, lse, d_rows, h, i0, q_tile, do_tile, stats):
     """The dK/dV pass's copy of queries i0 .. i0 + n - 1 of head h into shared memory: their q
-    and dO rows, and their lse and D in stats[0] and stats[1]; n = BLOCK_Q but at the end."""
+    and dO rows, and their lse and D in stats[0] and stats[1]; n = BLOCK_Q but at the end. The
+    whole block copies, then waits until the tiles are complete."""
     n = min(BLOCK_Q, q.shape[1] - i0)
     load_rows(q, h, i0, n, q.shape[2], q_tile, BLOCK_K)
     load_rows(d_out, h, i0, n, d_out.shape[2], do_tile, BLOCK_K)
     load_entries(lse, h, i0, n, stats, 0, BLOCK_K)
     load_entries(d_rows, h, i0, n, stats, 1, BLOCK_K)
+    cuda.syncthreads()                                      # wait: the query tiles are complete
+
+
+@cuda.jit(device=True)
+def load_key_tiles(k, v, g, k0, n, k_tile, v_tile):
+    """The dQ pass's copy of keys k0 .. k0 + n - 1 of K/V head g into shared memory, their k and
+    v rows; the whole block copies, then waits until the tiles are complete."""
+    load_rows(k, g, k0, n, k.shape[2], k_tile, BLOCK_Q)
+    load_rows(v, g, k0, n, v.shape[2], v_tile, BLOCK_Q)
+    cuda.syncthreads()                                      # wait: the K and V tiles are complete
 
 
 @cuda.jit(device=True)
@@ -354,8 +365,7 @@ def flash_backward_dkdv_kernel(q, k, v, d_out, lse, d_rows, scale, causal, dk, d
     start_rows(k, v, g, j, k_row, v_row, dk_acc, dv_acc)
     for h in range(g * group, (g + 1) * group):                # the query heads that read K/V head g
         for i0 in range(first_query_tile(j0, q.shape[1], k.shape[1], causal), q.shape[1], BLOCK_Q):
-            load_query_tiles(q, d_out, lse, d_rows, h, i0, q_tile, do_tile, stats)
-            cuda.syncthreads()                                 # wait: the query tiles are complete
+            load_query_tiles(q, d_out, lse, d_rows, h, i0, q_tile, do_tile, stats)   # and waits
             dkdv_tile(q_tile, do_tile, stats, i0, j, k_row, v_row, dk_acc, dv_acc, scale, causal, q, v)
             cuda.syncthreads()                                 # wait: all are done with them before the next copy
     store_row(dk, g, j, dk_acc, scale)                         # dK = scale * sum_i dS_ij Q_i, over the group
@@ -399,9 +409,7 @@ def flash_backward_dq_kernel(q, k, v, d_out, lse, d_rows, scale, causal, dq):
     my_keys, block_keys = key_range(i, q0, q.shape[1], k.shape[1], causal)
     g = h // (q.shape[0] // k.shape[0])                        # the K/V head query head h reads
     for k0 in range(0, block_keys, BLOCK_K):
-        load_rows(k, g, k0, min(BLOCK_K, block_keys - k0), k.shape[2], k_tile, BLOCK_Q)
-        load_rows(v, g, k0, min(BLOCK_K, block_keys - k0), v.shape[2], v_tile, BLOCK_Q)
-        cuda.syncthreads()                                     # wait: the K and V tiles are complete
+        load_key_tiles(k, v, g, k0, min(BLOCK_K, block_keys - k0), k_tile, v_tile)   # and waits
         dq_tile(k_tile, v_tile, min(BLOCK_K, my_keys - k0), q_row, do_row, lse, d_rows, h, i, dq_acc,
                 scale, k, v)
         cuda.syncthreads()                                     # wait: all are done with them before the next copy
