@@ -3,7 +3,8 @@ derives the gradients (dV = P^T dO, dP = dO V^T, dS = P o (dP - D) with D = rows
 dS K scale, dK = dS^T Q scale) and says why dQ takes a second pass rather than atomics. The file:
 
 - NumPy: ``backward_loops`` (one head, the derivation's loops), ``backward`` (vectorised, any
-  leading axes, float64), ``fold_kv_heads``, ``log_sum_exp``, ``numerical_gradient`` (central finite differences).
+  leading axes, float64), ``fold_kv_heads``, ``log_sum_exp``, ``numerical_gradient`` (central
+  finite differences).
 - Naive kernels: ``row_dot_kernel`` (D), ``transpose_kernel``, ``score_grad_kernel`` (dS, the
   exercise's), ``group_sum_kernel`` (a shared K/V head's gradient); ``launch_naive_backward``
   stores P from the forward's own kernels, then one launch per gradient;
@@ -42,7 +43,7 @@ MAX_D = flash.MAX_D
 BLOCK_GPU = 32
 BLOCK_Q = 16 if SIMULATOR_SHAPES else BLOCK_GPU
 BLOCK_K = 16 if SIMULATOR_SHAPES else BLOCK_GPU
-# Element-wise kernels (row sums): rows per block.
+# Element-wise kernels: rows per block of the row sums, entries per block of the group sums.
 ROWS_PER_BLOCK = 32
 
 
@@ -568,7 +569,8 @@ def _flatten(what, q, k, v, d_out, causal, extra=()):
 def _results(what, dq, dk, dv, lead, lead_kv):
     """Copy the three gradients back with the leading axes restored (q's, and k's for dk and
     dv), and refuse non-finite ones."""
-    grads = tuple(a.copy_to_host().reshape(*axes, *a.shape[1:]) for a, axes in ((dq, lead), (dk, lead_kv), (dv, lead_kv)))
+    grads = tuple(a.copy_to_host().reshape(*axes, *a.shape[1:])
+                  for a, axes in ((dq, lead), (dk, lead_kv), (dv, lead_kv)))
     for grad in grads:
         require_finite_result(what, grad, "q, k, v or d_out")
     return grads
