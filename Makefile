@@ -30,7 +30,7 @@ UNIT_TESTS ?= tests/test_reference.py tests/test_api.py tests/test_basics.py tes
 # `make notebook NB=03`: the notebook whose name starts with NB.
 NOTEBOOK = $(wildcard notebooks/$(NB)_*.ipynb)
 
-.PHONY: lab test unit notebook student install clean bench
+.PHONY: lab test unit notebook notebooks student install clean bench
 
 # pip byte-compiles what it installs one file at a time (about 55 s of a 125 s install on a
 # 2-core machine); compileall writes the same .pyc files on every core. They must be written
@@ -57,6 +57,13 @@ notebook: $(INSTALLED)
 	@test -n "$(NB)" -a -n "$(NOTEBOOK)" || { echo "usage: make notebook NB=03 (no notebooks/$(NB)_*.ipynb)"; exit 2; }
 	cd notebooks && ATTENTION_LIB_BACKEND=simulator $(abspath $(BIN))/jupyter nbconvert --to notebook --execute --inplace $(notdir $(NOTEBOOK))
 
+# Re-execute every notebook in place, two at a time, the way they are committed: after any change
+# to attention_lib, before committing.
+NOTEBOOKS_JOBS ?= 2
+notebooks: $(INSTALLED)
+	cd notebooks && ls [0-9][0-9]*_*.ipynb | ATTENTION_LIB_BACKEND=simulator xargs -P $(NOTEBOOKS_JOBS) -I{} \
+		$(abspath $(BIN))/jupyter nbconvert --to notebook --execute --inplace --log-level WARN {}
+
 # Student copies of every notebook under release/ (solutions cut by nbgrader, outputs cleared).
 student: $(INSTALLED)
 	$(BIN)/python scripts/student_copies.py release
@@ -66,7 +73,7 @@ clean:
 
 # Time every kernel version (on a GPU), or count threads and memory traffic (on the simulator).
 bench: $(INSTALLED)
-	$(BIN)/python -m attention_lib.bench
+	$(BIN)/python -m attention_lib.measure.bench
 
 # The prepared GPU run, for a machine with a GPU where numba-cuda, PyTorch and CuPy are already
 # installed and no package registry is reachable (it installs nothing, so no venv step): the
@@ -81,4 +88,4 @@ gpu-check:
 # kernel declared FAST breaks its floors. E.g. make kernel-report REPORT_FLAGS="--json report.json"
 .PHONY: kernel-report
 kernel-report: $(INSTALLED)
-	$(BIN)/python -m attention_lib.kernel_report $(REPORT_FLAGS)
+	$(BIN)/python -m attention_lib.measure.kernel_report $(REPORT_FLAGS)

@@ -3,9 +3,13 @@
 Import this package before anything imports ``numba.cuda``: ``runtime`` chooses the GPU or
 the CUDA simulator, and Numba reads that choice only once.
 
-Layout: ``attention_lib.stages`` holds one module per stage, in the notebooks' order; beside it
-sit the infrastructure (``runtime``, ``reference``, ``validation``, ``launch``, ``sanitizer``,
-``plotting``, ``bench``) and the exercise checks (``checks``).
+Layout (the README's "Using the library" has the map, module by module):
+
+- ``stages``: one module per stage, in the notebooks' order; the kernels the course builds;
+- ``checks``: the exercises' checks and hints;
+- ``reference``, ``story``, ``plotting``: float64 references, the running example, pictures;
+- ``measure``: the sanitizer, traffic counts, the kernel report and the bench;
+- ``platform``: GPU or simulator, the simulator's threads, launches, input validation.
 
 The public API, plain functions, NumPy in and NumPy out, on the GPU or the simulator (float32
 results; every function has a float64 twin of the same name in ``attention_lib.reference``):
@@ -20,8 +24,8 @@ results; every function has a float64 twin of the same name in ``attention_lib.r
   ``flash_attention_backward(q, k, v, out, lse, d_out, causal=True)`` -> (dq, dk, dv).
 """
 
-from attention_lib import runtime  # noqa: F401  (first: it must run before numba.cuda loads)
-from attention_lib.runtime import BACKEND, ON_SIMULATOR, SIZES, banner  # noqa: F401
+from attention_lib.platform import runtime  # noqa: F401  (first: it must run before numba.cuda loads)
+from attention_lib.platform.runtime import BACKEND, ON_SIMULATOR, SIZES, banner  # noqa: F401
 
 from attention_lib.stages.attention import attention  # noqa: E402,F401
 from attention_lib.stages.backward import attention_backward, flash_attention_backward  # noqa: E402,F401

@@ -6,7 +6,7 @@ from matplotlib.colors import ListedColormap
 
 
 def plot_thread_map(ids, title="Which thread wrote each element", ax=None):
-    """Draw a thread map (from ``attention_lib.sanitizer.thread_map``) as a coloured grid.
+    """Draw a thread map (from ``attention_lib.measure.sanitizer.thread_map``) as a coloured grid.
 
     ids: (n,) or (rows, cols) int array, the id of the thread (or block) that wrote each
     element, -1 where none did (drawn grey). A 1-D array is drawn as one row. Cells carry
@@ -185,13 +185,13 @@ def bench_roofline_points(results, counted=True):
 
 
 def plot_bench_roofline(results, ax=None, counted=True, only=None, title=None):
-    """The roofline of a bench results dict (run_bench's, traffic.formula_results', or a loaded one).
+    """The roofline of a bench results dict (run_bench's, bench.formula_results', or a loaded one).
 
     With times: measured points under the measuring GPU's roofs. Without: the reference GPU's
     roofs (an H200), each point on the FP32 roof by construction (no time says how far below it
     a kernel would sit). The tensor-core roof is drawn dashed. only: parts of kernel names to draw.
     """
-    from attention_lib.gpus import REFERENCE_GPU, GpuLimits
+    from attention_lib.measure.gpus import REFERENCE_GPU, GpuLimits
     if only:
         results = {**results, "kernels": [k for k in results["kernels"] if any(w in k["name"] for w in only)]}
     limits = REFERENCE_GPU if results["limits"] is None else GpuLimits(

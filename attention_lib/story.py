@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attention_lib.runtime import SIZES, ModelSizes
+from attention_lib.platform.runtime import SIZES, ModelSizes
 
 # 32 tokens, so the simulator's context (T 32) holds it once; "it" refers back to "cat" twice.
 TEXT = ("the cat sat on the mat because it was tired . the dog saw the cat and it ran to the door . "

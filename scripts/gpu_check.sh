@@ -10,7 +10,7 @@
 #   2. the unit tests, on the GPU (ATTENTION_LIB_BACKEND=gpu)
 #   3. notebooks 07 and 09 executed at full size (copies in DIR; the committed ones untouched)
 #   4. the bench at ANDREA-120M (B 8, H 12, T 1024, d_k 64): JSON, table, roofline PNG
-#   5. the kernel report (python -m attention_lib.kernel_report): registers, stack, occupancy
+#   5. the kernel report (python -m attention_lib.measure.kernel_report): registers, stack, occupancy
 # DIR/summary.json lists every step with its exit status, seconds and budget.
 # --dry-run prints the steps and their budgets and runs nothing.
 set -u
@@ -39,8 +39,8 @@ STEPS=(
     "environment|15|nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > \"\$OUT/gpu.csv\"; nvidia-smi > \"\$OUT/nvidia-smi.txt\"; \"\$PYTHON\" scripts/gpu_check_environment.py > \"\$OUT/environment.json\""
     "unit-tests|150|\"\$PYTHON\" -m pytest -q tests --durations=10 --junitxml=\"\$OUT/tests.xml\" > \"\$OUT/tests.txt\" 2>&1"
     "notebooks|140|mkdir -p \"\$OUT/notebooks\" && cd notebooks && \"\$PYTHON\" -m jupyter nbconvert --to notebook --execute --ExecutePreprocessor.timeout=120 --output-dir \"\$OUT/notebooks\" 07_fused_attention.ipynb 09_performance.ipynb > \"\$OUT/notebooks.txt\" 2>&1"
-    "bench|130|\"\$PYTHON\" -m attention_lib.bench --batch 8 --heads 12 --T 1024 --d-k 64 --repeats 10 --max-seconds 1 --out \"\$OUT/bench\" > \"\$OUT/bench.txt\" 2>&1"
-    "kernel-report|35|\"\$PYTHON\" -m attention_lib.kernel_report --json \"\$OUT/kernel_report.json\" > \"\$OUT/kernel_report.txt\" 2>&1"
+    "bench|130|\"\$PYTHON\" -m attention_lib.measure.bench --batch 8 --heads 12 --T 1024 --d-k 64 --repeats 10 --max-seconds 1 --out \"\$OUT/bench\" > \"\$OUT/bench.txt\" 2>&1"
+    "kernel-report|35|\"\$PYTHON\" -m attention_lib.measure.kernel_report --json \"\$OUT/kernel_report.json\" > \"\$OUT/kernel_report.txt\" 2>&1"
 )
 
 total=0

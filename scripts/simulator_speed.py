@@ -1,10 +1,10 @@
 """Measure how fast Numba's CUDA simulator runs the library's own kernels.
 
 Times, on the simulator, with numba-cuda's own threads (one operating-system thread per CUDA
-thread) and with the greenlets attention_lib runs them as (attention_lib/numba_patches.py):
+thread) and with the greenlets attention_lib runs them as (attention_lib/platform/numba_patches.py):
 the projection as a naive kernel (v1, no barrier) and as a 16x16-tiled one (v2, two barriers a
 tile), softmax v2 (a barrier per step of its tree reduction) and the fused attention kernel
-v2. Prints a table (the README quotes it) and the rates attention_lib.launch budgets with.
+v2. Prints a table (the README quotes it) and the rates attention_lib.platform.launch budgets with.
 
     ATTENTION_LIB_BACKEND=simulator python scripts/simulator_speed.py
 """
@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 import attention_lib
-from attention_lib import numba_patches
+from attention_lib.platform import numba_patches
 from attention_lib.stages import flash, projection, softmax
 from numba import cuda
 

@@ -1,6 +1,6 @@
 """Train notebook 10's toy model and write its weights into the package.
 
-    python scripts/train_toy_model.py        -> attention_lib/data/toy_heads.npz
+    python scripts/train_toy_model.py        -> attention_lib/stages/data/toy_heads.npz
 
 A two-layer, attention-only model (attention_lib.stages.toy_model) trained with Adam on the
 induction task, seeded: the same weights on every run with the same NumPy. Prints the training

@@ -22,9 +22,9 @@ import importlib  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 
-from attention_lib.kernel_report import tool  # noqa: E402
-from attention_lib.numba_patches import compile_for  # noqa: E402
-from attention_lib.signatures import numba_type  # noqa: E402
+from attention_lib.measure.kernel_report import tool  # noqa: E402
+from attention_lib.platform.numba_patches import compile_for  # noqa: E402
+from attention_lib.measure.signatures import numba_type  # noqa: E402
 
 
 def assemble(ptx, cc):

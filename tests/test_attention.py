@@ -151,7 +151,7 @@ def test_bad_inputs_are_one_line_errors_naming_the_argument(rng, call, error, me
 
 
 def test_the_simulator_refuses_full_size_attention(monkeypatch):
-    from attention_lib import launch
+    from attention_lib.platform import launch
     monkeypatch.setattr(launch, "ON_SIMULATOR", True)
     monkeypatch.delenv(launch.ALLOW_SLOW_VARIABLE, raising=False)
     # ANDREA-120M, one head of one sequence: already the scores are 1024 x 1024 threads.

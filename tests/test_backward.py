@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from attention_lib import reference
 from attention_lib.checks import check
+from attention_lib.measure import traffic
 from attention_lib.stages import backward
 from numba import cuda
 
@@ -140,8 +141,8 @@ def test_the_fused_backward_stores_nothing_t_by_t_and_moves_less(rng):
     q, k, v, d_out = (a.astype(np.float32) for a in _inputs(rng, (1,), 19, 19, 4, 4))
     out = reference.attention(q, k, v).astype(np.float32)
     lse = backward.log_sum_exp(q, k).astype(np.float32)
-    naive, naive_grads = backward.count_naive(q, k, v, d_out)
-    fused, fused_grads = backward.count_fused(q, k, v, out, lse, d_out)
+    naive, naive_grads = traffic.count_backward_naive(q, k, v, d_out)
+    fused, fused_grads = traffic.count_backward_fused(q, k, v, out, lse, d_out)
     want = backward.backward(q, k, v, d_out)
     _assert_close(naive_grads, want)
     _assert_close(fused_grads, want)
@@ -162,7 +163,7 @@ def test_the_fused_kernels_read_what_their_tile_map_says(rng, t_q, t_k, skips):
     q, k, v, d_out = (a.astype(np.float32) for a in _inputs(rng, (1,), t_q, t_k, 3, 2))
     out = reference.attention(q, k, v).astype(np.float32)
     lse = backward.log_sum_exp(q, k).astype(np.float32)
-    reports, _ = backward.count_fused(q, k, v, out, lse, d_out)
+    reports, _ = traffic.count_backward_fused(q, k, v, out, lse, d_out)
     visits = backward.fused_tile_visits(t_q, t_k)
     rows = np.minimum(backward.BLOCK_Q, t_q - backward.BLOCK_Q * np.arange(visits["dkdv"].shape[0]))
     # The dK/dV pass reads a query tile's rows once for every key block that visits it.
@@ -296,7 +297,7 @@ def test_the_fused_backward_at_the_gpu_block_sizes():
     # T 33 is one full tile and one of a single row, both ways.
     import subprocess
     import sys
-    from attention_lib import runtime
+    from attention_lib.platform import runtime
     program = (
         "import numpy as np\n"
         "import attention_lib\n"

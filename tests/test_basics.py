@@ -67,7 +67,7 @@ def test_integer_input_is_converted(rng):
 
 
 def test_the_simulator_refuses_launches_that_would_take_minutes(monkeypatch):
-    from attention_lib import launch
+    from attention_lib.platform import launch
     monkeypatch.setattr(launch, "ON_SIMULATOR", True)
     with pytest.raises(ValueError, match=r"^basics: 20,000,000 CUDA threads would take about \d+ min on the simulator"):
         launch.check_simulator_budget("basics", 20_000_000)

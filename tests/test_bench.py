@@ -1,4 +1,4 @@
-"""The performance harness (attention_lib.bench, bench_cases, traffic, notebook 09) on the simulator.
+"""The performance harness (attention_lib.measure.bench, bench_cases, traffic, notebook 09) on the simulator.
 
 On the simulator the harness cannot time anything; it checks results and counts. These tests
 run it at tiny, awkward sizes (T 7, d_k 5: no size a multiple of a tile) and check what it
@@ -16,7 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from attention_lib import bench, bench_cases, gpus, reference, runtime, sanitizer, traffic
+from attention_lib.measure import bench, bench_cases, gpus, sanitizer, traffic
+from attention_lib import reference
+from attention_lib.platform import runtime
 from attention_lib.stages import projection
 from attention_lib.checks import check
 from attention_lib.checks.ex09_performance import expected_cost
@@ -389,7 +391,7 @@ def test_the_gpu_path_imports_nothing_it_does_not_have(monkeypatch, capsys):
     assert "note: no PyTorch comparison" in out and "note: no CuPy comparison" in out
     # A fresh Python in which PyTorch and CuPy cannot be imported imports the whole harness.
     blocked = "import sys; sys.modules['torch'] = sys.modules['cupy'] = None; "
-    imports = "import attention_lib.bench, attention_lib.bench_cases, attention_lib.traffic, attention_lib.plotting"
+    imports = "import attention_lib.measure.bench, attention_lib.measure.bench_cases, attention_lib.measure.traffic, attention_lib.plotting"
     subprocess.run([sys.executable, "-c", blocked + imports], check=True)
 
 
@@ -418,7 +420,7 @@ def test_recording_launches_records_every_launch_and_restores_the_kernel_class(r
 
 
 def test_formula_results_at_andrea_120m():
-    results = traffic.formula_results(only=["projection", "flash v2", "softmax v1", "decode v2"])
+    results = bench.formula_results(only=["projection", "flash v2", "softmax v1", "decode v2"])
     by_name = {k["name"]: k for k in results["kernels"]}
     v1, v3 = by_name["projection v1"], by_name["projection v3"]
     # x (8192, 768) @ W_qkv (768, 2304): 2 * 8192 * 768 * 2304 FLOPs over x, W_qkv and out once
@@ -467,7 +469,7 @@ def test_the_gpu_check_script_parses_and_lists_its_steps_within_eight_minutes():
     assert sum(budgets) < 480 and listed[-1] == f"total budget: {sum(budgets)}s (under 8 minutes: yes)"
     commands = "\n".join(listed)
     assert "pip install" not in commands and "07_fused_attention.ipynb 09_performance.ipynb" in commands
-    assert "--batch 8 --heads 12 --T 1024 --d-k 64" in commands and "attention_lib.kernel_report" in commands
+    assert "--batch 8 --heads 12 --T 1024 --d-k 64" in commands and "attention_lib.measure.kernel_report" in commands
 
 
 def test_the_gpu_check_refuses_to_run_without_a_gpu(tmp_path):
@@ -695,7 +697,7 @@ def test_a_plain_function_is_not_a_kernel():
 
 
 def test_no_compiler_is_said_in_one_line(monkeypatch):
-    from attention_lib import kernel_report
+    from attention_lib.measure import kernel_report
 
     def no_ptxas(*args, **kwargs):
         raise FileNotFoundError("ptxas is not installed: install the course's compile extra")

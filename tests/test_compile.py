@@ -6,9 +6,9 @@ sm_80 machine code, as the driver of an A100 would (a second PTX compile for sm_
 the check's 35 s and found nothing the two others do not).
 
 The simulator does not type-check, so a kernel can pass every other test and still fail to
-compile for a GPU. Here each kernel is launched once through its launcher (attention_lib/kernel_cases.py)
+compile for a GPU. Here each kernel is launched once through its launcher (attention_lib/measure/kernel_cases.py)
 with a stand-in that records the argument types and then runs the real launch
-(attention_lib/signatures.py); a separate
+(attention_lib/measure/signatures.py); a separate
 process with the simulator off compiles each kernel to PTX with those types
 (tests/compile_kernels.py). No GPU is needed: numba-cuda's CUDA toolkit extra provides the
 compiler as a pip package.
@@ -20,8 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from attention_lib.kernel_cases import CASES, library_kernels
-from attention_lib.signatures import recorded_launches
+from attention_lib.measure.kernel_cases import CASES, library_kernels
+from attention_lib.measure.signatures import recorded_launches
 
 ARCHITECTURES = ["7.5", "--assemble", "8.0"]     # sm_90: the kernel report
 SCRIPT = Path(__file__).with_name("compile_kernels.py")
@@ -29,7 +29,7 @@ SCRIPT = Path(__file__).with_name("compile_kernels.py")
 
 def test_every_kernel_compiles_for_real_gpus(tmp_path):
     missing = sorted(set(library_kernels()) - set(CASES))
-    assert not missing, f"kernels without a case in attention_lib/kernel_cases.py: {missing}"
+    assert not missing, f"kernels without a case in attention_lib/measure/kernel_cases.py: {missing}"
     path = tmp_path / "signatures.json"
     path.write_text(json.dumps({name: launch["args"] for name, launch in recorded_launches().items()}))
     env = {k: v for k, v in os.environ.items() if k != "ATTENTION_LIB_BACKEND"}

@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
-from attention_lib import dynamic_shared
+from attention_lib.platform import dynamic_shared
 
 
 def test_shared_rows_is_a_view_of_the_buffer_from_start_on():
@@ -44,7 +44,7 @@ CHECK_INTERNALS = textwrap.dedent("""
     import inspect
     import numba.cuda.cudadrv.driver as driver_module
     from numba.cuda import codegen, dispatcher
-    from attention_lib import dynamic_shared
+    from attention_lib.platform import dynamic_shared
     from numba.cuda.cudadrv.driver import CudaPythonFunction, binding
     assert not dynamic_shared.ON_SIMULATOR            # the intrinsic, not its NumPy twin
     assert dynamic_shared.shared_rows.simulator_version is dynamic_shared._shared_rows_numpy

@@ -25,7 +25,8 @@ import attention_lib
 import numpy as np
 import pytest
 from attention_lib.stages import attention as attention_module
-from attention_lib import launch, reference
+from attention_lib.platform import launch
+from attention_lib import reference
 from attention_lib.stages import softmax as softmax_module
 from numba import cuda
 from test_properties import (SAFETY, U, assert_within, attention_bound, layer_bound, matmul_bound, score_error,

@@ -12,7 +12,7 @@ from numba import cuda, float32
 
 from attention_lib import reference
 from attention_lib.checks import EXERCISES, check, hint
-from attention_lib.launch import ceil_div
+from attention_lib.platform.launch import ceil_div
 from attention_lib.stages import projection
 from attention_lib.stages.scores import TILE
 

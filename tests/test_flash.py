@@ -12,7 +12,8 @@ import types
 import attention_lib
 import numpy as np
 import pytest
-from attention_lib import reference, sanitizer, traffic
+from attention_lib import reference
+from attention_lib.measure import sanitizer, traffic
 from attention_lib.stages import attention, flash, softmax
 from attention_lib.checks import check
 from attention_lib.stages.flash import MICRO_D, MICRO_M, MICRO_N, NEG_INF

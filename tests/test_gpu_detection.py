@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from attention_lib import runtime
+from attention_lib.platform import runtime
 
 FAKE_DRIVER = r"""
 #include <stdio.h>
@@ -102,7 +102,7 @@ def _with_driver(fake_driver, code, **answers):
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
 
 
-CHOICE = "import os, attention_lib; print(os.getpid()); print(attention_lib.BACKEND); print(attention_lib.runtime.REASON)"
+CHOICE = "import os, attention_lib; print(os.getpid()); print(attention_lib.BACKEND); print(attention_lib.platform.runtime.REASON)"
 
 
 def test_cuda_12_driver_with_the_cuda_13_toolkit_falls_back_naming_the_fix(fake_driver, tmp_path):

@@ -17,8 +17,8 @@ import re
 
 import pytest
 
-from attention_lib import bench
-from attention_lib.runtime import ANDREA_120M
+from attention_lib.measure import bench
+from attention_lib.platform.runtime import ANDREA_120M
 from attention_lib.stages import flash
 
 FLOAT32 = 4

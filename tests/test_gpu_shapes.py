@@ -8,11 +8,12 @@ import subprocess
 import sys
 import textwrap
 
-from attention_lib import runtime
+from attention_lib.platform import runtime
 
 PROGRAM = """
 import numpy as np
-from attention_lib import reference, runtime
+from attention_lib import reference
+from attention_lib.platform import runtime
 from attention_lib.stages import attention, flash, kv_cache, multihead, projection, softmax
 
 assert runtime.ON_SIMULATOR and not runtime.SIMULATOR_SHAPES

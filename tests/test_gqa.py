@@ -8,7 +8,8 @@ import math
 import attention_lib
 import numpy as np
 import pytest
-from attention_lib import reference, traffic
+from attention_lib import reference
+from attention_lib.measure import traffic
 from attention_lib.stages import attention, flash, multihead, scores, weighted_sum
 
 
@@ -92,7 +93,7 @@ def test_v2_splits_a_large_group_over_blocks_of_eight_heads(rng):
 
 @pytest.mark.parametrize("group", [2, 4])
 def test_v2_with_several_heads_a_block_has_no_race(group):
-    from attention_lib import sanitizer
+    from attention_lib.measure import sanitizer
     q, k, v = qkv(np.random.default_rng(5), (), 4, 4 // group, 33, 33, 5)   # three key tiles, two query blocks
     args = (q, k, v, flash.flash_scale(2, 5), True, np.int32(0), np.int32(group),
             np.zeros((4, 33, 5), np.float32), np.zeros((4, 33), np.float32))
@@ -147,7 +148,7 @@ def test_v3_packs_the_group_into_its_rows_and_shares_each_tile_it_loads(causal):
 
 def v3_loads(q, k, v, kernel):
     """K loads of one v3 launch of `kernel` on NumPy q, k, v (BH, T, d), counted, its output checked."""
-    from attention_lib import sanitizer
+    from attention_lib.measure import sanitizer
     (bh, t, d), group = q.shape, q.shape[0] // k.shape[0]
     out, lse = np.zeros((bh, t, d), np.float32), np.zeros((bh, t), np.float32)
     grid, block, nbytes = flash.launch_config(kernel, 3, bh, t, d, group)
@@ -185,7 +186,7 @@ def test_the_grouped_kernel_takes_a_slice_per_head_where_rows_fill_them(monkeypa
     assert flash.fused_kernel(3, 64, 2, 64) is flash.flash_attention_kernel_v3_grouped
     assert flash.fused_kernel(3, 32, 2, 64) is flash.flash_attention_kernel_v3
     # A device whose block holds less shared memory gets fewer slices (80 KB: 2 at d_k 64).
-    from attention_lib import dynamic_shared
+    from attention_lib.platform import dynamic_shared
     monkeypatch.setattr(dynamic_shared, "largest_block_bytes", lambda: 80 * 1024)
     assert flash.v3_slices(64, 4) == 2 and 4 * flash.v3_shared_words(64, 2) <= 80 * 1024 < 4 * flash.v3_shared_words(64, 3)
 
@@ -200,7 +201,8 @@ def test_the_grouped_kernels_shared_memory_is_all_it_needs():
     assert block == (flash.THREADS_V3, 2) and nbytes == 4 * flash.v3_shared_words(5, 2)
     args = (q, k, v, flash.flash_scale(3, 5), True, np.int32(0), np.int32(3),
             np.zeros((3, 23, 5), np.float32), np.zeros((3, 23), np.float32))
-    from attention_lib import dynamic_shared, sanitizer
+    from attention_lib.platform import dynamic_shared
+    from attention_lib.measure import sanitizer
     with pytest.raises(ValueError):                    # simulated, on a GPU machine too
         sanitizer.run(kernel, grid, block, *args, sharedmem=nbytes - 4)
     dynamic_shared.launch(kernel, grid, block, nbytes, *args)   # on a GPU: past 48 KB, the limit raised first
@@ -311,7 +313,7 @@ def test_the_backward_pass_names_k_when_its_heads_do_not_divide_qs():
 
 
 def test_the_simulator_budget_counts_the_query_heads(monkeypatch):
-    from attention_lib import launch
+    from attention_lib.platform import launch
     monkeypatch.setattr(launch, "ON_SIMULATOR", True)
     monkeypatch.delenv(launch.ALLOW_SLOW_VARIABLE, raising=False)
     q, k = np.zeros((32, 1024, 64), np.float32), np.zeros((8, 1024, 64), np.float32)   # 32 heads, 8 kv heads

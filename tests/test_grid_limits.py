@@ -9,7 +9,7 @@ from numba import cuda
 
 import attention_lib
 from attention_lib import reference
-from attention_lib.launch import MAX_GRID, check_grid
+from attention_lib.platform.launch import MAX_GRID, check_grid
 from attention_lib.stages import basics, projection
 
 
@@ -72,7 +72,7 @@ def test_a_grid_within_the_limits_still_runs(rng):
 
 @pytest.mark.parametrize("version", [0, 3, 2.0, True, "2", None])
 def test_a_bad_version_gets_the_same_words_in_every_stage(version):
-    from attention_lib.launch import check_version
+    from attention_lib.platform.launch import check_version
     with pytest.raises(ValueError, match=rf"^version must be 1, 2 or 4, got {re.escape(repr(version))}$"):
         check_version(version, {1: None, 2: None, 4: None})
     check_version(np.int64(2), {1: None, 2: None, 4: None})

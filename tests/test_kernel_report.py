@@ -18,8 +18,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from attention_lib import kernel_report, report_cache
-from attention_lib.kernel_cases import CASES
+from attention_lib.measure import kernel_report, report_cache
+from attention_lib.measure.kernel_cases import CASES
 from attention_lib.stages import flash, projection
 
 ROW_KEYS = {"signature", "registers", "stack_bytes", "spill_bytes", "shared_bytes", "dynamic_shared_bytes",
@@ -297,7 +297,7 @@ import json
 import numpy as np
 import attention_lib
 from numba import cuda
-from attention_lib import kernel_report, report_cache
+from attention_lib.measure import kernel_report, report_cache
 from attention_lib.stages import flash
 from attention_lib.stages.flash import visible_keys as visible   # a library device function, renamed
 from numba import float32

@@ -4,11 +4,12 @@ import math
 
 import numpy as np
 import pytest
-from attention_lib import reference, sanitizer
+from attention_lib import reference
+from attention_lib.measure import sanitizer
 from attention_lib.stages import kv_cache, multihead
 from attention_lib.checks import check
 from attention_lib.stages.kv_cache import KEYS_PER_CHUNK, KVCache
-from attention_lib.runtime import ANDREA_120M
+from attention_lib.platform.runtime import ANDREA_120M
 
 C = KEYS_PER_CHUNK
 # Cache lengths: one position; fewer than a chunk; exactly one chunk; one past it; several

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from attention_lib import reference, sanitizer
+from attention_lib import reference
+from attention_lib.measure import sanitizer
 from attention_lib.checks import EXERCISES, check, hint
-from attention_lib.runtime import ANDREA_120M
+from attention_lib.platform.runtime import ANDREA_120M
 from attention_lib.stages import kv_cache
 from attention_lib.stages.kv_cache import KEYS_PER_CHUNK, KVCache
 

@@ -4,7 +4,8 @@ import math
 
 import numpy as np
 import pytest
-from attention_lib import reference, sanitizer
+from attention_lib import reference
+from attention_lib.measure import sanitizer
 from attention_lib.stages import mask, scores
 from attention_lib.checks import check
 from numba import cuda

@@ -3,7 +3,8 @@
 import attention_lib
 import numpy as np
 import pytest
-from attention_lib import reference, sanitizer
+from attention_lib import reference
+from attention_lib.measure import sanitizer
 from attention_lib.stages import multihead
 from attention_lib.checks import check
 from numba import cuda

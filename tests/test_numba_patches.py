@@ -1,4 +1,4 @@
-"""The numba-cuda internals that attention_lib/numba_patches.py replaces are still there, and
+"""The numba-cuda internals that attention_lib/platform/numba_patches.py replaces are still there, and
 still the ones numba-cuda uses: after an upgrade this file fails first, naming the attribute."""
 
 import importlib
@@ -9,11 +9,11 @@ import sys
 import numpy as np
 import pytest
 
-from attention_lib import numba_patches, runtime
+from attention_lib.platform import numba_patches, runtime
 from attention_lib.stages import softmax
 from numba import cuda
 
-UPGRADE = f"(checked with numba-cuda {numba_patches.CHECKED_WITH}; see attention_lib/numba_patches.py)"
+UPGRADE = f"(checked with numba-cuda {numba_patches.CHECKED_WITH}; see attention_lib/platform/numba_patches.py)"
 
 
 def _resolve(module_name, attribute):
@@ -131,7 +131,7 @@ def test_compile_target_patch_still_applies():
         "uses = [f for f in vars(dispatcher.CUDADispatcher).values()\n"
         f"        if {attribute!r} in getattr(getattr(f, '__code__', None), 'co_names', ())]\n"
         "assert uses, 'unused'\n"
-        "from attention_lib.numba_patches import compile_for\n"
+        "from attention_lib.platform.numba_patches import compile_for\n"
         "compile_for((8, 0))\n"
         f"assert dispatcher.{attribute}().compute_capability == (8, 0), 'not replaced'\n"
     )

@@ -6,7 +6,7 @@ import pytest
 from attention_lib import reference
 from attention_lib.stages import projection
 from attention_lib.checks import check
-from attention_lib.launch import ceil_div
+from attention_lib.platform.launch import ceil_div
 from numba import cuda
 
 TILE = projection.TILE
@@ -70,7 +70,7 @@ def test_fused_qkv_equals_three_separate_projections(rng, with_bias):
 
 @pytest.mark.parametrize("T, d_model, d_out", [(33, 24, 17), (16, 16, 16), (5, 40, 33)])
 def test_global_reads_per_element_are_exact(rng, T, d_model, d_out):
-    from attention_lib import sanitizer
+    from attention_lib.measure import sanitizer
     x, w, b = random_problem(rng, T, d_model, d_out)
     grid, block = projection.projection_grid(T, d_out)
     expected = {1: (d_out, T), 2: (ceil_div(d_out, TILE), ceil_div(T, TILE))}
@@ -95,7 +95,7 @@ def test_cost_formulas_at_full_size():
 
 
 def test_without_bias_nothing_is_read_for_it(rng):
-    from attention_lib import sanitizer
+    from attention_lib.measure import sanitizer
     x, w, _ = random_problem(rng, 3, 4, 5)
     grid, block = projection.projection_grid(3, 5)
     report = sanitizer.count_memory(projection.projection_kernel_v2, grid, block, x, w,
@@ -138,7 +138,7 @@ def test_bad_inputs_are_one_line_errors_naming_the_argument(rng, call, error, me
 
 
 def test_the_simulator_refuses_a_full_size_projection(monkeypatch):
-    from attention_lib import launch
+    from attention_lib.platform import launch
     monkeypatch.setattr(launch, "ON_SIMULATOR", True)
     monkeypatch.delenv(launch.ALLOW_SLOW_VARIABLE, raising=False)
     # ANDREA-120M's fused QKV: 1024 x 2304 outputs, far beyond the simulator's budget. The
@@ -270,7 +270,7 @@ def test_v3_grid_covers_32_by_32_outputs_per_block():
 
 @pytest.mark.parametrize("T, d_model, d_out", [(33, 24, 17), (32, 16, 32), (5, 40, 70)])
 def test_v3_global_and_shared_reads_are_exact(rng, T, d_model, d_out):
-    from attention_lib import sanitizer
+    from attention_lib.measure import sanitizer
     x, w, b = random_problem(rng, T, d_model, d_out)
     x_reads, w_reads = ceil_div(d_out, WIDE), ceil_div(T, WIDE)
     assert projection.global_reads(T, d_out, 3) == (x_reads, w_reads)
@@ -289,7 +289,7 @@ def test_v3_global_and_shared_reads_are_exact(rng, T, d_model, d_out):
 
 
 def test_v2_needs_two_shared_loads_per_multiply_add(rng):
-    from attention_lib import sanitizer
+    from attention_lib.measure import sanitizer
     x, w, b = random_problem(rng, 33, 24, 17)
     grid, block = projection.projection_grid(33, 17)
     report = sanitizer.count_memory(projection.projection_kernel_v2, grid, block, x, w, b,
@@ -333,7 +333,7 @@ def test_v4_grid_covers_128_by_128_outputs_per_block():
 
 
 def test_v4_global_and_shared_reads_are_exact(rng):
-    from attention_lib import sanitizer
+    from attention_lib.measure import sanitizer
     T, d_model, d_out = 7, 11, 130               # two blocks across, two steps (the second partial)
     x, w, b = random_problem(rng, T, d_model, d_out)
     x_reads, w_reads = ceil_div(d_out, BIG), ceil_div(T, BIG)
@@ -431,7 +431,7 @@ def test_v4_cost_at_full_size():
 
 
 def test_the_layers_use_v4_on_a_gpu_and_v1_on_the_simulator():
-    from attention_lib.runtime import SIMULATOR_SHAPES
+    from attention_lib.platform.runtime import SIMULATOR_SHAPES
     from attention_lib.stages import kv_cache, multihead
     assert projection.layer_version(gpu=True) == 4 and projection.layer_version(gpu=False) == 1
     assert projection.layer_version() == (1 if SIMULATOR_SHAPES else 4)
@@ -453,7 +453,7 @@ import os
 os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
 from numba import cuda
 from numba.cuda import types
-from attention_lib.numba_patches import compile_for
+from attention_lib.platform.numba_patches import compile_for
 from attention_lib.stages import projection
 assert not projection.ON_SIMULATOR and projection.SHARED_ALIGNMENT == 16
 compile_for((9, 0))

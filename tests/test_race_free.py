@@ -1,14 +1,14 @@
 """Every kernel of the library is free of data races, at small awkward sizes.
 
-Each kernel is launched through its own launcher (attention_lib/kernel_cases.py), with the `kernel=`
+Each kernel is launched through its own launcher (attention_lib/measure/kernel_cases.py), with the `kernel=`
 argument set to a recorder that runs the launch under `sanitizer.find_races` (which executes
 it too, so the launcher still gets its result). A new kernel without a case fails
 `test_every_kernel_is_race_checked`.
 """
 
 import pytest
-from attention_lib import sanitizer
-from attention_lib.kernel_cases import CASES, library_kernels
+from attention_lib.measure import sanitizer
+from attention_lib.measure.kernel_cases import CASES, library_kernels
 
 
 class RaceRecorder:

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import attention_lib
-from attention_lib import runtime
+from attention_lib.platform import runtime
 
 
 def _python(code, **env_changes):
@@ -46,7 +46,7 @@ def test_forcing_the_simulator():
 
 
 def test_numba_variable_selects_the_simulator():
-    done = _python("import attention_lib; print(attention_lib.runtime.REASON)", NUMBA_ENABLE_CUDASIM="1")
+    done = _python("import attention_lib; print(attention_lib.platform.runtime.REASON)", NUMBA_ENABLE_CUDASIM="1")
     assert done.returncode == 0, done.stderr
     assert "NUMBA_ENABLE_CUDASIM" in done.stdout
 

@@ -1,4 +1,4 @@
-"""Tests of attention_lib.sanitizer (and plotting.plot_thread_map), all on the CUDA simulator.
+"""Tests of attention_lib.measure.sanitizer (and plotting.plot_thread_map), all on the CUDA simulator.
 
 Counts are checked against closed forms derived from each kernel's thread-to-data mapping;
 races against kernels with one barrier removed; the small kernels live at module level, as
@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 from numba import cuda, float32
 
-from attention_lib import runtime, sanitizer
-from attention_lib.sanitizer import OutOfBoundsError
+from attention_lib.platform import runtime
+from attention_lib.measure import sanitizer
+from attention_lib.measure.sanitizer import OutOfBoundsError
 
 TILE = 8  # tile width of the tiled matmuls (block TILE x TILE)
 BLOCK = 16  # threads per block of the reduction (a power of two)
@@ -390,7 +391,7 @@ def test_out_of_bounds_names_thread_array_index_shape_and_line():
     assert isinstance(caught.value, IndexError) and caught.value.index == (20,)
     # The simulator's internals are restored after the error.
     from numba.cuda.simulator import kernelapi
-    from attention_lib import numba_patches
+    from attention_lib.platform import numba_patches
     assert "sanitizer" not in kernelapi.FakeCUDAShared.array.__module__
     assert numba_patches.SimulatedThread.syncthreads.__module__ == numba_patches.__name__
     assert kernelapi.FakeCUDAAtomic.add.__module__ == kernelapi.__name__
@@ -437,7 +438,7 @@ GPU_SIDE = """
 import numpy as np
 from numba import cuda                      # first, with the simulator off: a GPU process
 import attention_lib
-from attention_lib import sanitizer
+from attention_lib.measure import sanitizer
 assert attention_lib.BACKEND == "gpu" and type(cuda.jit(lambda: None)).__name__ == "CUDADispatcher"
 
 @cuda.jit(device=True)

@@ -4,7 +4,8 @@ import math
 
 import numpy as np
 import pytest
-from attention_lib import reference, sanitizer
+from attention_lib import reference
+from attention_lib.measure import sanitizer
 from attention_lib.stages import scores
 from attention_lib.checks import check
 from numba import cuda
@@ -131,7 +132,7 @@ def test_bad_inputs_are_one_line_errors_naming_the_argument(rng, call, error, me
 
 
 def test_the_simulator_refuses_a_full_size_launch(monkeypatch):
-    from attention_lib import launch
+    from attention_lib.platform import launch
     monkeypatch.setattr(launch, "ON_SIMULATOR", True)
     monkeypatch.delenv(launch.ALLOW_SLOW_VARIABLE, raising=False)
     q = np.zeros((12, 1024, 64), np.float32)    # one layer of ANDREA-120M: 12.6 M threads

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from attention_lib import SIZES, reference, story
-from attention_lib.runtime import ANDREA_120M, ANDREA_SIMULATOR
+from attention_lib.platform.runtime import ANDREA_120M, ANDREA_SIMULATOR
 
 
 def test_text_fits_the_simulators_context_once():

@@ -3,9 +3,10 @@ their memory reads counted, and bad inputs."""
 
 import numpy as np
 import pytest
-from attention_lib import reference, sanitizer
+from attention_lib import reference
+from attention_lib.measure import sanitizer
 from attention_lib.stages import projection, softmax, weighted_sum
-from attention_lib.launch import ceil_div
+from attention_lib.platform.launch import ceil_div
 from numba import cuda
 
 TILE = projection.TILE
@@ -161,7 +162,7 @@ def test_bad_inputs_are_one_line_errors_naming_the_argument(rng, call, error, me
 
 
 def test_the_simulator_refuses_a_full_size_weighted_sum(monkeypatch):
-    from attention_lib import launch
+    from attention_lib.platform import launch
     monkeypatch.setattr(launch, "ON_SIMULATOR", True)
     monkeypatch.delenv(launch.ALLOW_SLOW_VARIABLE, raising=False)
     # ANDREA-120M, one sequence: 12 heads of (1024, 1024) @ (1024, 64). Checked before any copy.

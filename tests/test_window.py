@@ -3,7 +3,8 @@ the key tiles they load (counted = formula), and the errors for a bad window."""
 
 import numpy as np
 import pytest
-from attention_lib import reference, sanitizer, traffic
+from attention_lib import reference
+from attention_lib.measure import sanitizer, traffic
 from attention_lib.stages import flash, mask
 
 

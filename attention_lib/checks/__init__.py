@@ -2,7 +2,8 @@
 
 The engine (running cases, diagnosing, the verdict) is in ``engine``; each notebook's
 exercises are in ``exNN_<topic>.py`` beside it, every one of which is imported (and so
-registers its exercises) when this package is imported.
+registers its exercises) when this package is imported. Not here: the kernels an exercise's
+solution becomes (``stages``, the one source of truth) and the tools a check calls (``measure``).
 """
 
 import importlib

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import cuda
 
-from attention_lib import runtime, sanitizer
+from attention_lib.platform import runtime
+from attention_lib.measure import sanitizer
 
 
 SEED = 2024

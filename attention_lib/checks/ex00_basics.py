@@ -13,7 +13,7 @@ from numba import cuda
 
 from attention_lib.stages import basics
 from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register, unwritten
-from attention_lib.launch import ceil_div
+from attention_lib.platform.launch import ceil_div
 
 
 def _run_scale_add(kernel, n, rng, launch):

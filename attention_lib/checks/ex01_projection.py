@@ -16,8 +16,9 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda
 
-from attention_lib import reference, sanitizer
-from attention_lib.launch import ceil_div
+from attention_lib import reference
+from attention_lib.measure import sanitizer
+from attention_lib.platform.launch import ceil_div
 from attention_lib.stages import projection
 from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register
 

@@ -17,7 +17,7 @@ import numpy as np
 from numba import cuda
 
 from attention_lib import reference
-from attention_lib.launch import ceil_div
+from attention_lib.platform.launch import ceil_div
 from attention_lib.stages import scores
 from attention_lib.checks.engine import (Diagnosed, Exercise, host_output, output_array, read_output, register,
                                          traced_launch)

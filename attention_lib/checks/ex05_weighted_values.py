@@ -19,7 +19,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda, float32
 
-from attention_lib import reference, sanitizer
+from attention_lib import reference
+from attention_lib.measure import sanitizer
 from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register
 from attention_lib.stages.projection import TILE
 

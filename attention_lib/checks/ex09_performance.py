@@ -30,7 +30,7 @@ from numba import cuda
 from attention_lib import reference
 from attention_lib.stages import projection
 from attention_lib.checks.engine import Exercise, output_array, read_output, register
-from attention_lib.launch import ceil_div
+from attention_lib.platform.launch import ceil_div
 
 BYTES = 4                       # float32
 
@@ -123,7 +123,7 @@ ARGUMENT_TYPES = ["array(float32, 2d, C)"] * 3          # q, k, out
 def compiled_report(kernel):
     """The kernel report's row for a (q, k, out) kernel at sm_90, or {"error": one line} when it
     cannot be made here (no compiler installed, or a kernel that does not compile for a GPU)."""
-    from attention_lib import kernel_report
+    from attention_lib.measure import kernel_report
     try:
         return kernel_report.report_kernel(kernel, ARGUMENT_TYPES, ROWS_PER_BLOCK, arch="sm_90")
     except Exception as error:  # the compiler's own error, whatever its class

@@ -23,9 +23,9 @@ import numpy as np
 from numba import cuda
 
 from attention_lib.stages import mask, scores, softmax, weighted_sum
-from attention_lib.launch import check_simulator_budget
-from attention_lib.runtime import SIMULATOR_SHAPES
-from attention_lib.validation import attention_inputs, require, require_finite_result
+from attention_lib.platform.launch import check_simulator_budget
+from attention_lib.platform.runtime import SIMULATOR_SHAPES
+from attention_lib.platform.validation import attention_inputs, require, require_finite_result
 
 # Softmax kernel of the pipeline. On a GPU version 2 (a block per row, coalesced reads). On the
 # simulator version 1 (a thread per row): version 2 starts 32 threads per row and waits at 14

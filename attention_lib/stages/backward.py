@@ -13,8 +13,8 @@ dS K scale, dK = dS^T Q scale) and says why dQ takes a second pass rather than a
   (a block per BLOCK_K keys walks the query tiles, recomputing P from the forward's log-sum-exp)
   and ``flash_backward_dq_kernel`` (the second pass, a block per BLOCK_Q queries); causal tiles
   without a visible pair are skipped; ``launch_fused_backward``.
-- Costs: ``footprint``, ``backward_flops``, ``dq_strategies``; ``count_naive`` and
-  ``count_fused`` (main-memory traffic with ``sanitizer.count_memory``).
+- Costs: ``footprint``, ``backward_flops``, ``dq_strategies`` (the traffic of both backwards,
+  counted by the sanitizer: ``measure.traffic.count_backward_naive`` and ``count_backward_fused``).
 - Launchers: ``attention_backward(q, k, v, d_out, causal=True)`` (naive) and
   ``flash_attention_backward(q, k, v, out, lse, d_out, causal=True)`` (fused).
 
@@ -29,12 +29,12 @@ import math
 import numpy as np
 from numba import cuda
 
-from attention_lib import reference, sanitizer
+from attention_lib import reference
 from attention_lib.stages import attention, flash, mask, scores, softmax, weighted_sum
-from attention_lib.launch import ceil_div, check_simulator_budget
-from attention_lib.runtime import SIMULATOR_SHAPES
+from attention_lib.platform.launch import ceil_div, check_simulator_budget
+from attention_lib.platform.runtime import SIMULATOR_SHAPES
 from attention_lib.stages.kv_cache import row_dot   # a row . a shared tile's row: decoding's key score
-from attention_lib.validation import as_float32, require, require_finite_result
+from attention_lib.platform.validation import as_float32, require, require_finite_result
 
 MAX_D = flash.MAX_D
 # Fused kernels: keys per block of the dK/dV pass and queries per tile it walks (and the same two
@@ -496,51 +496,6 @@ def footprint(bh, t_q, t_k, d_v):
     {"naive": P, P^T, dP, dS, dS^T (T_q x T_k each; S the forward kernel's scores besides) plus
     O and D; "fused": D only (lse and O come from the forward)}."""
     return {"naive": 4 * bh * (6 * t_q * t_k + t_q * d_v + t_q), "fused": 4 * bh * t_q}
-
-
-def count_naive(q, k, v, d_out, causal=True):
-    """Main-memory traffic of the naive backward's launches under count_memory, on NumPy arrays
-    q (BH, T_q, d_k), k, v (BH, T_k, d), d_out (BH, T_q, d_v) -> ({launch: MemoryReport},
-    (dq, dk, dv)). The same kernels and grids as launch_naive_backward, except the softmax,
-    version 1 on every backend (attention.SOFTMAX_VERSION on the simulator: no barriers)."""
-    (bh, t_q, d_k), (t_k, d_v) = q.shape, v.shape[1:]
-    s, p, dp, d_raw = (np.empty((bh, t_q, t_k), np.float32) for _ in range(4))
-    p_t, d_raw_t = np.empty((bh, t_k, t_q), np.float32), np.empty((bh, t_k, t_q), np.float32)
-    out, d_rows = np.empty(d_out.shape, np.float32), np.empty((bh, t_q), np.float32)
-    dq, dk, dv = (np.empty(a.shape, np.float32) for a in (q, k, v))
-    grid, scale = scores.score_grid(bh, t_q, t_k), scores.scale_factor(d_k)
-    count, ws, ws_grid = sanitizer.count_memory, weighted_sum.weighted_sum_kernel_v2, weighted_sum.weighted_sum_grid
-    return {
-        "S": count(mask.causal_scores_kernel if causal else scores.scores_kernel_v2, *grid, q, k, scale, s),
-        "P": count(softmax.softmax_kernel_v1, *softmax.softmax_grid(bh * t_q, 1),
-                   s.reshape(bh * t_q, t_k), p.reshape(bh * t_q, t_k)),
-        "O": count(ws, *ws_grid(bh, t_q, d_v), p, v, out),
-        "row sums": count(row_dot_kernel, *row_grid(bh, t_q), d_out, out, d_rows),
-        "P^T": count(transpose_kernel, *grid, p, p_t),
-        "dV": count(ws, *ws_grid(bh, t_k, d_v), p_t, d_out, dv),
-        "dP": count(scores.scores_kernel_v2, *grid, d_out, v, np.float32(1.0), dp),
-        "dS": count(score_grad_kernel, *grid, p, dp, d_rows, scale, d_raw),
-        "dQ": count(ws, *ws_grid(bh, t_q, d_k), d_raw, k, dq),
-        "dS^T": count(transpose_kernel, *grid, d_raw, d_raw_t),
-        "dK": count(ws, *ws_grid(bh, t_k, d_k), d_raw_t, q, dk),
-    }, (dq, dk, dv)
-
-
-def count_fused(q, k, v, out, lse, d_out, causal=True):
-    """Main-memory traffic of the fused backward's three launches under count_memory, on NumPy
-    arrays (shapes as the kernels') -> ({launch: MemoryReport}, (dq, dk, dv))."""
-    (bh, t_q, d_k), t_k = q.shape, k.shape[1]
-    d_rows = np.empty((bh, t_q), np.float32)
-    dq, dk, dv = (np.empty(a.shape, np.float32) for a in (q, k, v))
-    grids, scale = fused_grids(bh, t_q, t_k, k.shape[0]), scores.scale_factor(d_k)
-    reports = {
-        "row sums": sanitizer.count_memory(row_dot_kernel, *row_grid(bh, t_q), d_out, out, d_rows),
-        "dK, dV": sanitizer.count_memory(flash_backward_dkdv_kernel, *grids["dkdv"], q, k, v, d_out, lse,
-                                         d_rows, scale, bool(causal), dk, dv),
-        "dQ": sanitizer.count_memory(flash_backward_dq_kernel, *grids["dq"], q, k, v, d_out, lse, d_rows,
-                                     scale, bool(causal), dq),
-    }
-    return reports, (dq, dk, dv)
 
 
 # --- Launchers -------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ Element-wise kernels on vectors of length n, one CUDA thread per element:
 import numpy as np
 from numba import cuda
 
-from attention_lib.launch import ceil_div, check_grid, check_simulator_budget
-from attention_lib.validation import as_float32, require
+from attention_lib.platform.launch import ceil_div, check_grid, check_simulator_budget
+from attention_lib.platform.validation import as_float32, require
 
 # One block = 64 threads (two warps of 32). Small, so that the notebooks' vectors of a few
 # dozen elements already need several blocks and a partly used last one.

@@ -22,7 +22,7 @@ the (T_q, T_k) scores and weights never stored (the notebook tells why and how).
   the backward pass rebuilds P from).
 - On the host: ``flash_tile_counts`` and ``flash_traffic`` (work and main-memory traffic as
   formulas, from mask's ``visible_count``, ``first_visible`` and ``band_key_tiles``;
-  ``attention_lib.traffic`` counts them with the sanitizer, tests/test_flash.py and
+  ``attention_lib.measure.traffic`` counts them with the sanitizer, tests/test_flash.py and
   tests/test_gqa.py hold the two equal).
 
 Grouped-query attention: k and v may have H_kv heads where q has H (a multiple), ``group`` =
@@ -40,13 +40,14 @@ import types
 import numpy as np
 from numba import cuda, float32
 
-from attention_lib import dynamic_shared, reference
-from attention_lib.dynamic_shared import shared_rows
-from attention_lib.launch import ceil_div, check_grid, check_simulator_budget, check_version
-from attention_lib.runtime import ON_SIMULATOR, SIMULATOR_SHAPES
+from attention_lib.platform import dynamic_shared
+from attention_lib import reference
+from attention_lib.platform.dynamic_shared import shared_rows
+from attention_lib.platform.launch import ceil_div, check_grid, check_simulator_budget, check_version
+from attention_lib.platform.runtime import ON_SIMULATOR, SIMULATOR_SHAPES
 # The host's key counts and tile skipping are notebook 03's (the mask), shared by every tiled kernel.
 from attention_lib.stages.mask import band_key_tiles, first_visible, visible_count
-from attention_lib.validation import attention_inputs, require, require_finite_result
+from attention_lib.platform.validation import attention_inputs, require, require_finite_result
 
 # Largest head width the kernels accept: each thread keeps its query row and its output
 # accumulator in local arrays of MAX_D float32, whose size must be known when compiling.

@@ -30,9 +30,9 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.stages import attention, projection, scores
-from attention_lib.launch import ceil_div, check_grid, check_simulator_budget, check_version
-from attention_lib.runtime import SIMULATOR_SHAPES
-from attention_lib.validation import as_float32, positive_int, require, require_finite_result, weight
+from attention_lib.platform.launch import ceil_div, check_grid, check_simulator_budget, check_version
+from attention_lib.platform.runtime import SIMULATOR_SHAPES
+from attention_lib.platform.validation import as_float32, positive_int, require, require_finite_result, weight
 
 # Cached positions per chunk of the split-K kernel, and threads per block (one position each);
 # also the tile of positions kernel 1 stages at a time. On a GPU 32 (one warp): a chunk's keys

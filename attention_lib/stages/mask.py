@@ -30,9 +30,9 @@ import numpy as np
 from numba import cuda
 
 from attention_lib import reference
-from attention_lib.launch import ceil_div, check_grid, check_simulator_budget
+from attention_lib.platform.launch import ceil_div, check_grid, check_simulator_budget
 from attention_lib.stages.scores import TILE, flatten_qk, launch_scores, scale_factor, score_grid, tile_dot
-from attention_lib.validation import as_float32
+from attention_lib.platform.validation import as_float32
 
 
 # --- Kernels -----------------------------------------------------------------------------

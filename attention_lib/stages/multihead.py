@@ -29,8 +29,8 @@ import numpy as np
 from numba import cuda
 
 from attention_lib.stages import attention, projection, scores, softmax, weighted_sum
-from attention_lib.launch import ceil_div, check_grid, check_simulator_budget
-from attention_lib.validation import as_float32, head_counts, require, require_finite_result, weight
+from attention_lib.platform.launch import ceil_div, check_grid, check_simulator_budget
+from attention_lib.platform.validation import as_float32, head_counts, require, require_finite_result, weight
 
 # Blocks of 16 x 16 threads: x along c (a head's d_k columns), y along t. 16 consecutive
 # threads copy 16 consecutive floats (64 bytes) on both sides; ANDREA-sim's d_k = 16 fills the

@@ -22,9 +22,9 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from attention_lib.launch import ceil_div, check_grid, check_simulator_budget, check_version
-from attention_lib.runtime import ON_SIMULATOR, SIMULATOR_SHAPES
-from attention_lib.validation import as_float32, require
+from attention_lib.platform.launch import ceil_div, check_grid, check_simulator_budget, check_version
+from attention_lib.platform.runtime import ON_SIMULATOR, SIMULATOR_SHAPES
+from attention_lib.platform.validation import as_float32, require
 
 # Side of the square tiles of projection_kernel_v2, and of the thread blocks of both versions:
 # 16 x 16 = 256 threads, a common block size on a GPU; small enough that the simulator's T 32

@@ -27,8 +27,8 @@ import math
 import numpy as np
 from numba import cuda
 
-from attention_lib.launch import ceil_div, check_grid, check_simulator_budget, check_version
-from attention_lib.validation import attention_inputs, require
+from attention_lib.platform.launch import ceil_div, check_grid, check_simulator_budget, check_version
+from attention_lib.platform.validation import attention_inputs, require
 
 # Side of a square tile of S: a block of TILE x TILE threads computes TILE x TILE scores.
 # 16 x 16 = 256 threads per block (8 warps) on a GPU; on the simulator T 32 is 2 x 2 tiles.

@@ -23,9 +23,9 @@ import math
 import numpy as np
 from numba import cuda
 
-from attention_lib.launch import ceil_div, check_grid, check_simulator_budget, check_version
-from attention_lib.runtime import SIMULATOR_SHAPES
-from attention_lib.validation import as_float32
+from attention_lib.platform.launch import ceil_div, check_grid, check_simulator_budget, check_version
+from attention_lib.platform.runtime import SIMULATOR_SHAPES
+from attention_lib.platform.validation import as_float32
 
 # v1: one thread per row, rows grouped 32 to a block (one warp).
 ROWS_PER_BLOCK = 32

@@ -13,7 +13,7 @@ heads of attention(x W_Q, x W_K, x W_V) W_O to x (no MLP, no layer norm); logits
 attention backward of every head is a function argument (``attention_grad``), the NumPy
 ``backward.backward`` by default, so the library's kernels can be checked against it while
 training. Adam, seeded: ``scripts/train_toy_model.py`` trains it and writes
-``attention_lib/data/toy_heads.npz``; ``load_trained`` reads it back.
+``attention_lib/stages/data/toy_heads.npz``; ``load_trained`` reads it back.
 """
 
 import math
@@ -24,7 +24,7 @@ import numpy as np
 from attention_lib import reference
 from attention_lib.stages import backward
 
-WEIGHTS = Path(__file__).resolve().parent.parent / "data" / "toy_heads.npz"
+WEIGHTS = Path(__file__).resolve().parent / "data" / "toy_heads.npz"
 # The model and the task: small, so that NumPy trains it on a CPU (400 steps of 32 sequences).
 VOCAB, T, D_MODEL, N_HEAD, N_LAYER = 16, 24, 32, 2, 2
 SEGMENT = (4, 11)              # the repeated segment's length L, drawn in [4, 11]

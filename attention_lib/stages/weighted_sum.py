@@ -18,10 +18,10 @@ import numpy as np
 from numba import cuda
 
 from attention_lib import reference
-from attention_lib.launch import ceil_div, check_grid, check_simulator_budget, check_version
+from attention_lib.platform.launch import ceil_div, check_grid, check_simulator_budget, check_version
 from attention_lib.stages import mask
 from attention_lib.stages.projection import BLOCK, TILE, launch_projection, projection_kernel_v1, tile_matmul
-from attention_lib.validation import as_float32, kv_group, require
+from attention_lib.platform.validation import as_float32, kv_group, require
 
 # --- Kernels -----------------------------------------------------------------------------
 

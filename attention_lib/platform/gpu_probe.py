@@ -1,6 +1,6 @@
 """Can this machine run the course's kernels on its GPU? Asked in a child process.
 
-``attention_lib.runtime`` runs this file as a script (``python -P gpu_probe.py LIBCUDA``), never
+``attention_lib.platform.runtime`` runs this file as a script (``python -P gpu_probe.py LIBCUDA``), never
 imports it: initialising CUDA (``cuInit``) in the notebook's or the test's own process would
 leave it unable to hand CUDA to processes it forks later, and a failed launch could leave its
 CUDA context broken. The script imports nothing of attention_lib and prints one JSON line:

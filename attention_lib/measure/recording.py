@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
-from attention_lib import sanitizer
+from attention_lib.measure import sanitizer
 
 
 @dataclass

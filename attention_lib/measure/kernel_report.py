@@ -1,6 +1,6 @@
 """What the compiler makes of every kernel, without a GPU: the kernel report.
 
-    python -m attention_lib.kernel_report [--arch sm_90] [--json PATH]
+    python -m attention_lib.measure.kernel_report [--arch sm_90] [--json PATH]
 
 For each kernel of the library, with the argument types and block size its launcher uses at
 GPU shapes (``ATTENTION_LIB_SHAPES=gpu``, recorded by ``signatures``): PTX from Numba (in a
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attention_lib import signatures
+from attention_lib.measure import signatures
 
 DEFAULT_ARCH = "sm_90"
 FLOOR_KEYS = ("max_stack_bytes", "min_warps_per_sm", "min_ffma_fraction")
@@ -213,7 +213,7 @@ def _compute_capability(arch):
 
 def _row(job, arch):
     from numba import cuda
-    from attention_lib import numba_patches
+    from attention_lib.platform import numba_patches
     cc = _compute_capability(arch)
     numba_patches.compile_for(cc)
     kernel = _kernel_for(job)
@@ -240,7 +240,7 @@ def _worker():
 
 _WORKER = ("import os; os.environ['NUMBA_ENABLE_CUDASIM'] = '0'\n"
            "from numba import cuda  # before attention_lib: the real CUDA target, GPU shapes\n"
-           "from attention_lib.kernel_report import _worker; _worker()\n")
+           "from attention_lib.measure.kernel_report import _worker; _worker()\n")
 
 
 def _compile(jobs, arch, processes=None):
@@ -248,7 +248,7 @@ def _compile(jobs, arch, processes=None):
     processes = max(1, min(processes or os.cpu_count() or 1, len(jobs)))
     shares = [jobs[i::processes] for i in range(processes)]
     env = {k: v for k, v in os.environ.items() if k not in ("ATTENTION_LIB_BACKEND", "NUMBA_ENABLE_CUDASIM")}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
 
     def run(share):
         done = subprocess.run([sys.executable, "-c", _WORKER], input=json.dumps({"arch": arch, "jobs": share}),
@@ -269,12 +269,12 @@ def _compile(jobs, arch, processes=None):
 def _library_launches(names=None):
     """signatures.recorded_launches(names) at GPU shapes: here if this process has them, else in
     a simulator process with ATTENTION_LIB_SHAPES=gpu."""
-    from attention_lib import runtime
+    from attention_lib.platform import runtime
     if not runtime.SIMULATOR_SHAPES:
         return signatures.recorded_launches(names)
     env = dict(os.environ, **{runtime.SHAPES_VARIABLE: "gpu", runtime.BACKEND_VARIABLE: runtime.SIMULATOR})
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
-    program = ("import json, sys; from attention_lib import signatures\n"
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+    program = ("import json, sys; from attention_lib.measure import signatures\n"
                "print('\\n' + json.dumps(signatures.recorded_launches(json.loads(sys.argv[1]))))\n")
     done = subprocess.run([sys.executable, "-c", program, json.dumps(names)], env=env,
                           capture_output=True, text=True)
@@ -289,8 +289,8 @@ def report(arch=DEFAULT_ARCH, names=None, processes=None, cache=True):
 
     cache: reuse rows computed from this very source (``report_cache``); False compiles afresh.
     """
-    from attention_lib import report_cache
-    from attention_lib.kernel_cases import CASES
+    from attention_lib.measure import report_cache
+    from attention_lib.measure.kernel_cases import CASES
     _compute_capability(arch)
     signatures.check_names(names)
     wanted = sorted(CASES if names is None else names)
@@ -439,7 +439,7 @@ def floor_violations(kernels, floors=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m attention_lib.kernel_report", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m attention_lib.measure.kernel_report", description=__doc__.split("\n")[0])
     parser.add_argument("--arch", default=DEFAULT_ARCH, help="GPU architecture for ptxas (default sm_90)")
     parser.add_argument("--json", type=Path, help="also write the report as JSON here")
     parser.add_argument("--no-cache", action="store_true", help="compile every kernel again, ignoring stored rows")

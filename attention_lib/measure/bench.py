@@ -1,7 +1,7 @@
 """Performance (notebook 09): time every kernel version on a GPU, check its result, report it.
 
-    python -m attention_lib.bench                       # or: make bench
-    python -m attention_lib.bench --only flash projection --repeats 50 --out bench-results
+    python -m attention_lib.measure.bench                       # or: make bench
+    python -m attention_lib.measure.bench --only flash projection --repeats 50 --out bench-results
 
 For every entry of ``REGISTRY`` (one stage's launcher at one version: "projection v3",
 "flash v2", ...) the harness builds random float32 inputs at the bench sizes (``BenchSizes``:
@@ -21,7 +21,7 @@ inside ``recording_launches`` (which notes every kernel launch it makes), and th
    kernels); the CUDA kernels each runs are recorded once with torch.profiler, and each
    baseline's output is checked like ours;
 4. on the simulator, where CUDA events record no time, counts every launch's threads and
-   memory traffic instead (``attention_lib.traffic``, which holds the formulas too);
+   memory traffic instead (``attention_lib.measure.traffic``, which holds the formulas too);
 5. writes ``bench-<backend>.json`` and ``roofline-<backend>.png`` into ``out_dir``.
 
 FLOPs, ideal bytes and intensities are bench_cases' formulas. Nothing here imports PyTorch or
@@ -34,7 +34,9 @@ import importlib
 import importlib.metadata
 import json
 import math
+import os
 import platform
+import subprocess
 import sys
 from dataclasses import asdict, astuple
 from pathlib import Path
@@ -42,11 +44,12 @@ from pathlib import Path
 import numpy as np
 from numba import cuda
 
-from attention_lib import runtime
-from attention_lib.bench_cases import (REGISTRY, TARGETS, BenchSizes, Inputs, baseline_libraries,  # noqa: F401
-                                      cuda_kernel_names, notebook_sizes, to_numpy)
-from attention_lib.gpus import REFERENCE_GPU, GpuLimits, device_name, gpu_limits  # noqa: F401
-from attention_lib.recording import dim3, recording_launches, replay  # noqa: F401
+from attention_lib.measure import traffic
+from attention_lib.measure.bench_cases import (REGISTRY, TARGETS, BenchSizes, Inputs, baseline_libraries,  # noqa: F401
+                                               cuda_kernel_names, notebook_sizes, to_numpy)
+from attention_lib.measure.gpus import REFERENCE_GPU, GpuLimits, device_name, gpu_limits  # noqa: F401
+from attention_lib.platform import runtime
+from attention_lib.measure.recording import dim3, recording_launches, replay  # noqa: F401
 
 DEFAULT_OUT = "bench-results"
 SCHEMA = "attention_lib.bench/2"
@@ -224,7 +227,6 @@ def bench_entry(entry, sizes, inputs, count, clock=None, libraries=None, warmup=
                 max_seconds=2.0):
     """Bench one registry entry -> its result dict (see run_bench). Raises WrongResult when its
     output differs from the reference, and whatever the launcher raises."""
-    from attention_lib import traffic
     module = importlib.import_module(f"attention_lib.stages.{entry.module}")
     run, arrays = entry.prepare(module, sizes, inputs)
     with recording_launches(count=count) as launches:
@@ -292,6 +294,42 @@ def targets(kernels, sizes, limits):
                       "at_course_sizes": sizes == BenchSizes.of(runtime.ANDREA_120M),
                       "gpu": limits.name if limits else None}
     return found
+
+
+def formula_results(sizes=None, only=None):
+    """What can be known without running anything, at `sizes` (default ANDREA-120M): FLOPs, ideal
+    bytes, intensity and, where an entry has a traffic formula, the loads and stores count_memory
+    would count, with the GPU's tile sizes whatever the backend (on the simulator it asks a fresh
+    Python with ATTENTION_LIB_SHAPES=gpu). A results dict (backend "formula") that
+    plotting.plot_bench_roofline draws. The formulas are checked against count_memory at small
+    sizes (tests/test_bench.py, notebook 09)."""
+    sizes = BenchSizes.of(runtime.ANDREA_120M) if sizes is None else sizes
+    if runtime.SIMULATOR_SHAPES:                # the stage modules hold the simulator's tile sizes
+        ask = (f"import json, attention_lib; from attention_lib.measure import bench; print(json.dumps("
+               f"bench.formula_results(bench.BenchSizes(*{list(asdict(sizes).values())}), {only!r})))")
+        done = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True, check=True,
+                              env={**os.environ, "ATTENTION_LIB_SHAPES": runtime.GPU})
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    kernels, skipped = [], []
+    for entry in select(only):
+        missing = entry.missing()
+        if missing:
+            skipped.append({"name": entry.name, "reason": missing})
+            continue
+        module = importlib.import_module(f"attention_lib.stages.{entry.module}")
+        result = new_result(entry)
+        flops, ideal = int(entry.flops(sizes)), int(entry.ideal_bytes(sizes))
+        result.update({"flops": flops, "ideal_bytes": ideal, "intensity": flops / ideal if ideal else None})
+        formula = traffic.entry_formula(entry, module, sizes, result)
+        if formula is not None:
+            moved = traffic.BYTES * (formula["global_loads"] + formula["global_stores"])
+            result["counted"] = {**formula, "global_bytes": moved, "intensity": flops / moved if moved else None}
+        kernels.append(result)
+    return {"schema": SCHEMA, "backend": "formula", "gpu": None, "limits": None,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "versions": versions(), "sizes": {**asdict(sizes), "d_model": sizes.d_model},
+            "timing": None, "kernels": kernels, "skipped": skipped, "failed": [],
+            "targets": targets(kernels, sizes, None), "notes": ["by formula, with the GPU's tile sizes"]}
 
 
 def run_bench(sizes=None, only=None, out_dir=DEFAULT_OUT, warmup=3, repeats=20, max_seconds=2.0,
@@ -468,7 +506,7 @@ def load_results(path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m attention_lib.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m attention_lib.measure.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=DEFAULT_OUT, help="folder for the JSON and the PNG (default %(default)s)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="entries whose name contains one of these")
     parser.add_argument("--repeats", type=int, default=20, help="timed samples per kernel, at most (default 20)")

@@ -17,7 +17,7 @@ once the kernel's limit is raised (CUDA's ``cudaFuncSetAttribute`` with
 - ``largest_block_bytes()``: the most shared memory a block of this device may have.
 """
 
-from attention_lib.runtime import ON_SIMULATOR
+from attention_lib.platform.runtime import ON_SIMULATOR
 
 # What every kernel may take without raising its limit, static and dynamic together.
 DEFAULT_LIMIT = 48 * 1024

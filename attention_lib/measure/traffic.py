@@ -7,25 +7,24 @@ holds what needs the unfused pipeline or the sanitizer:
 - ``pipeline_traffic``: the pipeline's accesses, stage by stage, as a formula.
 - ``count_pipeline``: the pipeline's kernels run one by one under ``sanitizer.count_memory``.
 - ``count_fused``: the fused kernel run once under ``sanitizer.count_memory``.
+- ``count_backward_naive``, ``count_backward_fused``: the two backwards' launches, counted the same
+  way (notebook 10).
 
 tests/test_flash.py checks that every formula equals its count.
 
-For the bench (``attention_lib.bench``), where counted traffic is every global load and store a
+For the bench (``attention_lib.measure.bench``), where counted traffic is every global load and store a
 launch requests as if there were no cache (on a GPU the caches absorb part of it; only a time can
 say how much): ``BENCH_FORMULAS`` predicts the counts of each entry from the stage modules' own
 cost formulas; ``count_entry`` totals the counted launches of one entry and compares them with
-its formula; ``formula_results`` extrapolates to sizes the simulator cannot run (ANDREA-120M),
-with the GPU's tile sizes whatever the backend. tests/test_bench.py checks those.
+its formula (``bench.formula_results`` uses the same formulas at sizes the simulator cannot run).
+tests/test_bench.py checks those.
 """
-
-import datetime
-from dataclasses import asdict
 
 import numpy as np
 
-from attention_lib import sanitizer
-from attention_lib.launch import ceil_div
-from attention_lib.stages import flash, mask, scores, softmax, weighted_sum
+from attention_lib.measure import sanitizer
+from attention_lib.platform.launch import ceil_div
+from attention_lib.stages import backward, flash, mask, scores, softmax, weighted_sum
 
 
 def pipeline_traffic(t_q, t_k, d_k, d_v=None, causal=True):
@@ -172,7 +171,9 @@ BENCH_FORMULAS = {
 }
 
 
-def _formula(entry, module, sizes, result):
+def entry_formula(entry, module, sizes, result):
+    """The entry's formula counts into result["formula"] ({global_loads, global_stores}, in
+    elements), also returned; None when the entry has no formula or its module changed shape."""
     formula = BENCH_FORMULAS.get(entry.name)
     if formula is None:
         return None
@@ -199,50 +200,55 @@ def count_entry(entry, module, sizes, launches, result):
     }
     counted["intensity"] = result["flops"] / counted["global_bytes"] if counted["global_bytes"] else None
     result["counted"] = counted
-    formula = _formula(entry, module, sizes, result)
+    formula = entry_formula(entry, module, sizes, result)
     if formula is not None:
         result["formula_matches"] = (formula["global_loads"] == counted["global_loads"]
                                      and formula["global_stores"] == counted["global_stores"])
 
 
-def formula_results(sizes=None, only=None):
-    """What can be known without running anything, at `sizes` (default ANDREA-120M): FLOPs, ideal
-    bytes, intensity and, where an entry has a traffic formula, the loads and stores count_memory
-    would count, with the GPU's tile sizes whatever the backend (on the simulator it asks a fresh
-    Python with ATTENTION_LIB_SHAPES=gpu). A results dict (backend "formula") that
-    plotting.plot_bench_roofline draws. The formulas are checked against count_memory at small
-    sizes (tests/test_bench.py, notebook 09)."""
-    import importlib
-    import json
-    import os
-    import subprocess
-    import sys
+# --- The backward: the naive one from stage kernels, the fused one ---------------------------
 
-    from attention_lib import bench, runtime
-    sizes = bench.BenchSizes.of(runtime.ANDREA_120M) if sizes is None else sizes
-    if runtime.SIMULATOR_SHAPES:                # the stage modules hold the simulator's tile sizes
-        ask = (f"import json, attention_lib; from attention_lib import bench, traffic; print(json.dumps("
-               f"traffic.formula_results(bench.BenchSizes(*{list(asdict(sizes).values())}), {only!r})))")
-        done = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True, check=True,
-                              env={**os.environ, "ATTENTION_LIB_SHAPES": runtime.GPU})
-        return json.loads(done.stdout.strip().splitlines()[-1])
-    kernels, skipped = [], []
-    for entry in bench.select(only):
-        missing = entry.missing()
-        if missing:
-            skipped.append({"name": entry.name, "reason": missing})
-            continue
-        module = importlib.import_module(f"attention_lib.stages.{entry.module}")
-        result = bench.new_result(entry)
-        flops, ideal = int(entry.flops(sizes)), int(entry.ideal_bytes(sizes))
-        result.update({"flops": flops, "ideal_bytes": ideal, "intensity": flops / ideal if ideal else None})
-        formula = _formula(entry, module, sizes, result)
-        if formula is not None:
-            moved = BYTES * (formula["global_loads"] + formula["global_stores"])
-            result["counted"] = {**formula, "global_bytes": moved, "intensity": flops / moved if moved else None}
-        kernels.append(result)
-    return {"schema": bench.SCHEMA, "backend": "formula", "gpu": None, "limits": None,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "versions": bench.versions(), "sizes": {**asdict(sizes), "d_model": sizes.d_model},
-            "timing": None, "kernels": kernels, "skipped": skipped, "failed": [],
-            "targets": bench.targets(kernels, sizes, None), "notes": ["by formula, with the GPU's tile sizes"]}
+def count_backward_naive(q, k, v, d_out, causal=True):
+    """Main-memory traffic of the naive backward's launches under count_memory, on NumPy arrays
+    q (BH, T_q, d_k), k, v (BH, T_k, d), d_out (BH, T_q, d_v) -> ({launch: MemoryReport},
+    (dq, dk, dv)). The same kernels and grids as backward.launch_naive_backward, except the
+    softmax, version 1 on every backend (attention.SOFTMAX_VERSION on the simulator: no barriers)."""
+    (bh, t_q, d_k), (t_k, d_v) = q.shape, v.shape[1:]
+    s, p, dp, d_raw = (np.empty((bh, t_q, t_k), np.float32) for _ in range(4))
+    p_t, d_raw_t = np.empty((bh, t_k, t_q), np.float32), np.empty((bh, t_k, t_q), np.float32)
+    out, d_rows = np.empty(d_out.shape, np.float32), np.empty((bh, t_q), np.float32)
+    dq, dk, dv = (np.empty(a.shape, np.float32) for a in (q, k, v))
+    grid, scale = scores.score_grid(bh, t_q, t_k), scores.scale_factor(d_k)
+    count, ws, ws_grid = sanitizer.count_memory, weighted_sum.weighted_sum_kernel_v2, weighted_sum.weighted_sum_grid
+    return {
+        "S": count(mask.causal_scores_kernel if causal else scores.scores_kernel_v2, *grid, q, k, scale, s),
+        "P": count(softmax.softmax_kernel_v1, *softmax.softmax_grid(bh * t_q, 1),
+                   s.reshape(bh * t_q, t_k), p.reshape(bh * t_q, t_k)),
+        "O": count(ws, *ws_grid(bh, t_q, d_v), p, v, out),
+        "row sums": count(backward.row_dot_kernel, *backward.row_grid(bh, t_q), d_out, out, d_rows),
+        "P^T": count(backward.transpose_kernel, *grid, p, p_t),
+        "dV": count(ws, *ws_grid(bh, t_k, d_v), p_t, d_out, dv),
+        "dP": count(scores.scores_kernel_v2, *grid, d_out, v, np.float32(1.0), dp),
+        "dS": count(backward.score_grad_kernel, *grid, p, dp, d_rows, scale, d_raw),
+        "dQ": count(ws, *ws_grid(bh, t_q, d_k), d_raw, k, dq),
+        "dS^T": count(backward.transpose_kernel, *grid, d_raw, d_raw_t),
+        "dK": count(ws, *ws_grid(bh, t_k, d_k), d_raw_t, q, dk),
+    }, (dq, dk, dv)
+
+
+def count_backward_fused(q, k, v, out, lse, d_out, causal=True):
+    """Main-memory traffic of the fused backward's three launches under count_memory, on NumPy
+    arrays (shapes as the kernels') -> ({launch: MemoryReport}, (dq, dk, dv))."""
+    (bh, t_q, d_k), t_k = q.shape, k.shape[1]
+    d_rows = np.empty((bh, t_q), np.float32)
+    dq, dk, dv = (np.empty(a.shape, np.float32) for a in (q, k, v))
+    grids, scale = backward.fused_grids(bh, t_q, t_k, k.shape[0]), scores.scale_factor(d_k)
+    count = sanitizer.count_memory
+    reports = {
+        "row sums": count(backward.row_dot_kernel, *backward.row_grid(bh, t_q), d_out, out, d_rows),
+        "dK, dV": count(backward.flash_backward_dkdv_kernel, *grids["dkdv"], q, k, v, d_out, lse, d_rows,
+                        scale, bool(causal), dk, dv),
+        "dQ": count(backward.flash_backward_dq_kernel, *grids["dq"], q, k, v, d_out, lse, d_rows, scale,
+                    bool(causal), dq),
+    }
+    return reports, (dq, dk, dv)

@@ -29,7 +29,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from attention_lib import numba_patches
+from attention_lib.platform import numba_patches
 
 BACKEND_VARIABLE = "ATTENTION_LIB_BACKEND"
 GPU = "gpu"

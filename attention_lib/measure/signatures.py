@@ -64,7 +64,7 @@ class TypeRecorder:
 
 def check_names(names):
     """A one-line error unless every name in `names` (None: all) has a case in kernel_cases.CASES."""
-    from attention_lib.kernel_cases import CASES
+    from attention_lib.measure.kernel_cases import CASES
     unknown = sorted(set(names or ()) - set(CASES))
     if unknown:
         raise ValueError(f"names: no case in kernel_cases.CASES for {unknown}; known: {sorted(CASES)}")
@@ -78,7 +78,7 @@ def recorded_launches(names=None):
     What runs before that launch runs for real (input copies, the kernels a launcher starts
     first); nothing after it does.
     """
-    from attention_lib.kernel_cases import CASES, library_kernels
+    from attention_lib.measure.kernel_cases import CASES, library_kernels
     check_names(names)
     kernels = library_kernels()
     launches = {}

@@ -3,7 +3,7 @@
 import numbers
 import os
 
-from attention_lib.runtime import ON_SIMULATOR
+from attention_lib.platform.runtime import ON_SIMULATOR
 
 # The simulator's time budget, one estimate for every launcher: its threads plus the
 # multiply-adds they run in Python. Measured on a 2-core machine with scripts/simulator_speed.py

@@ -5,7 +5,7 @@ Each ``Entry`` of ``REGISTRY`` says how to call the library's launcher on random
 its output is checked against (``reference``, with a tolerance that grows with the length of
 the sums involved), and the same work done by PyTorch or CuPy (``baselines``). ``TARGETS``
 holds the course's speed targets. The traffic each kernel requests, counted and by formula,
-is ``attention_lib.traffic``'s business; timing and reporting are ``attention_lib.bench``'s.
+is ``attention_lib.measure.traffic``'s business; timing and reporting are ``attention_lib.measure.bench``'s.
 
 FLOPs: a multiply-add is 2; the scale of the scores 1 per score; a softmax 5 per score (max,
 subtract, exp, add, multiply); attention 4 d_k per visible (query, key) pair, as FlashAttention's
@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from attention_lib import reference, runtime
+from attention_lib import reference
+from attention_lib.platform import runtime
 
 BYTES = 4                                   # float32
 

@@ -9,7 +9,7 @@ replaced by a recording wrapper, and, for the length of that launch only, patche
 simulator internals:
 
 - ``FakeCUDAShared.array`` (``cuda.shared.array``) so shared arrays are recorded too;
-- ``SimulatedThread.syncthreads`` (attention_lib.numba_patches) so each thread counts the
+- ``SimulatedThread.syncthreads`` (attention_lib.platform.numba_patches) so each thread counts the
   barriers it has passed;
 - the methods of ``FakeCUDAAtomic`` (``cuda.atomic.*``) so atomics are recorded as atomics.
 
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attention_lib import numba_patches, runtime
+from attention_lib.platform import numba_patches, runtime
 
 LOAD, STORE, ATOMIC = "read", "write", "atomic"
 GLOBAL, SHARED = "global", "shared"

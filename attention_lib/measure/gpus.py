@@ -3,7 +3,7 @@
 import re
 from dataclasses import dataclass
 
-from attention_lib import runtime
+from attention_lib.platform import runtime
 
 
 @dataclass(frozen=True)

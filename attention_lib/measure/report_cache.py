@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 
 CACHE_VARIABLE = "ATTENTION_LIB_CACHE"
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parents[1]   # attention_lib: every source file of the package
 TOOL_DISTRIBUTIONS = ("numba", "numba-cuda", "nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-nvdisasm")
 
 
