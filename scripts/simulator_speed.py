@@ -1,7 +1,7 @@
 """Measure how fast Numba's CUDA simulator runs the library's own kernels.
 
 Times, on the simulator, with numba-cuda's own threads (one operating-system thread per CUDA
-thread) and with the greenlets attention_lib runs them as (attention_lib/platform/numba_patches.py):
+thread) and with the greenlets attention_lib runs them as (attention_lib/platform/simulator.py):
 the projection as a naive kernel (v1, no barrier) and as a 16x16-tiled one (v2, two barriers a
 tile), softmax v2 (a barrier per step of its tree reduction) and the fused attention kernel
 v2. Prints a table (the README quotes it) and the rates attention_lib.platform.launch budgets with.
@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 import attention_lib
-from attention_lib.platform import numba_patches
+from attention_lib.platform import simulator
 from attention_lib.stages import flash, projection, softmax
 from numba import cuda
 
@@ -64,7 +64,7 @@ if __name__ == "__main__":
     print("| kernel | numba-cuda's threads | greenlets | faster |")
     print("|---|---|---|---|")
     for name, case in CASES.items():
-        with numba_patches.numba_cuda_threads():
+        with simulator.numba_cuda_threads():
             theirs = seconds(case)
         ours = seconds(case)
         print(f"| {name} | {theirs:.2f} s | {ours:.2f} s | {theirs / ours:.1f}x |")

@@ -7,13 +7,16 @@ import sys
 import textwrap
 from pathlib import Path
 
+import attention_lib
 import numpy as np
+import pytest
 from attention_lib.platform import dynamic_shared
+from numba import cuda
 
 
 def test_shared_rows_is_a_view_of_the_buffer_from_start_on():
     words = np.arange(20, dtype=np.float32)
-    tile = dynamic_shared.shared_rows(words, 6, 3, 4)
+    tile = dynamic_shared.shared_rows.simulator_version(words, 6, 3, 4)    # what the simulator runs
     assert tile.shape == (3, 4) and tile[2, 1] == 6 + 2 * 4 + 1
     tile[1, 3] = -1.0                                     # what one thread writes, another reads
     assert words[6 + 1 * 4 + 3] == -1.0
@@ -46,7 +49,7 @@ CHECK_INTERNALS = textwrap.dedent("""
     from numba.cuda import codegen, dispatcher
     from attention_lib.platform import dynamic_shared
     from numba.cuda.cudadrv.driver import CudaPythonFunction, binding
-    assert not dynamic_shared.ON_SIMULATOR            # the intrinsic, not its NumPy twin
+    assert not dynamic_shared.ON_SIMULATOR
     assert dynamic_shared.shared_rows.simulator_version is dynamic_shared._shared_rows_numpy
 
     # The names the limit's driver call goes through, as numba-cuda 0.30's own carveout setter uses them.
@@ -64,6 +67,7 @@ CHECK_INTERNALS = textwrap.dedent("""
     class Compiled:
         _codelibrary = type("Library", (), {"get_cufunc": lambda self: Function()})()
     class Kernel:
+        targetoptions = {}                            # a compiled kernel's, not the simulator's
         def specialize(self, *args):
             self.args = args
             return type("Specialized", (), {"overloads": {"sig": Compiled()}})()
@@ -82,3 +86,24 @@ def test_numba_cudas_internals_for_raising_the_limit_are_there():
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, "-c", CHECK_INTERNALS], env=env, capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+@cuda.jit
+def first_word(out):
+    words = cuda.shared.array(0, np.float32)
+    words[cuda.threadIdx.x] = cuda.threadIdx.x
+    out[cuda.threadIdx.x] = words[cuda.threadIdx.x]
+
+
+def test_the_simulator_refuses_more_than_48_kb_until_the_limit_is_raised():
+    """As a GPU does: past DEFAULT_LIMIT a launch needs the kernel's limit raised first, which
+    dynamic_shared.launch does on both backends."""
+    if not attention_lib.ON_SIMULATOR:
+        pytest.skip("the simulator's own check; a GPU refuses such a launch itself")
+    out = np.zeros(4, np.float32)
+    nbytes = dynamic_shared.DEFAULT_LIMIT + 4
+    with pytest.raises(ValueError, match=r"first_word: 49,156 bytes of dynamic shared memory, more than the "
+                                         r"kernel's limit of 49,152"):
+        first_word[1, 4, 0, nbytes](out)
+    dynamic_shared.launch(first_word, 1, 4, nbytes, out)
+    assert out.tolist() == [0, 1, 2, 3]

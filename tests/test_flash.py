@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from attention_lib import reference
 from attention_lib.measure import sanitizer, traffic
+from attention_lib.platform.simulator import BarrierError
 from attention_lib.stages import attention, flash, softmax
 from attention_lib.checks import check
 from attention_lib.stages.flash import MICRO_D, MICRO_M, MICRO_N, NEG_INF
@@ -277,9 +278,7 @@ def test_the_mutants_remove_every_barrier_of_the_source():
     assert all(BARRIER not in inspect.getsource(p.py_func) for p in (
         flash.flash_attention_kernel_v2, flash.v2_stage_rows, flash.v2_score_tile, flash.v2_fold_tile))
     assert inspect.getsource(flash.v3_key_tile.py_func).count(BARRIER) == 3
-    assert inspect.getsource(flash.v3_row_reduce_shared.py_func).count(BARRIER) == 1
-    assert all(BARRIER not in inspect.getsource(p.py_func) for p in flash.V3_PARTS
-               if p not in (flash.v3_key_tile, flash.v3_row_reduce_shared))
+    assert all(BARRIER not in inspect.getsource(p.py_func) for p in flash.V3_PARTS if p is not flash.v3_key_tile)
 
 
 @pytest.fixture
@@ -316,12 +315,32 @@ def test_every_barrier_of_v2_is_needed(zeroed_shared, function, missing, arrays,
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")    # a mutant may multiply stale memory
 @pytest.mark.parametrize("function, missing, arrays", [
     ("v3_key_tile", 0, {"k_tile", "q_tile"}), ("v3_key_tile", 1, {"p_tile"}),
-    ("v3_key_tile", 2, {"v_tile"}), ("v3_row_reduce_shared", 0, {"red"})],
-    ids=["after-kv-tiles", "after-p-tile", "before-next-tiles", "row-reduction"])
+    ("v3_key_tile", 2, {"v_tile"})],
+    ids=["after-kv-tiles", "after-p-tile", "before-next-tiles"])
 def test_every_barrier_of_v3_is_needed(zeroed_shared, function, missing, arrays):
     races, _, _ = races_of(v3_without_barrier(getattr(flash, function), missing), 3, 40)   # two key tiles
     assert races and {r.array for r in races} == arrays, [str(r) for r in races]
     assert all(r.space == "shared" for r in races)
+
+
+@pytest.mark.parametrize("mutant, message", [
+    # Only the first half of each warp takes part: the other lanes reach the next barrier.
+    ("            other = cuda.shfl_xor_sync(0xFFFFFFFF, y, w) if cuda.laneid < 16 else y",
+     r"shfl_xor_sync at .*: lanes 0-15 wait for lanes 16-31, which wait at the barrier at"),
+    # A mask of half the warp, called by every lane: the upper lanes leave themselves out.
+    ("            other = cuda.shfl_xor_sync(0x0000FFFF, y, w)",
+     r"shfl_xor_sync by lane 16 of warp 0 with mask 0x0000ffff, which leaves the calling lane out")])
+def test_a_row_reduction_whose_shuffle_not_every_lane_meets_is_reported(mutant, message):
+    """v3's row reductions are warp shuffles on both backends; the simulator holds them to CUDA's
+    rule that every live lane a mask names reaches the same call."""
+    source = textwrap.dedent(inspect.getsource(flash.v3_row_reduce.py_func))
+    line = "            other = cuda.shfl_xor_sync(0xFFFFFFFF, y, w)"
+    assert source.count(line) == 1
+    names = {**vars(flash), **flash.v3_sizes(5)}
+    exec(compile(source.replace(line, mutant), "<row reduce mutant>", "exec"), names)
+    kernel = flash.build_flash_v3(5, {"v3_row_reduce": names["v3_row_reduce"]})
+    with pytest.raises(BarrierError, match=message):
+        races_of(kernel, 3, 40)
 
 
 def test_a_rebuilt_v3_with_every_barrier_is_race_free_and_right():

@@ -1,7 +1,7 @@
-"""The numba-cuda internals that attention_lib/platform/numba_patches.py replaces are still there, and
-still the ones numba-cuda uses: after an upgrade this file fails first, naming the attribute."""
+"""The numba-cuda internals that attention_lib/platform/simulator.py and numba_patches.py replace are
+still there, and still the ones numba-cuda uses: after an upgrade this file fails first, naming the
+attribute."""
 
-import importlib
 import os
 import subprocess
 import sys
@@ -9,33 +9,37 @@ import sys
 import numpy as np
 import pytest
 
-from attention_lib.platform import numba_patches, runtime
+from attention_lib.platform import numba_patches, runtime, simulator
 from attention_lib.stages import softmax
 from numba import cuda
 
 UPGRADE = f"(checked with numba-cuda {numba_patches.CHECKED_WITH}; see attention_lib/platform/numba_patches.py)"
 
 
-def _resolve(module_name, attribute):
-    owner = importlib.import_module(module_name)
-    for part in attribute.split("."):
-        assert hasattr(owner, part), f"{module_name}.{attribute} is gone {UPGRADE}"
-        owner = getattr(owner, part)
-    return owner
+def test_every_internal_the_library_relies_on_is_there():
+    assert numba_patches.missing_internals() == []
+
+
+def test_a_missing_internal_is_named_in_one_line(monkeypatch):
+    monkeypatch.setitem(numba_patches.PATCHED, "a patch", ("numba.cuda.simulator.kernel", "NoSuchThing.run"))
+    lines = numba_patches.missing_internals()
+    assert lines == [f"numba-cuda patch 'a patch' is off: numba.cuda.simulator.kernel.NoSuchThing.run is gone "
+                     f"(AttributeError; checked with numba-cuda {numba_patches.CHECKED_WITH})"]
 
 
 def test_simulator_thread_patches_still_apply():
-    for name in ("simulate_threads_as_greenlets", "simulated current thread", "simulated element access"):
-        _resolve(*numba_patches.PATCHED[name])
     from numba.cuda.simulator import kernel, kernelapi
     from numba.cuda.simulator.cudadrv import devicearray
-    theirs = {(owner, name): original for owner, name, original, *_ in numba_patches._originals}
+    simulator.install()
+    theirs = {(owner, name): original for owner, name, original, *_ in simulator._originals}
     call = theirs.get((kernel.FakeCUDAKernel, "__call__"), kernel.FakeCUDAKernel.__call__)
     # A launch still runs each block through BlockManager.run, with the fields run_block reads.
     assert {"BlockManager", "run", "swapped_cuda_module", "_kernel_context"} <= set(call.__code__.co_names), \
         f"FakeCUDAKernel no longer runs blocks with BlockManager.run {UPGRADE}"
     assert {"_f", "_block_dim", "_debug", "block_state"} <= set(kernel.BlockManager.__init__.__code__.co_names), \
         f"BlockManager's fields changed {UPGRADE}"
+    assert {"grid_dim", "block_dim", "dynshared_size", "fn"} <= set(kernel.FakeCUDAKernel.__init__.__code__.co_names), \
+        f"FakeCUDAKernel's launch fields changed {UPGRADE}"
     # The kernel API still finds the running thread through threading.current_thread().
     assert "current_thread" in kernelapi.FakeCUDAModule.threadIdx.fget.__code__.co_names, \
         f"the simulator no longer asks threading.current_thread() for threadIdx {UPGRADE}"
@@ -46,17 +50,20 @@ def test_simulator_thread_patches_still_apply():
         f"FakeCUDAShared no longer keeps its arrays in _allocations {UPGRADE}"
     assert "_swap_refcount" in kernelapi.swapped_cuda_module.__wrapped__.__code__.co_names, \
         f"swapped_cuda_module no longer counts its users in _swap_refcount {UPGRADE}"
+    # numba-cuda's simulator still lacks the warp primitives the library adds (else compare them).
+    for name in simulator.WARP_PRIMITIVES:
+        assert theirs[kernelapi.FakeCUDAModule, name] is None, f"numba-cuda now has its own {name} {UPGRADE}"
 
 
 @cuda.jit
 def vote(out):
     t = cuda.threadIdx.x
-    if t >= 5:                           # 5 of 8 threads stay for the barriers
-        return
     cuda.syncthreads()
-    out[cuda.blockIdx.x, t, 0] = cuda.syncthreads_count(t % 2 == 0)
-    out[cuda.blockIdx.x, t, 1] = cuda.syncthreads_and(t < 4)
-    out[cuda.blockIdx.x, t, 2] = cuda.syncthreads_or(t == 3)
+    count = cuda.syncthreads_count(t % 2 == 0 and t < 5)
+    every = cuda.syncthreads_and(t < 8)
+    some = cuda.syncthreads_or(t == 3)
+    if t < 5:
+        out[cuda.blockIdx.x, t, 0], out[cuda.blockIdx.x, t, 1], out[cuda.blockIdx.x, t, 2] = count, every, some
 
 
 @cuda.jit
@@ -87,14 +94,13 @@ def waits_then_fails(x, out):
 
 
 def test_simulated_threads_keep_numbas_semantics():
-    """Threads that return early leave the barriers to the others, block votes count the
-    threads still running, each block has its own shared array, and an error names its thread
-    and block as numba-cuda's threads do."""
+    """Block votes combine every thread of the block, each block has its own shared array, and an
+    error names its thread and block as numba-cuda's threads do."""
     if not runtime.ON_SIMULATOR:
         pytest.skip("the simulated threads only exist on the simulator")
     out = np.full((2, 5, 3), -1, np.int64)
     vote[2, 8](out)
-    assert (out == [3, 0, 1]).all()
+    assert (out == [3, 1, 1]).all()
     x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
     sums = np.zeros(3, np.float32)
     sum_in_shared[3, 8](x, sums)
@@ -144,8 +150,6 @@ def test_compile_target_patch_still_applies():
 def test_internals_patched_elsewhere_still_exist():
     from numba.cuda.simulator import kernel
     from numba.cuda.simulator.cudadrv import devicearray
-    for what, (module_name, attribute) in numba_patches.ELSEWHERE.items():
-        assert _resolve(module_name, attribute) is not None, what
     # What the sanitizer and kernel_cases read on the simulator's objects.
     assert "_ary" in devicearray.FakeCUDAArray.__init__.__code__.co_names, f"FakeCUDAArray._ary {UPGRADE}"
     assert "_device" in kernel.FakeCUDAKernel.__init__.__code__.co_names, f"FakeCUDAKernel._device {UPGRADE}"
@@ -164,7 +168,7 @@ def test_greenlets_and_numbas_own_threads_give_the_same_results():
     runs = [lambda: attention_lib.project(x, w, version=2), lambda: attention_lib.softmax(s, version=2),
             lambda: attention_lib.flash_attention(q, k, v, version=2)]
     ours = [run() for run in runs]
-    with numba_patches.numba_cuda_threads(keep_shortcuts=True):    # race-free shared arrays
+    with simulator.numba_cuda_threads(keep_shortcuts=True):    # race-free shared arrays
         theirs = [run() for run in runs]
     assert all(np.array_equal(a, b) for a, b in zip(ours, theirs))
 
@@ -186,7 +190,7 @@ def test_numba_cudas_own_threads_get_one_shared_array_per_block_from_the_library
     shared, got = FakeCUDAShared(0), []
 
     def declare():
-        got.append(numba_patches._shared_array(shared, 4, np.float32))   # one declaring line
+        got.append(simulator._shared_array(shared, 4, np.float32))   # one declaring line
 
     threads = [threading.Thread(target=declare) for _ in range(8)]
     for t in threads:

@@ -455,11 +455,11 @@ from numba import cuda
 from numba.cuda import types
 from attention_lib.platform.numba_patches import compile_for
 from attention_lib.stages import projection
-assert not projection.ON_SIMULATOR and projection.SHARED_ALIGNMENT == 16
+assert projection.SHARED_ALIGNMENT == 16
 compile_for((9, 0))
 f2, f1 = types.float32[:, ::1], types.float32[::1]
 ptx, _ = cuda.compile_ptx(projection.projection_kernel_v4.py_func, (f2, f2, f1, f2), cc=(9, 0),
-                          **projection.V4_OPTIONS)
+                          launch_bounds=projection.projection_kernel_v4.targetoptions["launch_bounds"])
 print(ptx.count(".f64"), ptx.count("ld.shared.v4.f32"), ptx.count("ld.local") + ptx.count("st.local"),
       ".maxntid 256, 1, 1" in ptx, ".minnctapersm 2" in ptx)
 """

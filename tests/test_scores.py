@@ -83,7 +83,7 @@ def shared_accesses(kernel, name, grid, block, *args):
     from the sanitizer's trace (the shared array's real shape, padding included)."""
     launch = sanitizer._launch(kernel, grid, block, args, sanitizer._TRACE)
     groups = {}
-    for element, kind, (blk, (tx, ty, _)), interval, _site in launch.targets[name].trace:
+    for element, kind, (blk, (tx, ty, _)), interval, _site, _step in launch.targets[name].trace:
         warp = (tx + ty * block[0]) // 32
         groups.setdefault((blk, interval, warp, kind), []).append(element)
     return groups

@@ -168,7 +168,7 @@ class Traced:
         """
         target = self.launch.targets[name]
         requests = {}
-        for element, kind, (block, thread), interval, site in target.trace:
+        for element, kind, (block, thread), interval, site, _ in target.trace:
             if kind == sanitizer.LOAD:
                 warp = self.launch.global_id(block, thread) // 32
                 requests.setdefault((warp, interval, site), set()).add(

@@ -5,13 +5,12 @@ Without a GPU a kernel cannot be timed, so the course reasons about performance 
 memory accesses; and the most common kernel bug, a missing ``cuda.syncthreads()``, gives a
 wrong answer only for some thread orders (on the simulator, one fixed order). This module makes
 both visible. It launches a ``@cuda.jit`` kernel once on the simulator with every array argument
-replaced by a recording wrapper, and, for the length of that launch only, patches three
-simulator internals:
-
-- ``FakeCUDAShared.array`` (``cuda.shared.array``) so shared arrays are recorded too;
-- ``SimulatedThread.syncthreads`` (attention_lib.platform.numba_patches) so each thread counts the
-  barriers it has passed;
-- the methods of ``FakeCUDAAtomic`` (``cuda.atomic.*``) so atomics are recorded as atomics.
+replaced by a recording wrapper, and, for the length of that launch only, records shared
+arrays (``simulator.shared_recorder``) and patches the methods of ``FakeCUDAAtomic``
+(``cuda.atomic.*``) so atomics are recorded as atomics. The simulated threads themselves
+(attention_lib/platform/simulator.py) keep what the race finder needs: the barriers each thread
+has passed, and the warp collectives (shuffles, votes, ``syncwarp``) it has joined. A barrier
+that not every thread reaches raises ``BarrierError`` there, in every mode.
 
 Everything is restored afterwards, also when the kernel raises. The installed package is not
 edited. On a machine whose kernels run on a real GPU the same functions work: they simulate the
@@ -34,6 +33,7 @@ if it went to memory: no caches, no coalescing, no registers holding a value for
 ``cuda.local.array`` (private to a thread) is not recorded.
 """
 
+import bisect
 import inspect
 import linecache
 import os
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attention_lib.platform import numba_patches, runtime
+from attention_lib.platform import runtime
 
 LOAD, STORE, ATOMIC = "read", "write", "atomic"
 GLOBAL, SHARED = "global", "shared"
@@ -96,6 +96,8 @@ class _Target:
         mode = launch.mode
         self.name, self.space = name, space
         self.errors = launch.errors  # out-of-bounds errors, shared by the launch's arrays
+        self.warp_events = launch.warp_events
+        self.current_thread = launch.current_thread
         self.shape, self.dtype = ary.shape, ary.dtype
         self.recording = mode != _BOUNDS
         # Counting needs only the element ids; list.append is atomic under the GIL, so the
@@ -110,20 +112,21 @@ class _Target:
         if self.counts is not None:
             self.counts[kind].extend(flat)
             return
-        thread = numba_patches.current_thread()
+        thread = self.current_thread()
         frame = _kernel_frame()
         site = (frame.f_code.co_filename, frame.f_lineno)
-        interval = getattr(thread, "_sanitizer_barriers", 0)
+        interval, step = thread.barriers, len(thread.warp_events)
         try:
             who = thread._sanitizer_who
         except AttributeError:  # first access of this thread: (blockIdx, threadIdx) as tuples
             who = thread._sanitizer_who = (tuple(thread.blockIdx), tuple(thread.threadIdx))
+            self.warp_events[who] = thread.warp_events        # grows until the launch ends
         for element in flat:
-            self.trace.append((element, kind, who, interval, site))
+            self.trace.append((element, kind, who, interval, site, step))
 
     def out_of_bounds(self, kind, key, shape):
         """The error for index `key` into a view of this array with `shape`."""
-        thread = numba_patches.current_thread()
+        thread = self.current_thread()
         frame = _kernel_frame()
         block, tid = tuple(thread.blockIdx), tuple(thread.threadIdx)
         index = tuple(int(i) if isinstance(i, (int, np.integer)) else i for i in key)
@@ -223,41 +226,28 @@ def _wrap(ary, target):
 
 
 @contextmanager
-def _simulated(kernel):
-    """Yield the kernel as the simulator runs it.
+def _simulated(kernel, sharedmem):
+    """Yield the kernel as the simulator runs it, allowed `sharedmem` bytes of dynamic shared
+    memory (as a launcher raises the limit of a kernel that needs more than 48 KB).
 
     On the simulator that is the kernel itself. On a real GPU, a simulator kernel is built from
     the kernel's Python source (``py_func``): the simulator swaps the module's ``cuda`` for its
-    own during the launch, so the same code runs on the CPU, instrumented, beside the GPU. The
-    device functions it calls (``@cuda.jit(device=True)``, found in the globals of the kernel
-    and, in turn, of each device function) are swapped for simulator versions for as long as
-    the launch lasts, and so are intrinsics that carry a ``simulator_version``
-    (``dynamic_shared.shared_rows``).
+    own during the launch, and what the code reaches that has a simulated twin (device
+    functions, also through a module attribute such as ``flash.visible_keys``; intrinsics such
+    as ``dynamic_shared.shared_rows``) is swapped in too (``simulator.simulated_globals``), so the
+    same code runs on the CPU, instrumented, beside the GPU.
     """
-    if runtime.ON_SIMULATOR:
-        yield kernel
-        return
     from numba.cuda.simulator.kernel import FakeCUDAKernel
-    numba_patches.simulate_threads_as_greenlets()
-
-    swapped = []  # (globals dict, name, compiled device function or intrinsic)
-
-    def swap_device_functions(fn):
-        for name, value in list(fn.__globals__.items()):
-            if hasattr(value, "simulator_version"):   # an intrinsic: its NumPy twin
-                swapped.append((fn.__globals__, name, value))
-                fn.__globals__[name] = value.simulator_version
-            elif getattr(value, "targetoptions", {}).get("device") and hasattr(value, "py_func"):
-                swapped.append((fn.__globals__, name, value))
-                fn.__globals__[name] = FakeCUDAKernel(value.py_func, device=True)
-                swap_device_functions(value.py_func)
-
-    swap_device_functions(kernel.py_func)
+    simulated = kernel if runtime.ON_SIMULATOR else FakeCUDAKernel(kernel.py_func, device=False)
+    limit = simulated.__dict__.get("max_dynamic_shared_bytes")
+    simulated.max_dynamic_shared_bytes = max(sharedmem, limit or 0)
     try:
-        yield FakeCUDAKernel(kernel.py_func, device=False)
+        yield simulated
     finally:
-        for namespace, name, value in reversed(swapped):
-            namespace[name] = value
+        if limit is None:
+            del simulated.max_dynamic_shared_bytes
+        else:
+            simulated.max_dynamic_shared_bytes = limit
 
 
 def _dim3(dims, what):
@@ -290,6 +280,10 @@ class _Launch:
         self._shared = {}  # declaration (file, line) or dtype for dynamic -> _View
         self.errors = []  # out-of-bounds errors raised in the simulator's threads
         self.device_copies = []  # (GPU device array, its host copy) to write back after the launch
+        self.warp_events = {}  # (blockIdx, threadIdx) -> ids of the warp collectives it joined
+        from attention_lib.platform import simulator  # greenlets: only once something is simulated
+        simulator.install()
+        self.current_thread = simulator.current_thread
 
     def wrap_arg(self, position, arg):
         """What the kernel receives for `arg`: a recording view for arrays, else `arg`."""
@@ -312,13 +306,12 @@ class _Launch:
         self.targets[name] = _Target(self, name, GLOBAL, arg)
         return _wrap(arg, self.targets[name])
 
-    def shared_array(self, fake_shared, original, shape, dtype, alignment=None):
-        """Replacement for FakeCUDAShared.array: the same array for every thread of a launch,
-        per declaration line (as the simulator does), wrapped for recording."""
+    def shared_array(self, fake_shared, original, shape, dtype, caller):
+        """The simulator's shared arrays of this launch (simulator.shared_recorder): the same
+        array for every thread of a launch, per declaration line, wrapped for recording."""
         from numba.cuda import types
         from numba.cuda.np import numpy_support
 
-        caller = _kernel_frame()
         site = (caller.f_code.co_filename, caller.f_lineno)
         if isinstance(dtype, types.Type):
             dtype = numpy_support.as_dtype(dtype)
@@ -336,6 +329,17 @@ class _Launch:
     def threads_per_block(self):
         return int(np.prod(self.blockdim))
 
+    def warp_ordered(self, a, step_a, b, step_b):
+        """Whether a warp collective orders thread a's access (made after joining step_a of
+        them) and thread b's: both lanes of one warp joined it, one before and one after."""
+        events_a, events_b = self.warp_events.get(a), self.warp_events.get(b)
+        if not events_a or not events_b or a[0] != b[0]:
+            return False
+        (xa, ya, za), (xb, yb, zb), (dx, dy, _) = a[1], b[1], self.blockdim
+        if (xa + dx * (ya + dy * za)) // 32 != (xb + dx * (yb + dy * zb)) // 32:
+            return False
+        return _shares_event(events_a, step_a, events_b, step_b) or _shares_event(events_b, step_b, events_a, step_a)
+
     def global_id(self, block, thread, by="thread"):
         """Linear id of a block, or of a thread: block id * threads per block + thread id,
         both counted x fastest (CUDA's order). In a 1-D launch this equals cuda.grid(1)."""
@@ -349,29 +353,15 @@ class _Launch:
 
 @contextmanager
 def _instrumented(launch):
-    """Patch the simulator's shared arrays, barriers and atomics for `launch`; undo on exit."""
+    """Record the shared arrays and atomics of `launch`; undo on exit."""
     from numba.cuda.simulator import kernelapi
+    from attention_lib.platform import simulator
 
     patched = []  # (owner, attribute, original)
 
     def patch(owner, name, replacement):
         patched.append((owner, name, owner.__dict__[name]))
         setattr(owner, name, replacement)
-
-    original_shared = kernelapi.FakeCUDAShared.array
-    patch(kernelapi.FakeCUDAShared, "array",
-          lambda self, shape, dtype, alignment=None:
-          launch.shared_array(self, original_shared, shape, dtype, alignment))
-
-    original_sync = numba_patches.SimulatedThread.syncthreads
-
-    def syncthreads(thread):
-        # The k-th barrier a thread passes ends its interval k. Counted before waiting: the
-        # thread's own accesses after this call belong to the next interval.
-        thread._sanitizer_barriers = getattr(thread, "_sanitizer_barriers", 0) + 1
-        original_sync(thread)
-
-    patch(numba_patches.SimulatedThread, "syncthreads", syncthreads)
 
     def atomic(original):
         def recorded(self, array, *rest):
@@ -385,9 +375,11 @@ def _instrumented(launch):
         if name in kernelapi.FakeCUDAAtomic.__dict__:
             patch(kernelapi.FakeCUDAAtomic, name,
                   atomic(kernelapi.FakeCUDAAtomic.__dict__[name]))
+    simulator.shared_recorder = launch.shared_array
     try:
         yield
     finally:
+        simulator.shared_recorder = None
         for owner, name, original in reversed(patched):
             setattr(owner, name, original)
 
@@ -398,7 +390,7 @@ def _launch(kernel, griddim, blockdim, args, mode, sharedmem=0):
     wrapped = [launch.wrap_arg(position, arg) for position, arg in enumerate(args)]
     with _instrumented(launch):
         try:
-            with _simulated(kernel) as simulated:
+            with _simulated(kernel, sharedmem) as simulated:
                 simulated[launch.griddim, launch.blockdim, 0, sharedmem](*wrapped)
         except OutOfBoundsError as error:
             # The simulator re-raises a copy of the thread's error with "tid=[..] ctaid=[..]:"
@@ -586,21 +578,22 @@ def _conflict(kind_a, kind_b):
     return (kind_a != LOAD or kind_b != LOAD) and not (kind_a == ATOMIC and kind_b == ATOMIC)
 
 
-def _concurrent_pair(accesses_a, accesses_b, space):
-    """Two accesses, one from each set of (who, interval), that no barrier orders; or None.
+def _concurrent_pair(accesses_a, accesses_b, space, ordered):
+    """Two accesses, one from each set of (who, interval, step), that nothing orders; or None.
 
-    Threads of one block are ordered by a barrier between them (different intervals). Shared
+    Threads of one block are ordered by a barrier between them (different intervals), and two
+    lanes of one warp by a warp collective both joined between the accesses (`ordered`). Shared
     memory is per block, so other blocks never meet; global memory is one, and blocks have no
     barrier at all, so any two blocks meet.
     """
-    by_slot = defaultdict(list)  # (block, interval) -> [who]
+    by_slot = defaultdict(list)  # (block, interval) -> [(who, step)]
     blocks_b = defaultdict(list)  # block -> [who]
-    for who, interval in accesses_b:
-        by_slot[who[0], interval].append(who)
+    for who, interval, step in accesses_b:
+        by_slot[who[0], interval].append((who, step))
         blocks_b[who[0]].append(who)
-    for who, interval in accesses_a:
-        for other in by_slot[who[0], interval]:
-            if other != who:
+    for who, interval, step in accesses_a:
+        for other, other_step in by_slot[who[0], interval]:
+            if other != who and not ordered(who, step, other, other_step):
                 return who, other
         if space == GLOBAL:
             for block, others in blocks_b.items():
@@ -609,12 +602,26 @@ def _concurrent_pair(accesses_a, accesses_b, space):
     return None
 
 
-def _races_of(target):
+def _shares_event(events, start, other, stop):
+    """Whether events[start:] and other[:stop] (two ascending lists of ids) share one."""
+    if start >= len(events) or stop <= 0:
+        return False
+    first = events[start]
+    for event in reversed(other[:stop]):          # the latest first: usually the shared one
+        if event < first:
+            return False
+        position = bisect.bisect_left(events, event, start)
+        if position < len(events) and events[position] == event:
+            return True
+    return False
+
+
+def _races_of(target, ordered):
     """The races in one array's trace, one Race per (array, pair of source lines)."""
-    # element -> (kind, site) -> {(who, interval)}: the order of the trace no longer matters.
+    # element -> (kind, site) -> {(who, interval, step)}: the order of the trace no longer matters.
     elements = defaultdict(lambda: defaultdict(set))
-    for element, kind, who, interval, site in target.trace:
-        elements[element][kind, site].add((who, interval))
+    for element, kind, who, interval, site, step in target.trace:
+        elements[element][kind, site].add((who, interval, step))
     found = {}
     for element in sorted(elements):
         groups = sorted(elements[element].items())
@@ -624,7 +631,7 @@ def _races_of(target):
                 key = (site_a, site_b)
                 if key in hit or not _conflict(kind_a, kind_b):
                     continue
-                pair = _concurrent_pair(sorted(accesses_a), sorted(accesses_b), target.space)
+                pair = _concurrent_pair(sorted(accesses_a), sorted(accesses_b), target.space, ordered)
                 if pair is None:
                     continue
                 hit.add(key)
@@ -641,7 +648,7 @@ def _races_of(target):
 
 
 def _races(launch):
-    return [race for target in launch.targets.values() for race in _races_of(target)]
+    return [race for target in launch.targets.values() for race in _races_of(target, launch.warp_ordered)]
 
 
 def find_races(kernel, griddim, blockdim, *args, sharedmem=0) -> list:
@@ -651,21 +658,23 @@ def find_races(kernel, griddim, blockdim, *args, sharedmem=0) -> list:
     thread passes ends its interval k), kind and source line; the decision is made afterwards,
     so it does not depend on the order the simulator ran the threads in. Two accesses by
     different threads to the same element race when at least one writes, they are not both
-    atomic, and no barrier orders them:
+    atomic, and nothing orders them:
 
-    - shared memory: same block, same interval;
-    - global memory: same block and same interval, or different blocks (blocks never wait for
+    - shared memory: same block, same interval, and not two lanes of one warp with a warp
+      collective (``syncwarp``, a shuffle, a vote) that both joined between the two accesses;
+    - global memory: the same within a block, or different blocks (blocks never wait for
       each other), so a write in one block and a read in another also race.
 
     One Race is returned per (array, pair of source lines), with the first element as example
-    and the number of elements affected.
+    and the number of elements affected. Barriers that not every thread reaches raise the
+    simulator's ``BarrierError`` before any race is looked for.
 
     What it cannot see: accesses this launch did not make (other sizes, other data, branches
     a racy read steered elsewhere); two arguments that are the same memory (each name is its
-    own array); local arrays; barriers reached from different lines (the k-th barrier of each
-    thread is taken as the same one, as the simulator does). Warp-synchronous code without
-    barriers is reported as racy, correctly for GPUs since Volta; ``threadfence`` and memory
-    orderings between blocks are not modelled (any two blocks are unordered).
+    own array); local arrays. Warp-synchronous code with neither barriers nor warp collectives
+    is reported as racy, correctly for GPUs since Volta (lanes of a warp are not in lockstep);
+    ``threadfence`` and memory orderings between blocks are not modelled (any two blocks are
+    unordered).
     """
     return _races(_launch(kernel, griddim, blockdim, args, _TRACE, sharedmem))
 
@@ -692,7 +701,7 @@ def thread_map(kernel, griddim, blockdim, *args, array="out", by="thread", share
                          f"got {array!r}, arrays: {', '.join(launch.targets)}")
     target = launch.targets[array]
     ids = np.full(int(np.prod(target.shape)), -1, dtype=np.int64)
-    for element, kind, who, _, _ in target.trace:
+    for element, kind, who, *_ in target.trace:
         if kind != LOAD:
             ids[element] = launch.global_id(*who, by=by)
     return ids.reshape(target.shape)

@@ -11,11 +11,14 @@ once the kernel's limit is raised (CUDA's ``cudaFuncSetAttribute`` with
   the device builds its shape on the stack and loses track of the shared address space (every
   access becomes a generic load, compiled for sm_90); this view is an array made from the
   buffer's pointer and the two sizes, so accesses stay ``ld.shared`` and nothing goes to local
-  memory. On the simulator it is the NumPy view.
+  memory. The simulator runs its NumPy twin, a view of the buffer.
 - ``launch(kernel, grid, block, nbytes, *args)``: the launch, after raising the kernel's limit
-  where nbytes needs it (a GPU only).
+  where nbytes needs it (the simulator refuses more than 48 KB without it, as a GPU does).
 - ``largest_block_bytes()``: the most shared memory a block of this device may have.
 """
+
+from numba.cuda import types
+from numba.cuda.extending import intrinsic
 
 from attention_lib.platform.runtime import ON_SIMULATOR
 
@@ -30,33 +33,29 @@ def _shared_rows_numpy(words, start, rows, cols):
     return words[start:start + rows * cols].reshape(rows, cols)
 
 
-if ON_SIMULATOR:
-    shared_rows = _shared_rows_numpy
-else:
-    from numba.cuda import types
-    from numba.cuda.extending import intrinsic
+@intrinsic
+def shared_rows(typingctx, words, start, rows, cols):
+    """(rows, cols) C-order view of words[start:] (a 1-D array), built in place."""
+    view = types.Array(words.dtype, 2, "C")
 
-    @intrinsic
-    def shared_rows(typingctx, words, start, rows, cols):
-        """(rows, cols) C-order view of words[start:] (a 1-D array), built in place."""
-        view = types.Array(words.dtype, 2, "C")
+    def codegen(context, builder, signature, args):
+        source = context.make_array(signature.args[0])(context, builder, args[0])
+        start, rows, cols = (context.cast(builder, value, kind, types.intp)
+                             for value, kind in zip(args[1:], signature.args[1:]))
+        itemsize = context.get_constant(
+            types.intp, context.get_abi_sizeof(context.get_data_type(words.dtype)))
+        out = context.make_array(view)(context, builder)
+        context.populate_array(out, data=builder.gep(source.data, [start]), shape=[rows, cols],
+                               strides=[builder.mul(cols, itemsize), itemsize],
+                               itemsize=itemsize, meminfo=None)
+        return out._getvalue()
 
-        def codegen(context, builder, signature, args):
-            source = context.make_array(signature.args[0])(context, builder, args[0])
-            start, rows, cols = (context.cast(builder, value, kind, types.intp)
-                                 for value, kind in zip(args[1:], signature.args[1:]))
-            itemsize = context.get_constant(
-                types.intp, context.get_abi_sizeof(context.get_data_type(words.dtype)))
-            out = context.make_array(view)(context, builder)
-            context.populate_array(out, data=builder.gep(source.data, [start]), shape=[rows, cols],
-                                   strides=[builder.mul(cols, itemsize), itemsize],
-                                   itemsize=itemsize, meminfo=None)
-            return out._getvalue()
+    return view(words, start, rows, cols), codegen
 
-        return view(words, start, rows, cols), codegen
 
-    # The sanitizer runs a GPU kernel's Python source on the simulator: it swaps this in.
-    shared_rows.simulator_version = _shared_rows_numpy
+# What the simulator runs in its place (simulator.simulated_globals swaps it in for a launch, on
+# the simulator and when the sanitizer simulates a GPU kernel).
+shared_rows.simulator_version = _shared_rows_numpy
 
 
 def largest_block_bytes():
@@ -70,7 +69,12 @@ def largest_block_bytes():
 def _raise_limit(kernel, args, nbytes):
     """The kernel specialised for args, its limit of dynamic shared memory raised to nbytes:
     the same driver call as numba-cuda's own set_shared_memory_carveout, on each compiled
-    function (numba-cuda 0.30 has no public way to it; numba_patches checks the names)."""
+    function (numba-cuda 0.30 has no public way to it; numba_patches checks the names). A
+    simulated kernel gets the simulator's twin of the call."""
+    if not hasattr(kernel, "targetoptions"):              # the simulator's FakeCUDAKernel
+        from attention_lib.platform import simulator
+        simulator.set_max_dynamic_shared(kernel, nbytes)
+        return kernel
     from numba.cuda.cudadrv.driver import binding, driver
     specialized = kernel.specialize(*args)
     attribute = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -81,8 +85,8 @@ def _raise_limit(kernel, args, nbytes):
 
 
 def launch(kernel, grid, block, nbytes, *args):
-    """kernel[grid, block, 0, nbytes](*args). On a GPU, a compiled kernel that needs more than
-    DEFAULT_LIMIT first has its limit raised; a stand-in (the tests' recorders) is launched as is."""
-    if not ON_SIMULATOR and nbytes > DEFAULT_LIMIT and hasattr(kernel, "specialize"):
+    """kernel[grid, block, 0, nbytes](*args), after raising the kernel's limit where nbytes needs
+    more than DEFAULT_LIMIT (on both backends); a stand-in (the tests' recorders) is launched as is."""
+    if nbytes > DEFAULT_LIMIT and hasattr(kernel, "specialize"):
         kernel = _raise_limit(kernel, args, nbytes)
     kernel[grid, block, 0, nbytes](*args)

@@ -29,8 +29,6 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from attention_lib.platform import numba_patches
-
 BACKEND_VARIABLE = "ATTENTION_LIB_BACKEND"
 GPU = "gpu"
 SIMULATOR = "simulator"
@@ -184,7 +182,8 @@ def _activate(backend):
 BACKEND, REASON = _choose()
 _activate(BACKEND)
 if BACKEND == SIMULATOR:
-    numba_patches.simulate_threads_as_greenlets()
+    from attention_lib.platform import simulator     # greenlets: only where the simulator runs
+    simulator.install()
 ON_SIMULATOR = BACKEND == SIMULATOR
 SIZES = ANDREA_SIMULATOR if ON_SIMULATOR else ANDREA_120M
 

@@ -7,8 +7,8 @@ the (T_q, T_k) scores and weights never stored (the notebook tells why and how).
 - ``flash_attention_kernel_v2``: a block per BLOCK_Q queries of up to V2_MAX_HEADS query heads
   that share a key/value head; Q, K, V tiles in shared memory; tiles outside the band skipped.
 - ``flash_attention_kernel_v3`` and its ``v3_*`` parts: FlashAttention-2's forward in FP32 SIMT,
-  128 threads, 64 rows, micro-tiles in registers, exp2, row reductions by warp shuffles (shared
-  memory on the simulator); under GQA its rows interleave the group's queries. ``v3_sizes``,
+  128 threads, 64 rows, micro-tiles in registers, exp2, row reductions by warp shuffles (on the
+  simulator as on a GPU); under GQA its rows interleave the group's queries. ``v3_sizes``,
   ``build_flash_v3`` and ``make_flash_v3(d_k)``: the kernel for a head width. ``FAST``: its
   floors for the kernel report.
 - ``flash_attention_kernel_v3_grouped``: the same parts compiled with ``GROUPED``, a block of up
@@ -311,7 +311,7 @@ def flash_attention_kernel_v2(q, k, v, scale, causal, window, group, out, lse):
 # Floors the kernel report holds v3 to at d_k 64 (ptxas -v and nvdisasm for sm_90 measured 0
 # bytes of stack, 128 registers, 43,392 bytes of shared memory: 16 warps per SM on an H200,
 # and a hot loop of 128 FFMA in 206 instructions; the grouped kernel at 2 slices: 0 bytes of
-# stack, 128 registers, 74,368 bytes of dynamic shared memory, 16 warps, 128 FFMA in 217).
+# stack, 128 registers, 70,272 bytes of dynamic shared memory, 16 warps, 128 FFMA in 217).
 FAST = {"flash_attention_kernel_v3": {"max_stack_bytes": 0, "min_warps_per_sm": 16, "min_ffma_fraction": 0.5},
         "flash_attention_kernel_v3_grouped": {"max_stack_bytes": 0, "min_warps_per_sm": 16, "min_ffma_fraction": 0.5}}
 
@@ -328,12 +328,11 @@ FAST = {"flash_attention_kernel_v3": {"max_stack_bytes": 0, "min_warps_per_sm": 
 THREADS_V3 = 128
 ROW_GROUPS = 16
 COL_GROUPS = 8
-USE_SHUFFLES = not ON_SIMULATOR  # the simulator has no warp shuffles: a shared-memory fallback
 LOG2E = 1.4426950408889634       # exp(x) = 2 ** (x log2(e)); math.exp2 is one instruction
 LN2 = np.float32(math.log(2.0))
 # 4 blocks of 128 threads, 16 warps, per SM: ptxas must fit a thread in 65,536 / 512 = 128
-# registers (163 if left to choose). The simulator's jit takes no launch bounds.
-V3_JIT = {} if ON_SIMULATOR else {"launch_bounds": (THREADS_V3, 4)}
+# registers (163 if left to choose).
+V3_JIT = {"launch_bounds": (THREADS_V3, 4)}
 
 
 def v3_sizes(d_k):
@@ -439,41 +438,17 @@ def v3_mask(s, r0, k0, rg, cg, t_q, t_k, causal, window, group):
 
 
 @cuda.jit(device=True)
-def v3_row_reduce_shuffle(x, take_max):
+def v3_row_reduce(x, take_max):
     """x (MICRO_M,): each thread's partial value per row -> the row's max (take_max) or sum over
     its 8 column groups, in every lane of the row group. Lanes cg and cg ^ w swap values: after
-    w = 1, 2, 4 each lane has combined all 8. No shared memory, no barrier."""
+    w = 1, 2, 4 each lane has combined all 8. No shared memory, no barrier: the 8 lanes of a row
+    group sit in one warp, and a shuffle is a meeting of the warp's lanes (on the simulator too)."""
     for a in range(MICRO_M):
         y = x[a]
         for w in (1, 2, 4):
             other = cuda.shfl_xor_sync(0xFFFFFFFF, y, w)
             y = max(y, other) if take_max else y + other
         x[a] = y
-
-
-@cuda.jit(device=True)
-def v3_row_reduce_shared(x, red, rg, cg, take_max):
-    """v3_row_reduce_shuffle through shared memory, for the simulator: red ((TILE_M, COL_GROUPS)
-    float32) receives every partial value; each thread then combines its rows' 8."""
-    for a in range(MICRO_M):
-        red[rg + ROW_GROUPS * a, cg] = x[a]
-    cuda.syncthreads()                       # wait: every thread's partial values are in red
-    for a in range(MICRO_M):
-        y = red[rg + ROW_GROUPS * a, 0]
-        for g in range(1, COL_GROUPS):
-            other = red[rg + ROW_GROUPS * a, g]
-            y = max(y, other) if take_max else y + other
-        x[a] = y
-
-
-@cuda.jit(device=True)
-def v3_row_reduce(x, red, rg, cg, take_max):
-    """The row-wide max or sum of x: by warp shuffles on a GPU, through `red` on the simulator
-    (USE_SHUFFLES is a compile-time constant: the other branch is not compiled in)."""
-    if USE_SHUFFLES:
-        v3_row_reduce_shuffle(x, take_max)
-    else:
-        v3_row_reduce_shared(x, red, rg, cg, take_max)
 
 
 @cuda.jit(device=True)
@@ -502,12 +477,14 @@ def v3_online_update(s, m, l, o, tile_max):
 
 @cuda.jit(device=True)
 def v3_tile_max(tile_max, s):
-    """tile_max (MICRO_M,): the max of each of this thread's rows of s, over its own keys."""
+    """tile_max (MICRO_M,): the max of each of this thread's rows of s over the whole tile: over
+    its own keys, then across the 8 lanes of its row group (v3_row_reduce)."""
     for a in range(MICRO_M):
         y = s[a * MICRO_N]
         for b in range(1, MICRO_N):
             y = max(y, s[a * MICRO_N + b])
         tile_max[a] = y
+    v3_row_reduce(tile_max, True)
 
 
 @cuda.jit(device=True)
@@ -560,8 +537,8 @@ def v3_start(m, l, o):
 @cuda.jit(device=True)
 def v3_key_tile(k, v, smem, regs, h, r0, k0, n, masked, rg, cg, t_q, causal, window, group):
     """Keys k0 .. k0 + n - 1 (n <= TILE_N) of key/value head h: copy K and V, score S (masked if `masked`),
-    row max, online update, O += P V. smem: shared (q_tile, k_tile, v_tile, p_tile, red); regs: (s, m, l, o, tile_max)."""
-    q_tile, k_tile, v_tile, p_tile, red = smem
+    row max, online update, O += P V. smem: shared (q_tile, k_tile, v_tile, p_tile); regs: (s, m, l, o, tile_max)."""
+    q_tile, k_tile, v_tile, p_tile = smem
     s, m, l, o, tile_max = regs
     v3_load_tile(k_tile, k, h, k0, n, 1, np.float32(1.0))
     v3_load_tile(v_tile, v, h, k0, n, 1, np.float32(1.0))
@@ -570,7 +547,6 @@ def v3_key_tile(k, v, smem, regs, h, r0, k0, n, masked, rg, cg, t_q, causal, win
     if masked:
         v3_mask(s, r0, k0, rg, cg, t_q, k.shape[1], causal, window, group)
     v3_tile_max(tile_max, s)
-    v3_row_reduce(tile_max, red, rg, cg, True)
     v3_online_update(s, m, l, o, tile_max)
     v3_store_p(p_tile, s, rg, cg)
     cuda.syncthreads()                   # wait: the whole P tile is in shared memory
@@ -613,7 +589,7 @@ def v3_block(q, k, v, scale, causal, window, group, out, lse, q_block, smem, reg
     """The work of one block: its packed rows of key/value head h (v3_block_rows; row r is query
     r // group of query head h * group + r % group, so the group's query heads share every K/V
     tile the block loads) against every key tile holding a key one of its queries sees
-    (block_band). q_block: the block's Q rows; smem: this slice's (q_tile, k, v, p and red)."""
+    (block_band). q_block: the block's Q rows; smem: this slice's (q_tile, k_tile, v_tile, p_tile)."""
     rg, cg = cuda.threadIdx.x // COL_GROUPS, cuda.threadIdx.x % COL_GROUPS
     t_q, t_k = q.shape[1], k.shape[1]
     h, b0, r0, last = v3_block_rows(t_q, group)
@@ -623,7 +599,7 @@ def v3_block(q, k, v, scale, causal, window, group, out, lse, q_block, smem, reg
     for k0 in range(start, block_keys, TILE_N):      # masked: a tile an edge of the band crosses
         v3_key_tile(k, v, smem, regs, h, r0, k0, min(TILE_N, block_keys - k0),
                     k0 < clear_from or k0 + TILE_N > clear_to, rg, cg, t_q, causal, window, group)
-    v3_row_reduce(regs[2], smem[4], rg, cg, False)   # l: the row's total, from the 8 partial sums
+    v3_row_reduce(regs[2], False)    # l: the row's total, from the 8 partial sums
     v3_write(out, lse, regs, h, r0, rg, cg, t_q, group)
 
 
@@ -647,8 +623,7 @@ def flash_attention_kernel_v3(q, k, v, scale, causal, window, group, out, lse):
     k_tile = cuda.shared.array((TILE_N, ROW_STRIDE), np.float32)    # a tile of K
     v_tile = cuda.shared.array((TILE_N, HEAD_PAD), np.float32)      # and of V
     p_tile = cuda.shared.array((TILE_M, P_STRIDE), np.float32)      # P, for O += P V
-    red = cuda.shared.array((TILE_M, COL_GROUPS), np.float32)       # row reductions, simulator only
-    smem = (q_tile, k_tile, v_tile, p_tile, red)
+    smem = (q_tile, k_tile, v_tile, p_tile)
     v3_run_block(q, k, v, scale, causal, window, group, out, lse, q_tile, smem)
 
 
@@ -658,12 +633,11 @@ def flash_attention_kernel_v3(q, k, v, scale, causal, window, group, out, lse):
 # tile for 64 / group queries of each head of a group. The grouped kernel's block is blockDim.y
 # slices of 128 threads and TILE_M rows, one slice per head of the group up to V3_MAX_SLICES:
 # every K/V tile is loaded once for TILE_M * slices rows. Its arrays are views of the launch's
-# dynamic shared memory, laid out K, V, Q of all slices, P of all slices, then the row
-# reductions (used on the simulator only; the same layout and size on both). 4 slices are 512
+# dynamic shared memory, laid out K, V, Q of all slices, then P of all slices. 4 slices are 512
 # threads: ptxas must fit a thread in 65,536 / 512 = 128 registers, the one-slice kernel's cap.
 
 V3_MAX_SLICES = 4
-V3_GROUPED_JIT = {} if ON_SIMULATOR else {"launch_bounds": (THREADS_V3 * V3_MAX_SLICES, 1)}
+V3_GROUPED_JIT = {"launch_bounds": (THREADS_V3 * V3_MAX_SLICES, 1)}
 
 
 def v3_shared_words(d_k, slices):
@@ -671,23 +645,21 @@ def v3_shared_words(d_k, slices):
     uses at head width d_k (v3_grouped_arrays' layout)."""
     z = v3_sizes(d_k)
     return (z["TILE_N"] * (z["ROW_STRIDE"] + z["HEAD_PAD"])
-            + slices * z["TILE_M"] * (z["ROW_STRIDE"] + z["P_STRIDE"] + COL_GROUPS))
+            + slices * z["TILE_M"] * (z["ROW_STRIDE"] + z["P_STRIDE"]))
 
 
 @cuda.jit(device=True)
 def v3_grouped_arrays(words):
-    """(q_block, (q_tile, k_tile, v_tile, p_tile, red)): the block's Q rows and this slice's
+    """(q_block, (q_tile, k_tile, v_tile, p_tile)): the block's Q rows and this slice's
     arrays, as views of the dynamic shared memory `words` (float32, v3_shared_words long)."""
     rows, mine = TILE_M * cuda.blockDim.y, TILE_M * cuda.threadIdx.y
     q_at = TILE_N * (ROW_STRIDE + HEAD_PAD)
     p_at = q_at + rows * ROW_STRIDE
-    red_at = p_at + rows * P_STRIDE
     q_block = shared_rows(words, q_at, rows, ROW_STRIDE)
     return q_block, (shared_rows(words, q_at + mine * ROW_STRIDE, TILE_M, ROW_STRIDE),
                      shared_rows(words, 0, TILE_N, ROW_STRIDE),
                      shared_rows(words, TILE_N * ROW_STRIDE, TILE_N, HEAD_PAD),
-                     shared_rows(words, p_at + mine * P_STRIDE, TILE_M, P_STRIDE),
-                     shared_rows(words, red_at + mine * COL_GROUPS, TILE_M, COL_GROUPS))
+                     shared_rows(words, p_at + mine * P_STRIDE, TILE_M, P_STRIDE))
 
 
 def v3_grouped_kernel(q, k, v, scale, causal, window, group, out, lse):
@@ -700,8 +672,7 @@ def v3_grouped_kernel(q, k, v, scale, causal, window, group, out, lse):
 
 
 # The device functions of flash v3, callees first: make_flash_v3 recompiles them for a head width.
-V3_PARTS = (v3_load_tile, v3_scores_step, v3_scores, v3_mask, v3_row_reduce_shuffle, v3_row_reduce_shared,
-            v3_row_reduce, v3_online_update, v3_tile_max, v3_accumulate_step, v3_accumulate, v3_store_p, v3_start,
+V3_PARTS = (v3_load_tile, v3_scores_step, v3_scores, v3_mask, v3_row_reduce, v3_online_update, v3_tile_max, v3_accumulate_step, v3_accumulate, v3_store_p, v3_start,
             v3_key_tile, v3_write, v3_block_rows, v3_block, v3_run_block, v3_grouped_arrays)
 
 

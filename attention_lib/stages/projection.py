@@ -23,7 +23,7 @@ import numpy as np
 from numba import cuda, float32
 
 from attention_lib.platform.launch import ceil_div, check_grid, check_simulator_budget, check_version
-from attention_lib.platform.runtime import ON_SIMULATOR, SIMULATOR_SHAPES
+from attention_lib.platform.runtime import SIMULATOR_SHAPES
 from attention_lib.platform.validation import as_float32, require
 
 # Side of the square tiles of projection_kernel_v2, and of the thread blocks of both versions:
@@ -212,10 +212,8 @@ HALF_MICRO = U(4)            # ... made of 4 x 4 quarters, one fragment load eac
 HALF_TILE = U(64)            # the second quarter starts 64 rows (columns) further
 THREADS_ACROSS = U(16)       # threads (tx, ty) form a 16 x 16 square: tx = tid % 16
 LOADS_V4 = 4                 # elements of each tile a thread copies: 128 * 8 / 256
-# 16-byte alignment lets the compiler merge a fragment's four loads into one; the simulator
-# refuses `alignment=` (None is the default there) and `launch_bounds=`, whatever the shapes.
-SHARED_ALIGNMENT = None if ON_SIMULATOR else 16
-V4_OPTIONS = {} if ON_SIMULATOR else {"launch_bounds": (THREADS_V4, 2)}   # <= 128 registers
+# 16-byte alignment lets the compiler merge a fragment's four loads into one (LDS.128).
+SHARED_ALIGNMENT = 16
 # Floors the kernel report checks: no local memory, and FFMA at least 60 % of the hot loop.
 FAST = {"projection_kernel_v4": {"max_stack_bytes": 0, "min_ffma_fraction": 0.6}}
 
@@ -301,7 +299,7 @@ def walk_d_model(x, w, xs, ws, row0, col0, tid, x_regs, w_regs, a, bw, acc):
                                                   # everyone is done reading this buffer
 
 
-@cuda.jit(**V4_OPTIONS)
+@cuda.jit(launch_bounds=(THREADS_V4, 2))     # 2 blocks of 256 threads per SM: <= 128 registers
 def projection_kernel_v4(x, w, b, out):
     """The same product as v1-v3, 128 x 128 outputs per block, 8 x 8 per thread (shapes as v1).
 
