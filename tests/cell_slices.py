@@ -101,11 +101,10 @@ def providers(cells, i, name):
     return found
 
 
-def plan(sources):
-    """sources: a notebook's code cells, solutions in -> (sorted needed indices, [(cell, name)])."""
+def needed_for(sources, targets):
+    """The sorted indices of the code cells `targets` need (themselves included), read from the
+    code as the module docstring says."""
     cells = [names(source) for source in sources]
-    exercises = {i for i, source in enumerate(sources) if "### BEGIN SOLUTION" in source}
-    checks = {i for i, source in enumerate(sources) if "# NBVAL_CHECK_OUTPUT" in source}
     needed, resolved = set(), set()
 
     def resolve(name, at):
@@ -124,9 +123,17 @@ def plan(sources):
             for name in cells[i].read | cells[i].deferred:
                 resolve(name, i)
 
-    for i in sorted({0} | exercises | checks):
+    for i in sorted(targets):
         need(i)
+    return sorted(needed)
+
+
+def plan(sources):
+    """sources: a notebook's code cells, solutions in -> (sorted needed indices, [(cell, name)])."""
+    cells = [names(source) for source in sources]
+    exercises = {i for i, source in enumerate(sources) if "### BEGIN SOLUTION" in source}
+    checks = {i for i, source in enumerate(sources) if "# NBVAL_CHECK_OUTPUT" in source}
     answer_uses = [(i, name) for i in range(len(cells)) if i not in exercises | checks
                    for name in sorted(cells[i].read | cells[i].deferred)
                    if exercises & set(providers(cells, i, name))]
-    return sorted(needed), answer_uses
+    return needed_for(sources, {0} | exercises | checks), answer_uses

@@ -165,3 +165,24 @@ def test_every_path_of_the_package_that_the_course_names_exists():
              for found in re.findall(r"attention_lib/[\w/]+\.(?:py|npz)", path.read_text())}
     missing = sorted(f"{where}: {found}" for where, found in named if not (ROOT / found).exists())
     assert named and not missing, missing
+
+
+def _is_kernel(decorator):
+    """`@cuda.jit` or `@cuda.jit(...)` without device=True."""
+    call = decorator if isinstance(decorator, ast.Call) else None
+    target = call.func if call else decorator
+    if not (isinstance(target, ast.Attribute) and target.attr == "jit"):
+        return False
+    return not any(k.arg == "device" and getattr(k.value, "value", False) for k in (call.keywords if call else []))
+
+
+def test_kernels_live_in_stages():
+    """kernel_cases.library_kernels finds every kernel there, so each gets its race, compile and
+    report case; a module-level kernel anywhere else would escape them."""
+    outside = [f"{name}.{node.name}" for name, path in MODULES.items() if layer(name) != "stages"
+               for node in ast.parse(path.read_text()).body
+               if isinstance(node, ast.FunctionDef) and any(_is_kernel(d) for d in node.decorator_list)]
+    assert not outside, outside
+    inside = [node.name for path in (PACKAGE / "stages").glob("*.py") for node in ast.parse(path.read_text()).body
+              if isinstance(node, ast.FunctionDef) and any(_is_kernel(d) for d in node.decorator_list)]
+    assert "flash_attention_kernel_v2" in inside and "softmax_kernel_v1" in inside

@@ -284,6 +284,29 @@ def row_stats_of_raw_exponentials(s, stats):
 
 
 @cuda.jit
+def row_stats_barrier_inside_the_round(s, stats):
+    part_m = cuda.shared.array(THREADS_PER_ROW, np.float32)
+    part_l = cuda.shared.array(THREADS_PER_ROW, np.float32)
+    row, tid = cuda.blockIdx.x, cuda.threadIdx.x
+    m, l = np.float32(-math.inf), np.float32(0.0)
+    for j in range(tid, s.shape[1], THREADS_PER_ROW):
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    part_m[tid] = m
+    part_l[tid] = l
+    cuda.syncthreads()
+    stride = THREADS_PER_ROW // 2
+    while stride > 0:
+        if tid < stride:
+            part_m[tid], part_l[tid] = merge_stats(part_m[tid], part_l[tid], part_m[tid + stride],
+                                                   part_l[tid + stride])
+            cuda.syncthreads()                             # only the threads still merging come
+        stride //= 2
+    if tid == 0:
+        stats[row, 0] = part_m[0]
+        stats[row, 1] = part_l[0]
+
+
+@cuda.jit
 def row_stats_stub(s, stats):
     raise NotImplementedError()
 
@@ -299,6 +322,7 @@ def test_the_block_reduction_solution_passes():
     (row_stats_sums_without_rescaling, "online_softmax_no_rescale"),
     (row_stats_starting_from_zero, "wrong_neutral_value"),
     (row_stats_of_raw_exponentials, "unstable_softmax"),
+    (row_stats_barrier_inside_the_round, "divergent_barrier"),
     (row_stats_stub, "not_implemented"),
 ])
 def test_block_reduction_mistakes_get_their_diagnosis(answer, diagnosis):

@@ -467,6 +467,39 @@ except IndexError as error:
 """
 
 
+FIRST_CALL_BESIDE_A_GPU = """
+import numpy as np
+from numba import cuda, float32          # first, with the simulator off: a GPU process
+import attention_lib
+from attention_lib.measure import sanitizer
+assert attention_lib.BACKEND == "gpu"
+
+@cuda.jit
+def reverse_without_barrier(x, out):
+    tile = cuda.shared.array(32, float32)
+    i = cuda.threadIdx.x
+    tile[i] = x[i]
+    out[i] = tile[31 - i]                # read before every thread has written: a race
+
+x, out = np.arange(32, dtype=np.float32), np.zeros(32, np.float32)
+races = sanitizer.find_races(reverse_without_barrier, 1, 32, x, out)     # the process's first call
+report = sanitizer.count_memory(reverse_without_barrier, 1, 32, x, out)
+print(len(races), [r.array for r in races], int(report.loads("tile").sum()), int(report.stores("tile").sum()))
+"""
+
+
+def test_beside_a_gpu_the_first_sanitizer_call_sees_shared_memory(tmp_path):
+    """The first call in a GPU process used to install the simulator's threads after the sanitizer
+    had instrumented shared arrays, replacing the instrumentation: 0 races, 0 shared loads."""
+    env = {k: v for k, v in os.environ.items() if k != "ATTENTION_LIB_BACKEND"}
+    env["NUMBA_ENABLE_CUDASIM"] = "0"
+    program = tmp_path / "first_call.py"                 # a file: the sanitizer names arrays from it
+    program.write_text(FIRST_CALL_BESIDE_A_GPU)
+    done = subprocess.run([sys.executable, str(program)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["1", "['tile']", "32", "32"], done.stdout
+
+
 def test_on_a_gpu_the_sanitizer_simulates_the_kernels_python_code():
     """In a GPU process (here: the simulator off, no GPU needed until a kernel compiles) the
     sanitizer runs the kernel's Python source on the simulator, never compiling it."""

@@ -131,9 +131,9 @@ def test_v3_starts_at_the_key_tile_of_the_first_visible_key(rng):
 
 
 def test_key_tiles_before_the_window_are_never_loaded(rng):
-    """v2 on 64 queries in 4 blocks of 16, window 3: key j is loaded by the blocks whose key range
-    (band_key_tiles) holds it. Key 0 by blocks 0 and 1 (block 1's first query, 16, sees key 14,
-    in tile 0), where the causal kernel loads it in all 4; block 3 starts at key 32."""
+    """v2 on 64 queries in blocks of BLOCK_Q (16 on the simulator, 32 at GPU shapes), window 3: key
+    j is loaded by exactly the blocks whose key range (band_key_tiles) holds it, so key 0 only by
+    the blocks whose first query sees key tile 0, where the causal kernel loads it in every block."""
     t, b = 64, flash.BLOCK_Q
     q, k, v = qkv(rng, (1,), t, t, 5)
     report, _ = traffic.count_fused(q, k, v, True, 2, window=3)
@@ -142,8 +142,8 @@ def test_key_tiles_before_the_window_are_never_loaded(rng):
                 for q0, rows, first, _ in blocks) for j in range(t)]
     assert np.array_equal(report.loads("k")[0], np.repeat(np.array(want)[:, None], 5, axis=1))
     causal, _ = traffic.count_fused(q, k, v, True, 2)
-    assert report.loads("k")[0, 0, 0] == 2 and causal.loads("k")[0, 0, 0] == t // b
-    assert report.loads("k")[0, 32, 0] == 2 and report.loads("k")[0, 31, 0] == 2   # blocks 2, 3 and 1, 2
+    assert causal.loads("k")[0, 0, 0] == t // b == len(blocks)
+    assert report.loads("k")[0, 0, 0] == sum(first == 0 for _, _, first, _ in blocks) < t // b
 
 
 # --- Bad windows ------------------------------------------------------------------------------

@@ -12,6 +12,9 @@ Diagnosis codes:
 - ``out_of_bounds``: a thread read or wrote past the end of an array (a missing bounds guard);
 - ``race``: two threads touched the same element with no barrier between them (found by the
   sanitizer's race finder, whatever order the threads happened to run in);
+- ``divergent_barrier``: a ``cuda.syncthreads()`` that not every thread of the block reaches
+  (threads at different barriers, or some returned while others wait), or a warp primitive
+  whose mask names a lane that never reaches it: undefined on a GPU, reported by the simulator;
 - ``raised_error``: the answer raised something else (its one-line error is shown);
 - ``wrong_shape``: the result has the wrong shape;
 - ``wrong_values``: the values differ from the reference (the first differing entry is shown);
@@ -32,6 +35,8 @@ from ``output_array`` (or ``host_output`` for a launch on NumPy arrays), prefill
 """
 
 import inspect
+import re
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -282,6 +287,22 @@ def _still_a_stub(answer):
         return False
 
 
+# What a divergent barrier does on a GPU, after the simulator's one-line account of it.
+DIVERGENT_BARRIER = "On a GPU that hangs the block, or lets it run on with wrong values"
+
+
+def _barrier_error(error):
+    """Whether `error` is the simulator's BarrierError. The simulator is imported only where kernels
+    are simulated; where it never was, nothing could have raised one."""
+    simulator = sys.modules.get("attention_lib.platform.simulator")
+    return simulator is not None and isinstance(error, simulator.BarrierError)
+
+
+def _without_thread_prefix(error):
+    """The error's message without the "tid=[..] ctaid=[..]: " a simulated thread's error carries."""
+    return re.sub(r"^tid=\[[^]]*\] ctaid=\[[^]]*\]: ", "", str(error).strip())
+
+
 def _one_line(error):
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"
@@ -329,6 +350,8 @@ def _judge(exercise, answer):
             return "out_of_bounds", (f"at {where}: {str(error).splitlines()[0].rstrip(': ')}. "
                                      "Guard the index: threads of the last block may have no element.")
         except Exception as error:  # the student's code may raise anything; report it in one line
+            if _barrier_error(error):
+                return "divergent_barrier", f"at {where}: {_without_thread_prefix(error)}. {DIVERGENT_BARRIER}."
             return "raised_error", f"at {where}: the answer raised {_one_line(error)}"
         got = np.asarray(got)
         if got.shape != expected.shape:

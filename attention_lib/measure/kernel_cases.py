@@ -13,14 +13,15 @@ every kernel in the package, so a kernel without a case is noticed.
 import importlib
 import pkgutil
 
-import attention_lib
 import numpy as np
 
 
 def library_kernels():
-    """name -> kernel, for every @cuda.jit kernel (not device function) in attention_lib."""
+    """name -> kernel, for every @cuda.jit kernel (not device function) of the library: they live
+    in attention_lib.stages (tests/test_architecture.py holds every other module to that)."""
+    from attention_lib import stages
     found = {}
-    for info in pkgutil.walk_packages(attention_lib.__path__, "attention_lib."):
+    for info in pkgutil.walk_packages(stages.__path__, "attention_lib.stages."):
         module = importlib.import_module(info.name)
         for name, value in vars(module).items():
             if not hasattr(value, "py_func") or value.py_func.__module__ != info.name:
@@ -87,15 +88,19 @@ def _mask(name):
 
 def _kv_cache(name):
     from attention_lib.stages import kv_cache
-    rng = _rng()
-    cache = kv_cache.KVCache(4, 24, 5, n_kv_head=2)      # grouped-query: 2 query heads per kv head
-    cache.append(*rng.standard_normal((2, 2, 19, 5)))   # 19 positions: several chunks, the last partly filled
-    q = rng.standard_normal((4, 5))
-    if name == "decode_kernel_v1":
-        return lambda k: kv_cache.decode_step(q, cache, version=1, kernel=k)
-    if name == "decode_kernel_v2":
-        return lambda k: kv_cache.decode_step(q, cache, kernel=k)
-    return lambda k: kv_cache.decode_step(q, cache, merge_kernel=k)
+
+    def run(k):
+        # The cache lives on the device: made when the case runs, not when this module is imported.
+        rng = _rng()
+        cache = kv_cache.KVCache(4, 24, 5, n_kv_head=2)      # grouped-query: 2 query heads per kv head
+        cache.append(*rng.standard_normal((2, 2, 19, 5)))   # 19 positions: several chunks, the last partly filled
+        q = rng.standard_normal((4, 5))
+        if name == "decode_kernel_v1":
+            return kv_cache.decode_step(q, cache, version=1, kernel=k)
+        if name == "decode_kernel_v2":
+            return kv_cache.decode_step(q, cache, kernel=k)
+        return kv_cache.decode_step(q, cache, merge_kernel=k)
+    return run
 
 
 def _multihead(name):
