@@ -33,14 +33,14 @@ def assert_matches_reference(got, s):
     assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_softmax_matches_the_reference(rng, version, shape):
     s = scores_for(rng, shape, causal=False)
     assert_matches_reference(softmax.softmax(s, version=version), s)
 
 
-@pytest.mark.parametrize("version, heads", [(1, 2), (2, 1)])   # v2: a block per row, so fewer rows
+@pytest.mark.parametrize("version, heads", [(1, 2), (2, 1), (3, 2)])   # v2: a block per row, so fewer rows
 def test_causal_weights_match_and_have_the_three_properties(rng, version, heads):
     s = scores_for(rng, (heads, 33, 33), causal=True)
     a = softmax.softmax(s, version=version)
@@ -53,7 +53,7 @@ def test_causal_weights_match_and_have_the_three_properties(rng, version, heads)
     assert (a[..., :, None] >= a[..., None, :])[larger].all()
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_large_scores_neither_overflow_nor_underflow(rng, version):
     s = scores_for(rng, (4, 33), causal=False)
     s[0] += 1000.0                              # exp(1000) overflows float32
@@ -66,7 +66,7 @@ def test_large_scores_neither_overflow_nor_underflow(rng, version):
     assert got[2, 5] == 1.0
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_fully_masked_rows_get_zero_weights_not_nan(rng, version):
     # 6 queries against 4 keys: queries 0 and 1 come before every key, so see nothing.
     s = mask.apply_causal_mask(scores_for(rng, (2, 6, 4), causal=False))
@@ -94,6 +94,20 @@ def test_online_softmax_equals_the_softmax(rng, block):
     got = softmax.online_softmax(s, block=block)
     assert np.allclose(got, reference.softmax(s), rtol=1e-12, atol=1e-15)   # both float64
     assert (got[0, 2] == 0).all()
+
+
+def test_v3_reduces_in_registers_without_a_barrier(rng):
+    """One warp per row: the lanes meet at 2 x 5 shuffles (a max and a sum, 32 lanes halved five
+    times) and at no barrier; shared memory is never touched, and every score is read 3 times."""
+    s = scores_for(rng, (6, 70), causal=False)                # 6 rows: a block of 4 and one of 2
+    out = np.zeros_like(s)
+    report = sanitizer.count_memory(softmax.softmax_kernel_v3, *softmax.softmax_grid(6, 3), s, out)
+    assert_matches_reference(out, s)
+    assert (report.barriers, report.warp_collectives) == (0, 10)
+    assert not [a for a in report.arrays.values() if a.space == "shared"]
+    assert (report.loads("s") == 3).all() and (report.stores("out") == 1).all()
+    v2 = sanitizer.count_memory(softmax.softmax_kernel_v2, *softmax.softmax_grid(6, 2), s, np.zeros_like(s))
+    assert v2.barriers == 2 * (2 + int(np.log2(B))) and v2.warp_collectives == 0
 
 
 def test_the_thread_block_for_a_row_is_a_power_of_two():
@@ -202,7 +216,7 @@ def test_every_barrier_of_the_reduction_is_needed(rng, missing):
     (lambda: softmax.softmax(np.ones((2, 2), bool)), TypeError,
      r"^s must be a float array of shape \(\.\.\., T_q, T_k\), got dtype bool$"),
     (lambda: softmax.softmax(np.zeros((2, 0))), ValueError, r"^s must not be empty, got shape \(2, 0\)$"),
-    (lambda: softmax.softmax(np.zeros((2, 2)), version=3), ValueError, r"^version must be 1 or 2, got 3$"),
+    (lambda: softmax.softmax(np.zeros((2, 2)), version=4), ValueError, r"^version must be 1, 2 or 3, got 4$"),
 ])
 def test_bad_inputs_are_one_line_errors_naming_the_argument(call, error, message):
     with pytest.raises(error, match=message):

@@ -184,6 +184,7 @@ CASES = {
     "projection.projection_kernel_v4": _projection(4),     # one 128 x 128 block, 3 steps of 8 (the last partial)
     "softmax.softmax_kernel_v1": _softmax(1),
     "softmax.softmax_kernel_v2": _softmax(2),
+    "softmax.softmax_kernel_v3": _softmax(3),        # 5 rows: a block of 4 warps and one of 1
     "scores.scores_kernel_v1": _scores(1),
     "scores.scores_kernel_v2": _scores(2),
     "mask.mask_kernel": _mask("mask_kernel"),

@@ -281,6 +281,7 @@ class _Launch:
         self.errors = []  # out-of-bounds errors raised in the simulator's threads
         self.device_copies = []  # (GPU device array, its host copy) to write back after the launch
         self.warp_events = {}  # (blockIdx, threadIdx) -> ids of the warp collectives it joined
+        self.barriers = self.warp_collectives = 0  # the most any thread passed, and joined
         from attention_lib.platform import simulator  # greenlets: only once something is simulated
         simulator.install()
         self.current_thread = simulator.current_thread
@@ -324,6 +325,11 @@ class _Launch:
             self.targets[name] = _Target(self, name, SHARED, ary)
             view = self._shared[key] = _wrap(ary, self.targets[name])
         return view
+
+    def block_done(self, threads):
+        """A block has finished (simulator.block_recorder): keep its barriers and warp collectives."""
+        self.barriers = max(self.barriers, max(t.barriers for t in threads))
+        self.warp_collectives = max(self.warp_collectives, max(len(t.warp_events) for t in threads))
 
     @property
     def threads_per_block(self):
@@ -375,11 +381,11 @@ def _instrumented(launch):
         if name in kernelapi.FakeCUDAAtomic.__dict__:
             patch(kernelapi.FakeCUDAAtomic, name,
                   atomic(kernelapi.FakeCUDAAtomic.__dict__[name]))
-    simulator.shared_recorder = launch.shared_array
+    simulator.shared_recorder, simulator.block_recorder = launch.shared_array, launch.block_done
     try:
         yield
     finally:
-        simulator.shared_recorder = None
+        simulator.shared_recorder = simulator.block_recorder = None
         for owner, name, original in reversed(patched):
             setattr(owner, name, original)
 
@@ -458,6 +464,8 @@ class MemoryReport:
     griddim: tuple
     blockdim: tuple
     arrays: dict  # name -> ArrayTraffic, global arguments first, then shared arrays
+    barriers: int = 0  # syncthreads() calls the busiest thread passed (the most in any block)
+    warp_collectives: int = 0  # shuffles, votes and syncwarps the busiest thread joined
 
     @property
     def blocks(self) -> int:
@@ -504,7 +512,8 @@ class MemoryReport:
         widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
         lines = [f"{self.kernel}: grid {self.griddim} x block {self.blockdim} = "
                  f"{self.blocks} blocks, {self.threads} threads; "
-                 f"global memory {self.global_bytes:,} bytes moved"]
+                 f"global memory {self.global_bytes:,} bytes moved; a thread passes up to "
+                 f"{self.barriers} barriers and joins {self.warp_collectives} warp collectives"]
         lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
                   for row in rows]
         return "\n".join(lines)
@@ -534,7 +543,8 @@ def count_memory(kernel, griddim, blockdim, *args, sharedmem=0) -> MemoryReport:
         arrays[name] = ArrayTraffic(name, target.space, tuple(target.shape),
                                     target.dtype.itemsize, per_element[LOAD],
                                     per_element[STORE], per_element[ATOMIC])
-    return MemoryReport(launch.kernel_name, launch.griddim, launch.blockdim, arrays)
+    return MemoryReport(launch.kernel_name, launch.griddim, launch.blockdim, arrays, launch.barriers,
+                        launch.warp_collectives)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -229,6 +229,8 @@ class _Block:
                 continue
             live = [t for t in self.threads if not t.dead]
             if not live:
+                if block_recorder is not None:
+                    block_recorder(self.threads)
                 return
             self._check_barrier(live)
             for thread in live:
@@ -425,9 +427,11 @@ def _set_element(self, index, value):
     self.__dict__["_item"]._ary[index] = value
 
 
-# The sanitizer's recorder of shared arrays for the launch it runs (None: plain launches). Called
-# as recorder(fake_shared, numba_array, shape, dtype, caller_frame), it returns what the kernel sees.
-shared_recorder = None
+# The sanitizer's recorders for the launch it runs (None: plain launches). shared_recorder is
+# called as recorder(fake_shared, numba_array, shape, dtype, caller_frame) and returns what the
+# kernel sees; block_recorder(threads) when a block has finished (each thread's barriers and
+# warp_events then hold all it passed and joined).
+shared_recorder = block_recorder = None
 
 
 def _shared_array(self, shape, dtype, alignment=None):

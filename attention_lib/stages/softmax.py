@@ -15,6 +15,9 @@ all-zero weights: the query attends to nothing, never NaN.
 - ``block_max``, ``block_sum`` + ``softmax_kernel_v2``: one block of THREADS_PER_ROW threads
   per row; the threads stride over the row and combine their partial max and sum with a
   tree reduction in shared memory.
+- ``warp_max``, ``warp_sum`` + ``softmax_kernel_v3``: one warp per row, WARPS_PER_BLOCK rows a
+  block; the 32 lanes combine their partial max and sum with warp shuffles (shfl_xor_sync):
+  no shared memory and no barrier.
 - Launcher ``softmax(s, version=2, kernel=None)``.
 """
 
@@ -35,6 +38,11 @@ ROWS_PER_BLOCK = 32
 # blocks, half of them). On the simulator 32: each simulated thread costs time to start and to
 # wait at the 14 barriers, and 32 threads already cover ANDREA-sim's T = 32 with one score each.
 THREADS_PER_ROW = 32 if SIMULATOR_SHAPES else 128
+# v3: one warp of 32 lanes per row, 4 rows (128 threads) a block. A warp's lanes meet at each
+# shuffle; rows are independent, so a block needs no barrier at all.
+WARP_SIZE = 32
+WARPS_PER_BLOCK = 4
+FULL_MASK = 0xFFFFFFFF                     # every lane of the warp takes part in each shuffle
 
 
 # --- NumPy: the online softmax -----------------------------------------------------------
@@ -171,15 +179,55 @@ def softmax_kernel_v2(s, out):
     strided_write(s, out, row, tid, THREADS_PER_ROW, row_max, np.float32(1.0) / total)  # pass 3
 
 
+@cuda.jit(device=True)
+def warp_max(value):
+    """Max of `value` over the 32 lanes of this thread's warp, returned to every lane. Lane i
+    swaps values with lane i ^ step: after steps 16, 8, 4, 2, 1 each lane has seen all 32. No
+    shared memory, no barrier; every lane of the warp must make the call."""
+    for step in (16, 8, 4, 2, 1):
+        value = max(value, cuda.shfl_xor_sync(FULL_MASK, value, step))
+    return value
+
+
+@cuda.jit(device=True)
+def warp_sum(value):
+    """Sum of `value` over the 32 lanes of the warp: warp_max with + for max."""
+    for step in (16, 8, 4, 2, 1):
+        value += cuda.shfl_xor_sync(FULL_MASK, value, step)
+    return value
+
+
+@cuda.jit
+def softmax_kernel_v3(s, out):
+    """Row softmax with one warp per row: WARPS_PER_BLOCK rows a block of 32 * WARPS_PER_BLOCK.
+
+    s: (rows, T_k) float32, -inf for masked scores; out: (rows, T_k) float32, written.
+    Lane `lane` of the row's warp takes columns lane, lane + 32, ...: neighbours read neighbours.
+    """
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return                             # the whole warp leaves: no lane waits at a shuffle
+    row_max = warp_max(strided_max(s, row, lane, WARP_SIZE))                  # pass 1
+    if row_max == -math.inf:               # the same in every lane: the warp leaves together
+        strided_zeros(out, row, lane, WARP_SIZE)
+        return
+    total = warp_sum(strided_sum_exp(s, row, lane, WARP_SIZE, row_max))      # pass 2
+    strided_write(s, out, row, lane, WARP_SIZE, row_max, np.float32(1.0) / total)  # pass 3
+
+
 # --- Launcher ----------------------------------------------------------------------------
 
-KERNELS = {1: softmax_kernel_v1, 2: softmax_kernel_v2}
+KERNELS = {1: softmax_kernel_v1, 2: softmax_kernel_v2, 3: softmax_kernel_v3}
 
 
 def softmax_grid(rows, version):
-    """(grid, block) for `rows` rows: v1 one thread per row, v2 one block per row."""
+    """(grid, block) for `rows` rows: v1 one thread per row, v2 one block per row, v3 one warp
+    per row."""
     if version == 1:
         return ceil_div(rows, ROWS_PER_BLOCK), ROWS_PER_BLOCK
+    if version == 3:
+        return ceil_div(rows, WARPS_PER_BLOCK), WARPS_PER_BLOCK * WARP_SIZE
     return rows, THREADS_PER_ROW
 
 
@@ -195,8 +243,9 @@ def softmax(s, version=2, kernel=None):
 
     s: (..., T_q, T_k) float, -inf for masked scores (NaN and +inf are refused)
     -> (..., T_q, T_k) float32; each row >= 0 and summing to 1, or all 0 when fully masked.
-    version: 1 (one thread per row) or 2 (one block per row); kernel: any kernel with that
-    version's signature and thread mapping, launched on its grid (a student's, for instance).
+    version: 1 (one thread per row), 2 (one block per row) or 3 (one warp per row); kernel: any
+    kernel with that version's signature and thread mapping, launched on its grid (a student's,
+    for instance).
     """
     check_version(version, KERNELS)
     s = as_float32("s", s, "(..., T_q, T_k)", min_ndim=2, allow_neg_inf=True)
