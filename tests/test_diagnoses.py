@@ -1,7 +1,7 @@
 """Every named diagnosis is real: recognised by its exercise, planted in a test, and documented.
 
-Per-exercise planted-mistake tests live beside each stage's tests (test_checks.py for 00 and
-the engine, test_projection.py, test_scores.py, ...); this file checks the whole set.
+Per-exercise planted-mistake tests live in test_exercises_NN.py (and beside some stages' tests);
+this file checks the whole set.
 """
 
 import re
@@ -11,8 +11,8 @@ import pytest
 from attention_lib.checks import EXERCISES
 
 ROOT = Path(__file__).resolve().parent.parent
-ENGINE_CODES = {"ok", "not_implemented", "not_a_kernel", "out_of_bounds", "race", "raised_error",
-                "wrong_shape", "wrong_values"}
+ENGINE_CODES = {"ok", "not_implemented", "not_a_kernel", "out_of_bounds", "race", "divergent_barrier",
+                "calls_given_code", "raised_error", "wrong_shape", "wrong_values"}
 # The codes the course promises (classroom issue): each must be recognised somewhere.
 PROMISED = {"missing_scale", "scaled_by_d_k", "transposed", "mask_includes_diagonal", "mask_wrong_side",
             "mask_not_applied", "unstable_softmax", "softmax_wrong_axis", "heads_interleaved",

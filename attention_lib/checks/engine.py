@@ -18,7 +18,9 @@ Diagnosis codes:
 - ``raised_error``: the answer raised something else (its one-line error is shown);
 - ``wrong_shape``: the result has the wrong shape;
 - ``wrong_values``: the values differ from the reference (the first differing entry is shown);
-  entries that the answer never wrote are reported as such.
+  entries that the answer never wrote are reported as such;
+- ``calls_given_code``: the answer uses the library's own code for what the exercise asks to
+  write (its solution, or code listed as ``forbidden``), read from the answer's code before it runs.
 An exercise names its own typical mistakes beyond these (``transposed``, ``no_reuse``, ...):
 its ``diagnose`` compares wrong values with the usual wrong formulas, and its ``run`` may raise
 ``Diagnosed(code, message)`` for what values cannot show (reads counted, tiles skipped).
@@ -106,6 +108,19 @@ class Exercise:
     diagnoses: tuple = ()
     # Further hints, shown by hint(exercise_id, 2), 3, ...: the step where students go wrong.
     more_hints: tuple = ()
+    # The library's code the solution is (a function, kernel or device function, or a tuple of
+    # them): reveal(exercise_id) prints it, and the notebook's solution is held equal to it.
+    solution: object = None
+    # Library code that would answer the exercise without writing it (the stage's kernel, its
+    # launcher, a helper doing the work): an answer that calls any of it, or the solution itself,
+    # is refused with ``calls_given_code``.
+    forbidden: tuple = ()
+
+    @property
+    def given_code(self) -> tuple:
+        """The library objects an answer may not use: the solution's and the forbidden ones."""
+        solution = self.solution if isinstance(self.solution, tuple) else (self.solution,)
+        return tuple(o for o in solution + tuple(self.forbidden) if o is not None)
 
     @property
     def hints(self) -> tuple:
@@ -303,6 +318,58 @@ def _without_thread_prefix(error):
     return re.sub(r"^tid=\[[^]]*\] ctaid=\[[^]]*\]: ", "", str(error).strip())
 
 
+def _function(obj):
+    """The Python function behind a kernel, device function or plain function (None otherwise)."""
+    function = getattr(obj, "py_func", obj)
+    return function if callable(function) and hasattr(function, "__code__") else None
+
+
+def _given_code_used(answer, given):
+    """The first of `given` (library objects) that the answer uses, through any function it calls
+    or any module attribute it names; None when it uses none of them."""
+    given_functions = {id(_function(o)): o for o in given if _function(o) is not None}
+    given_objects = {id(o): o for o in given}
+    seen = set()
+
+    def visit(obj):
+        function = _function(obj)
+        if function is None or id(function) in seen:
+            return None
+        seen.add(id(function))
+        names = set(function.__code__.co_names)
+        for code in function.__code__.co_consts:              # nested functions and lambdas
+            names |= set(getattr(code, "co_names", ()))
+        values = [function.__globals__[n] for n in names if n in function.__globals__]
+        values += [vars(v)[n] for v in list(values) if isinstance(v, type(sys)) for n in names if n in vars(v)]
+        values += [cell.cell_contents for cell in function.__closure__ or () if _has_contents(cell)]
+        for value in values:
+            hit = given_objects.get(id(value)) or given_functions.get(id(_function(value)))
+            if hit is not None:
+                return hit
+            module = getattr(_function(value), "__module__", None) or ""
+            if _function(value) is not None and not module.startswith(("numba", "numpy")):
+                found = visit(value)                          # what it calls, in turn
+                if found is not None:
+                    return found
+        return None
+
+    for part in answer if isinstance(answer, tuple) else (answer,):
+        if given_objects.get(id(part)) or given_functions.get(id(_function(part))):
+            return given_objects.get(id(part)) or given_functions.get(id(_function(part)))
+        found = visit(part)
+        if found is not None:
+            return found
+    return None
+
+
+def _has_contents(cell):
+    try:
+        cell.cell_contents
+    except ValueError:                                        # an empty closure cell
+        return False
+    return True
+
+
 def _one_line(error):
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"
@@ -329,6 +396,11 @@ def _judge(exercise, answer):
         return "not_implemented", f"not implemented yet. Hint: {_first_hint(exercise)}"
     if exercise.kind == "kernel" and not _is_kernel(answer):
         return "not_a_kernel", f"expected a @cuda.jit kernel, got {type(answer).__name__}; decorate it with @cuda.jit"
+    used = _given_code_used(answer, exercise.given_code)
+    if used is not None:
+        name = getattr(_function(used), "__qualname__", repr(used))
+        return "calls_given_code", (f"the answer uses the library's {name} ({getattr(_function(used), '__module__', '')}), "
+                                    "which already does what the exercise asks: write that part yourself")
     rng = np.random.default_rng(SEED)
     # A kernel is race-checked on its first case; one that uses shared memory on every case,
     # since a missing barrier may only show once several threads share a tile.
@@ -384,6 +456,22 @@ def hint(exercise_id, level=1):
     if not 1 <= level <= len(hints):
         raise ValueError(f"level must be in 1..{len(hints)} for {exercise_id}, got {level!r}")
     print(f"{exercise_id}, hint {level} of {len(hints)}: {hints[level - 1]}")
+
+
+def reveal(exercise_id):
+    """Print the library's version of an exercise's solution, its source as the library has it
+    (run it after your check passes: a student copy shows it only here)."""
+    exercise = _exercise(exercise_id)
+    parts = exercise.solution if isinstance(exercise.solution, tuple) else (exercise.solution,)
+    if parts == (None,):
+        raise ValueError(f"exercise_id {exercise_id!r} has no library version to reveal")
+    for part in parts:
+        function = _function(part)
+        path = inspect.getsourcefile(function)
+        where = path[path.rindex("attention_lib"):] if "attention_lib" in path else path
+        print(f"# The library's version, from {where}")
+        print(inspect.getsource(function).rstrip())
+        print()
 
 
 def check(exercise_id, answer, verbose=True):
