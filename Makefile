@@ -76,12 +76,19 @@ bench: $(INSTALLED)
 	$(BIN)/python -m attention_lib.measure.bench
 
 # The prepared GPU run, for a machine with a GPU where numba-cuda, PyTorch and CuPy are already
-# installed and no package registry is reachable (it installs nothing, so no venv step): the
-# unit tests on the GPU, notebooks 07 and 09 at full size, the bench at ANDREA-120M and the
-# kernel report, into one folder, in under 8 minutes. GPU_CHECK_FLAGS=--dry-run lists the steps.
-.PHONY: gpu-check
+# installed and no package registry is reachable: the unit tests and the kernels' tests on the
+# GPU, the kernel report, notebooks 07 and 09 at full size and the bench at ANDREA-120M, into one
+# folder, in under 8 minutes. It runs with PYTHON (python3: that machine's own, never .venv), which
+# it names first; what that Python lacks comes from gpu-bundle/, made here by `make gpu-bundle`
+# (wheels for the GPU machine's Python 3.12) and brought along. GPU_CHECK_FLAGS=--dry-run lists
+# the steps; --simulate runs them on the simulator (PYTHON=$(BIN)/python).
+.PHONY: gpu-check gpu-bundle
 gpu-check:
-	bash scripts/gpu_check.sh $(GPU_CHECK_FLAGS)
+	@echo "gpu-check with PYTHON=$(PYTHON): $$($(PYTHON) -c 'import sys; print(sys.executable)')"
+	PYTHON="$(PYTHON)" UNIT_TESTS="$(UNIT_TESTS)" bash scripts/gpu_check.sh $(GPU_CHECK_FLAGS)
+
+gpu-bundle: $(INSTALLED)
+	$(BIN)/python scripts/gpu_bundle.py gpu-bundle
 
 # What the compiler makes of every kernel at GPU block sizes (registers, local memory, shared
 # memory, warps per SM on an H200, the hot loop's instructions), without a GPU. Fails when a

@@ -1,6 +1,9 @@
 """Install the course into a hosted notebook's Python (Colab, Kaggle, ...), with the CUDA toolkit
 that matches the GPU's driver, and say whether the notebook's kernel must be restarted.
 
+The toolkit is the course's extra for that driver (``gpu``: CUDA 13, ``gpu-cu12``: CUDA 12): numba-cuda's
+compiler and runtime, and the kernel report's ptxas and nvdisasm, pinned to the NVVM they read.
+
 In a notebook cell, with the course's folder (cloned or uploaded) beside the notebook:
 
     %run attention-course/scripts/hosted_setup.py attention-course

@@ -111,3 +111,34 @@ def test_make_unit_runs_only_existing_test_files(tmp_path):
     assert files and all((ROOT / f).is_file() for f in files)
     assert not any(word.startswith("notebooks") or word.endswith(".ipynb") for word in planned.split())
     assert not any(name in planned for name in ("--nbval", "test_student_copies", "test_wheel"))
+
+
+def _extra(name):
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return {Requirement(s).name.lower(): Requirement(s) for s in project["optional-dependencies"][name]}
+
+
+def _pin(requirement):
+    """The version of an == pin, or None."""
+    specs = list(requirement.specifier)
+    return specs[0].version if len(specs) == 1 and specs[0].operator == "==" else None
+
+
+@pytest.mark.parametrize("extra, ptxas", [("compile", "nvidia-cuda-nvcc"), ("gpu", "nvidia-cuda-nvcc"),
+                                          ("gpu-cu12", "nvidia-cuda-nvcc-cu12")])
+def test_every_toolkit_extra_brings_the_kernel_reports_tools_pinned(extra, ptxas):
+    wanted = _extra(extra)
+    assert _pin(wanted[ptxas]) and _pin(wanted["nvidia-cuda-nvdisasm"]), f"{extra} must pin ptxas and nvdisasm"
+    if extra == "gpu-cu12":                      # NVVM comes inside the cu12 nvcc wheel, with its ptxas
+        assert _pin(wanted[ptxas]).startswith("12.") and "cu12" in wanted["numba-cuda"].extras
+    else:                                        # NVVM is a wheel of its own: the same release as ptxas
+        assert _pin(wanted["nvidia-nvvm"]) == _pin(wanted[ptxas]) and "cu13" in wanted["numba-cuda"].extras
+
+
+def test_gpu_pins_the_tools_as_compile_does_and_environment_yml_names_the_cu12_pins():
+    compile_, gpu, cu12 = _extra("compile"), _extra("gpu"), _extra("gpu-cu12")
+    for name in ("nvidia-nvvm", "nvidia-cuda-nvcc", "nvidia-cuda-nvdisasm"):
+        assert gpu[name].specifier == compile_[name].specifier, name
+    text = (ROOT / "environment.yml").read_text()
+    for name in ("nvidia-cuda-nvcc-cu12", "nvidia-cuda-nvdisasm"):
+        assert f"{name}=={_pin(cu12[name])}" in text, f"environment.yml's CUDA 12 note must name {name}'s pin"

@@ -68,6 +68,17 @@ def test_the_extra_follows_the_drivers_cuda_version(major, extra):
     assert _setup_module().toolkit_extra(major) == extra
 
 
+@pytest.mark.parametrize("major", [12, 13])
+def test_the_extra_installed_brings_the_kernel_reports_tools(major):
+    import tomllib
+    from packaging.requirements import Requirement
+    extra = _setup_module().toolkit_extra(major)
+    specs = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][extra]
+    names = {Requirement(s).name for s in specs}
+    assert "numba-cuda" in names and "nvidia-cuda-nvdisasm" in names
+    assert ("nvidia-cuda-nvcc-cu12" if major == 12 else "nvidia-cuda-nvcc") in names      # ptxas
+
+
 def test_restart_only_for_a_package_changed_while_loaded():
     setup = _setup_module()
     before = dict.fromkeys(setup.WATCHED, None) | {"numpy": "2.0.2", "numba": "0.60.0"}

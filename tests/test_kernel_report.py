@@ -290,6 +290,23 @@ def test_tools_come_from_the_installed_wheels():
         kernel_report.tool("no-such-tool")
 
 
+def test_tools_come_from_the_path_where_no_wheel_has_them(tmp_path, monkeypatch):
+    # A GPU machine's Python without NVIDIA's compiler wheels, its CUDA toolkit on the PATH.
+    monkeypatch.setitem(sys.modules, "nvidia", None)             # `import nvidia` now fails
+    for name in ("ptxas", "nvdisasm"):
+        (tmp_path / name).write_text("#!/bin/sh\n")
+        (tmp_path / name).chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert kernel_report.tool("ptxas") == str(tmp_path / "ptxas")
+    assert kernel_report.tool("nvdisasm") == str(tmp_path / "nvdisasm")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(FileNotFoundError) as missing:
+        kernel_report.tool("ptxas")
+    message = str(missing.value)
+    assert "\n" not in message and message.startswith("ptxas is neither in the installed NVIDIA wheels nor on the PATH")
+    assert "pip install -e '.[compile]'" in message and "CUDA toolkit" in message
+
+
 # ---- one kernel, written as in a notebook ----
 
 NOTEBOOK = '''

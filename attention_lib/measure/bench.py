@@ -22,7 +22,10 @@ inside ``recording_launches`` (which notes every kernel launch it makes), and th
    baseline's output is checked like ours;
 4. on the simulator, where CUDA events record no time, counts every launch's threads and
    memory traffic instead (``attention_lib.measure.traffic``, which holds the formulas too);
-5. writes ``bench-<backend>.json`` and ``roofline-<backend>.png`` into ``out_dir``.
+5. writes ``bench-<backend>.json`` and ``roofline-<backend>.png`` into ``out_dir``, and, as
+   the sweep goes, ``bench-<backend>.jsonl``: a first line with the sizes and versions, then one
+   line per entry as soon as it is done, flushed, so that a sweep stopped half way (a time
+   budget) leaves every entry it finished.
 
 FLOPs, ideal bytes and intensities are bench_cases' formulas. Nothing here imports PyTorch or
 CuPy until a GPU run asks for them.
@@ -157,20 +160,43 @@ def time_launches(launches, warmup=3, repeats=20, max_seconds=2.0, clock=None, i
 
 # --- Checking results --------------------------------------------------------------------
 
+# Elements compared per pass: a pass's float64 temporaries are 8 MB and NumPy reuses their memory,
+# where whole temporaries of a (B*H, T, T) result are 800 MB of fresh pages each at ANDREA-120M.
+COMPARE_STEP = 1 << 20
+
+
 def compare(got, want, tol):
     """{"ok", "max_abs_error", "tolerance"}: got within tol * (1 + |want|) of want everywhere.
-    Mismatched shapes or NaN never pass."""
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    Mismatched shapes or NaN never pass. Computed COMPARE_STEP elements at a time."""
+    got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape:
         return {"ok": False, "max_abs_error": None, "tolerance": tol,
                 "error": f"shape {got.shape}, expected {want.shape}"}
-    both_inf = np.isinf(want) & (got == want)                    # a masked score, -inf in both
-    with np.errstate(invalid="ignore"):                          # inf - inf: NaN, replaced below
-        error = np.where(both_inf, 0.0, np.abs(got - want))
-    bound = np.where(np.isfinite(want), tol * (1 + np.abs(np.where(np.isfinite(want), want, 0))), 0.0)
-    ok = bool(np.all(error <= bound))                            # an infinity must be matched exactly
-    worst = float(np.nanmax(error)) if np.isfinite(error).any() else float("inf")
-    return {"ok": ok and not np.isnan(got).any(), "max_abs_error": worst, "tolerance": tol}
+    got, want = got.reshape(-1), want.reshape(-1)
+    ok, worst = True, -np.inf
+    for start in range(0, got.size, COMPARE_STEP):
+        g = got[start:start + COMPARE_STEP].astype(np.float64)
+        w = want[start:start + COMPARE_STEP].astype(np.float64, copy=False)
+        error, bound = _error_and_bound(g, w, tol)
+        ok = ok and bool(np.all(error <= bound))     # NaN is never <= : a NaN in got fails here
+        worst = np.fmax(worst, np.fmax.reduce(error))  # the largest error, NaN left out
+    # The largest error; infinity when it is not finite, or when every error is NaN.
+    return {"ok": ok, "max_abs_error": float(worst) if np.isfinite(worst) else float("inf"), "tolerance": tol}
+
+
+def _error_and_bound(g, w, tol):
+    """|g - w| and tol * (1 + |w|), element by element (float64). Where w is infinite the bound
+    is 0: only the same infinity in g passes (error 0); inf - inf would be NaN."""
+    with np.errstate(invalid="ignore"):             # inf - inf: NaN, replaced below
+        error = np.abs(g - w)
+    bound = np.abs(w)
+    bound += 1
+    bound *= tol
+    if not np.isfinite(bound).all():                # rare: a masked score, -inf
+        infinite = np.isinf(w)
+        error[infinite & (g == w)] = 0.0
+        bound[infinite] = 0.0
+    return error, bound
 
 
 # --- Baselines: PyTorch and CuPy ---------------------------------------------------------
@@ -233,8 +259,8 @@ def bench_entry(entry, sizes, inputs, count, clock=None, libraries=None, warmup=
         got = run()
     result = new_result(entry)
     result.update({
-        "launches": [{"kernel": l.name, "grid": list(dim3(l.griddim)), "block": list(dim3(l.blockdim))}
-                     for l in launches],
+        "launches": [{"kernel": l.name, "grid": list(dim3(l.griddim)), "block": list(dim3(l.blockdim)),
+                      "dynamic_shared_bytes": l.sharedmem} for l in launches],
         "blocks": sum(l.blocks for l in launches), "threads": sum(l.threads for l in launches)})
     flops, ideal = int(entry.flops(sizes)), int(entry.ideal_bytes(sizes))
     result.update({"flops": flops, "ideal_bytes": ideal, "intensity": flops / ideal if ideal else None})
@@ -357,28 +383,6 @@ def run_bench(sizes=None, only=None, out_dir=DEFAULT_OUT, warmup=3, repeats=20, 
         print(f"Benching {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} on {name or 'the simulator'}"
               f" at {sizes}")
     inputs = Inputs(sizes, seed)
-    kernels, skipped, failed = [], [], []
-    for i, entry in enumerate(entries, 1):
-        head = f"[{i}/{len(entries)}] {entry.name:<20}"
-        missing = entry.missing()
-        if missing:
-            skipped.append({"name": entry.name, "reason": missing})
-            if verbose:
-                print(f"{head} skipped: {missing}")
-            continue
-        try:
-            result = bench_entry(entry, sizes, inputs, count, clock, libraries, warmup, repeats, max_seconds)
-        except Exception as error:  # one broken launcher must not lose a long GPU sweep
-            failed.append({"name": entry.name, "error": _one_line(error)})
-            if verbose:
-                print(f"{head} FAILED: {failed[-1]['error']}")
-            continue
-        if limits and result["flop_per_s"] is not None:
-            result["fraction_of_fp32_peak"] = result["flop_per_s"] / limits.fp32_flop_per_s
-            result["fraction_of_bandwidth"] = result["bytes_per_s"] / limits.bytes_per_s
-        kernels.append(result)
-        if verbose:
-            print(progress_line(head, result))
     results = {
         "schema": SCHEMA, "backend": runtime.BACKEND, "gpu": name,
         "limits": None if limits is None else {**asdict(limits), "ridge_flop_per_byte": limits.ridge},
@@ -387,17 +391,64 @@ def run_bench(sizes=None, only=None, out_dir=DEFAULT_OUT, warmup=3, repeats=20, 
         "timing": None if clock is None else {
             "method": "CUDA events around `inner` back-to-back replays of the recorded launches (no host copies)",
             "warmup": warmup, "repeats": repeats, "max_seconds": max_seconds, "sdpa_backends": TF32_NOTE},
-        "kernels": kernels, "skipped": skipped, "failed": failed,
-        "targets": targets(kernels, sizes, limits),
-        "notes": [SIMULATOR_NO_TIMES] if clock is None else [],
     }
+    progress = ProgressFile(out_dir, runtime.BACKEND, results) if write else None
+    kernels, skipped, failed = [], [], []
+    for i, entry in enumerate(entries, 1):
+        head = f"[{i}/{len(entries)}] {entry.name:<20}"
+        missing = entry.missing()
+        if missing:
+            skipped.append({"name": entry.name, "reason": missing})
+            if verbose:
+                print(f"{head} skipped: {missing}")
+            if progress:
+                progress.add("skipped", skipped[-1])
+            continue
+        try:
+            result = bench_entry(entry, sizes, inputs, count, clock, libraries, warmup, repeats, max_seconds)
+        except Exception as error:  # one broken launcher must not lose a long GPU sweep
+            failed.append({"name": entry.name, "error": _one_line(error)})
+            if verbose:
+                print(f"{head} FAILED: {failed[-1]['error']}")
+            if progress:
+                progress.add("failed", failed[-1])
+            continue
+        if limits and result["flop_per_s"] is not None:
+            result["fraction_of_fp32_peak"] = result["flop_per_s"] / limits.fp32_flop_per_s
+            result["fraction_of_bandwidth"] = result["bytes_per_s"] / limits.bytes_per_s
+        kernels.append(result)
+        if verbose:
+            print(progress_line(head, result))
+        if progress:
+            progress.add("kernel", result)
+    results.update({"kernels": kernels, "skipped": skipped, "failed": failed,
+                    "targets": targets(kernels, sizes, limits),
+                    "notes": [SIMULATOR_NO_TIMES] if clock is None else []})
     if verbose:
         print(format_targets(results))
     if write:
-        results["files"] = write_results(results, out_dir)
+        results["files"] = {**write_results(results, out_dir), "jsonl": str(progress.path)}
+        progress.add("end", {"targets": results["targets"], "files": results["files"]})
         if verbose:
             print("wrote", ", ".join(results["files"].values()))
     return results
+
+
+class ProgressFile:
+    """out_dir/bench-<backend>.jsonl, written as the sweep goes: a "start" line (the results'
+    header: sizes, versions, timing settings), then one line per entry ("kernel", "skipped" or
+    "failed"), then "end"; each line flushed as it is written, so a stopped sweep keeps its lines."""
+
+    def __init__(self, out_dir, backend, header):
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.path = out / f"bench-{backend}.jsonl"
+        self.path.write_text("")                  # a new sweep, not the lines of the last one
+        self.add("start", header)
+
+    def add(self, kind, record):
+        with self.path.open("a") as file:         # appended and closed: on disk whatever stops us next
+            file.write(json.dumps({"kind": kind, **record}) + "\n")
 
 
 # --- Reporting ---------------------------------------------------------------------------

@@ -65,19 +65,54 @@ def notebook_sizes():
     return BenchSizes(1, max(1, s.H // 2), max(1, s.T // 2), max(1, s.d_k // 2))
 
 
+# Bytes of float64 output per pass of a reference computed in slices of its leading axis (heads,
+# or sequences): a pass's temporaries stay small and NumPy reuses their memory, where whole
+# (B*H, T, T) temporaries (800 MB each at ANDREA-120M) are fresh pages every time. Slicing the
+# leading axis changes no arithmetic: every output element is the same sum.
+SLICE_BYTES = 16 << 20
+
+
+def by_slices(function, *arrays, nbytes=SLICE_BYTES):
+    """function(*arrays) computed a few entries of the leading axis at a time (as many as give
+    about nbytes of output, judged by the first), into one float64 array."""
+    total, out, start, step = len(arrays[0]), None, 0, 1
+    if total == 0:
+        return np.asarray(function(*arrays), np.float64)
+    while start < total:
+        part = function(*(a[start:start + step] for a in arrays))
+        if out is None:
+            out = np.empty((total, *part.shape[1:]), np.float64)
+            step = max(1, nbytes // max(1, part.nbytes))
+        out[start:start + len(part)] = part
+        start += len(part)
+    return out
+
+
 class Inputs:
     """Random float32 inputs at `sizes`, made on first use and shared by the entries (at
-    ANDREA-120M the (B*H, T, T) scores alone are 400 MB). Weights are scaled by
-    1/sqrt(fan-in), so values stay of order 1."""
+    ANDREA-120M the (B*H, T, T) scores alone are 400 MB), and the float64 references, each
+    computed once. Weights are scaled by 1/sqrt(fan-in), so values stay of order 1."""
 
     def __init__(self, sizes, seed=0):
-        self.s, self.rng, self._made, self._references = sizes, np.random.default_rng(seed), {}, {}
+        self.s, self.rng, self._made, self._references, self._shared = sizes, np.random.default_rng(seed), {}, {}, {}
 
     def reference(self, entry, arrays):
-        """entry.reference(arrays, sizes), computed once per reference function."""
+        """The float64 result entry's output is checked against, computed once: shared(name) when
+        entry.reference names one of SHARED (entries computing the same thing share it), else
+        entry.reference(arrays, sizes), once per function."""
+        if isinstance(entry.reference, str):
+            return self.shared(entry.reference)
         if entry.reference not in self._references:
             self._references[entry.reference] = entry.reference(arrays, self.s)
         return self._references[entry.reference]
+
+    def shared(self, name):
+        """One of SHARED: a float64 result that several entries or inputs are checked against or made of."""
+        if name not in SHARED:
+            raise KeyError(f"no shared reference called {name!r}; there are {', '.join(SHARED)}")
+        if name not in self._shared:
+            self._shared.update(SHARED[name](self))
+        return self._shared[name]
 
     def get(self, *names):
         """{name: array} for the inputs named (see _make below)."""
@@ -100,9 +135,9 @@ class Inputs:
         if name == "s":                              # random scores, (B*H, T, T)
             return self._random(s.BH, s.T, s.T)
         if name == "masked":                         # causal scores, -inf above the diagonal
-            return reference.apply_causal_mask(reference.scores(*self.get("q", "k").values())).astype(np.float32)
+            return self.shared("causal_scores").astype(np.float32)
         if name == "a":                              # causal attention weights, (B*H, T, T)
-            return reference.softmax(self.get("masked")["masked"]).astype(np.float32)
+            return self.shared("softmax").astype(np.float32)
         if name == "x3":                             # a layer's input, (B, T, d_model)
             return self.get("x")["x"].reshape(s.B, s.T, s.d_model)
         if name in ("w_q", "w_k", "w_v", "w_o"):     # (d_model, d_model)
@@ -112,14 +147,41 @@ class Inputs:
         raise KeyError(f"no bench input called {name!r}")
 
 
+def _scores_and_causal_scores(inputs):
+    """reference.scores(q, k), and reference.apply_causal_mask of that very array."""
+    i = inputs.get("q", "k")
+    raw = by_slices(reference.scores, i["q"], i["k"])
+    return {"scores": raw, "causal_scores": by_slices(reference.apply_causal_mask, raw)}
+
+
+def _softmax_of_the_masked_input(inputs):
+    """reference.softmax of the float32 causal scores the softmax entries are given."""
+    return {"softmax": by_slices(reference.softmax, inputs.get("masked")["masked"])}
+
+
+def _causal_attention(inputs):
+    """reference.attention(q, k, v) (causal), by the same steps: the weights (attention_weights:
+    the softmax of the causal scores, shared with the scores entries), then weighted_sum."""
+    v = inputs.get("v")["v"]
+    return {"attention": by_slices(lambda s, v: reference.weighted_sum(reference.softmax(s), v),
+                                   inputs.shared("causal_scores"), v)}
+
+
+# The float64 results more than one entry (or input) needs, by name: function(inputs) -> {name: array}
+# (a function may give several in one pass).
+SHARED = {"scores": _scores_and_causal_scores, "causal_scores": _scores_and_causal_scores,
+          "softmax": _softmax_of_the_masked_input, "attention": _causal_attention}
+
+
 @dataclass(frozen=True)
 class Entry:
     """One thing to bench: a stage's launcher at one version.
 
     prepare(module, sizes, inputs) -> (run, arrays): run() calls the launcher once and returns
     its output; arrays: the inputs it used, a dict that reference and baselines get.
-    flops(sizes), ideal_bytes(sizes): the work and the compulsory traffic. reference(arrays,
-    sizes) -> the float64 result; depth(sizes): terms per output sum, setting the tolerance.
+    flops(sizes), ideal_bytes(sizes): the work and the compulsory traffic. reference: the name
+    of a result in SHARED, or reference(arrays, sizes) -> the float64 result; depth(sizes):
+    terms per output sum, setting the tolerance.
     baselines: {"torch" | "torch_math" | "torch_efficient" | "cupy": make(lib, arrays, sizes)
     -> a function doing the same work with that library and returning its result}.
     version: the launcher's version, skipped while the module has no such kernel.
@@ -189,36 +251,30 @@ def _prepare_decode(version):
     return prepare
 
 
-# References shared by the versions of a stage (module-level functions, so that the bench
-# computes each once per size: at ANDREA-120M a float64 attention takes seconds).
+# References of one entry's work or shared by the versions of a stage (module-level functions,
+# so that the bench computes each once per size; the results several stages share are SHARED above).
 
 def _projection_reference(i, s):
     return reference.project(i["x"], i["w"])
 
 
-def _scores_reference(i, s):
-    return reference.scores(i["q"], i["k"])
-
-
-def _softmax_reference(i, s):
-    return reference.softmax(i["masked"])
+def _mask_reference(i, s):
+    return by_slices(reference.apply_causal_mask, i["s"])
 
 
 def _weighted_sum_reference(i, s):
-    return reference.weighted_sum(i["a"], i["v"])
-
-
-def _attention_reference(i, s):
-    return reference.attention(i["q"], i["k"], i["v"])
+    return by_slices(reference.weighted_sum, i["a"], i["v"])
 
 
 def _decode_reference(i, s):
     q = i["q1"][:, None, :]                            # (B*H, 1, d_k): one query per head
-    return reference.attention(q, i["k"], i["v"], causal=False)[:, 0, :]
+    return by_slices(lambda q, k, v: reference.attention(q, k, v, causal=False)[:, 0, :], q, i["k"], i["v"])
 
 
 def _layer_reference(i, s):
-    return reference.multi_head_attention(i["x3"], i["w_q"], i["w_k"], i["w_v"], i["w_o"], s.H)
+    # One sequence at a time: a layer mixes positions only within its sequence.
+    return by_slices(lambda x: reference.multi_head_attention(x, i["w_q"], i["w_k"], i["w_v"], i["w_o"], s.H),
+                     i["x3"])
 
 
 # --- Baselines: the same work by PyTorch (TF32 off for matmuls) or CuPy, on the same inputs
@@ -366,25 +422,24 @@ def _build_registry():
             _call("scores", "q", "k", version=v),
             lambda s: s.BH * s.T * s.T * (2 * s.d_k + 1),
             lambda s: BYTES * (2 * s.BH * s.T * s.d_k + s.BH * s.T * s.T),
-            _scores_reference, lambda s: s.d_k, scores_peer, version=v))
+            "scores", lambda s: s.d_k, scores_peer, version=v))
     entries.append(Entry(
         "mask v1", "mask", "03", "causal mask in place on (B*H, T, T) scores",
         _call("apply_causal_mask", "s"),
         lambda s: 0, lambda s: BYTES * s.BH * (s.T * s.T - _visible_pairs(s.T)),
-        lambda i, s: reference.apply_causal_mask(i["s"]), baselines={"torch": _torch_mask(1)}))
+        _mask_reference, baselines={"torch": _torch_mask(1)}))
     entries.append(Entry(
         "mask v2", "mask", "03", "causal scores, mask fused, future tiles skipped",
         _call("causal_scores", "q", "k"),
         lambda s: s.BH * _visible_pairs(s.T) * (2 * s.d_k + 1),
         lambda s: BYTES * (2 * s.BH * s.T * s.d_k + s.BH * s.T * s.T),
-        lambda i, s: reference.apply_causal_mask(reference.scores(i["q"], i["k"])), lambda s: s.d_k,
-        {"torch": _torch_mask(2)}))
+        "causal_scores", lambda s: s.d_k, {"torch": _torch_mask(2)}))
     for v, how in [(1, "one thread per row"), (2, "one block per row")]:
         entries.append(Entry(
             f"softmax v{v}", "softmax", "04", f"row softmax of (B*H*T, T) masked scores, {how}",
             _call("softmax", "masked", version=v),
             lambda s: 5 * s.BH * s.T * s.T, lambda s: BYTES * 2 * s.BH * s.T * s.T,
-            _softmax_reference, lambda s: s.T, {"torch": _torch_softmax}, version=v))
+            "softmax", lambda s: s.T, {"torch": _torch_softmax}, version=v))
     for v, how in [(1, "one launch per head"), (2, "tiled, all heads in one launch")]:
         entries.append(Entry(
             f"weighted_sum v{v}", "weighted_sum", "05", f"A (B*H, T, T) @ V (B*H, T, d_k), {how}",
@@ -397,7 +452,7 @@ def _build_registry():
         "causal attention of B*H heads: scores, softmax, weighted sum (3 launches)",
         _call("attention", "q", "k", "v", causal=True),
         attention_flops, lambda s: BYTES * 4 * s.BH * s.T * s.d_k,
-        _attention_reference, lambda s: s.T * s.d_k, sdpa))
+        "attention", lambda s: s.T * s.d_k, sdpa))
     entries.append(Entry(
         "multihead layer", "multihead", "06", "a whole layer: fused QKV, split, attention, merge, W_O",
         _prepare_layer,
@@ -410,7 +465,7 @@ def _build_registry():
             f"flash v{v}", "flash", "07", f"fused causal attention of B*H heads, {how}",
             _call("flash_attention", "q", "k", "v", causal=True, version=v),
             attention_flops, lambda s: BYTES * 4 * s.BH * s.T * s.d_k,
-            _attention_reference, lambda s: s.T * s.d_k, sdpa, version=v))
+            "attention", lambda s: s.T * s.d_k, sdpa, version=v))
     for v, how in [(1, "a block per key/value head, a thread per query head"), (2, "split over the cache, then merged")]:
         entries.append(Entry(
             f"decode v{v}", "kv_cache", "08", f"one new query per head against T cached keys and values, {how}",

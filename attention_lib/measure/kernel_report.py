@@ -8,7 +8,8 @@ process with the simulator off), ``ptxas -v`` for registers, stack frame (local 
 and static shared memory, ``nvdisasm`` for the SASS of the hot loop, and the resident warps per
 SM those figures allow on an H200 (with the dynamic shared memory the launch asks for, which
 ptxas does not see). ptxas and nvdisasm come from NVIDIA's pip wheels (the
-``compile`` extra), never from PATH, so the PTX meets the assembler of its own NVVM.
+``compile`` extra) where they are installed, so the PTX meets the assembler of its own NVVM;
+else from the PATH (a CUDA toolkit's, whose NVVM and ptxas also come together).
 
 - ``report(arch, names) -> {"arch", "kernels": {name: row}}``: every kernel, or those named (the
   JSON written by --json); rows of an unchanged library come from ``report_cache``.
@@ -26,6 +27,7 @@ import math
 import os
 import pkgutil
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -76,10 +78,14 @@ def warps_per_sm(registers, shared_bytes, threads_per_block, sm=H200):
     return blocks * warps_per_block
 
 
-# ---- the tools, from the installed wheels ----
+# ---- the tools: from the installed wheels, else from the PATH ----
 
 def tool(name):
-    """Path of `name` (ptxas, nvdisasm) inside NVIDIA's installed pip wheels."""
+    """Path of `name` (ptxas, nvdisasm): inside NVIDIA's installed pip wheels (the ``compile``,
+    ``gpu`` and ``gpu-cu12`` extras bring them, pinned to the NVVM that writes the PTX), else on
+    the PATH (a system-wide CUDA toolkit, as on GPU machines whose Python has no NVIDIA compiler
+    wheels: its NVVM and ptxas come together too). A FileNotFoundError in one line names what to
+    install when neither has it."""
     try:
         import nvidia
         roots = list(nvidia.__path__)
@@ -89,8 +95,11 @@ def tool(name):
         for found in sorted(glob.glob(os.path.join(root, "*", "bin", name))):
             if os.access(found, os.X_OK):
                 return found
-    raise FileNotFoundError(f"{name} is not in the installed NVIDIA wheels; install the compile extra: "
-                            "pip install -e '.[compile]'")
+    on_path = shutil.which(name)
+    if on_path:
+        return on_path
+    raise FileNotFoundError(f"{name} is neither in the installed NVIDIA wheels nor on the PATH: install the compile "
+                            "extra (pip install -e '.[compile]'; gpu-cu12 for a CUDA 12 driver) or a CUDA toolkit")
 
 
 # ---- what ptxas and nvdisasm say ----
