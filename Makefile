@@ -46,8 +46,16 @@ install: $(INSTALLED)
 lab: $(INSTALLED)
 	cd notebooks && ../$(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_FLAGS) 00_gpu_basics.ipynb
 
+# Notebooks run with the same code paths of the numerical libraries on every x86 machine, so that a
+# fresh run prints what the committed notebook shows to the last digit: OpenBLAS's Haswell kernels
+# on one thread, NumPy's loops without AVX-512, a fixed hash seed. make test compares every output
+# (nbval's strict mode) after the patterns of notebooks/nbval_sanitize.cfg rewrite the volatile parts.
+NOTEBOOK_ENV := OPENBLAS_CORETYPE=Haswell OPENBLAS_NUM_THREADS=1 PYTHONHASHSEED=0 \
+	NPY_DISABLE_CPU_FEATURES="X86_V4 AVX512_ICL AVX512_SPR"
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
+
 test: $(INSTALLED)
-	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile --nbval-lax --nbval-current-env tests notebooks
+	$(NOTEBOOK_ENV) $(BIN)/python -m pytest -n $(WORKERS) --dist loadfile $(NBVAL) tests notebooks
 
 unit: $(INSTALLED)
 	$(BIN)/python -m pytest -q -n $(WORKERS) $(UNIT_TESTS)
@@ -55,13 +63,13 @@ unit: $(INSTALLED)
 # Re-execute one notebook in place from a clean kernel, on the simulator: the way notebooks are committed.
 notebook: $(INSTALLED)
 	@test -n "$(NB)" -a -n "$(NOTEBOOK)" || { echo "usage: make notebook NB=03 (no notebooks/$(NB)_*.ipynb)"; exit 2; }
-	cd notebooks && ATTENTION_LIB_BACKEND=simulator $(abspath $(BIN))/jupyter nbconvert --to notebook --execute --inplace $(notdir $(NOTEBOOK))
+	cd notebooks && $(NOTEBOOK_ENV) ATTENTION_LIB_BACKEND=simulator $(abspath $(BIN))/jupyter nbconvert --to notebook --execute --inplace $(notdir $(NOTEBOOK))
 
 # Re-execute every notebook in place, two at a time, the way they are committed: after any change
 # to attention_lib, before committing.
 NOTEBOOKS_JOBS ?= 2
 notebooks: $(INSTALLED)
-	cd notebooks && ls [0-9][0-9]*_*.ipynb | ATTENTION_LIB_BACKEND=simulator xargs -P $(NOTEBOOKS_JOBS) -I{} \
+	cd notebooks && ls [0-9][0-9]*_*.ipynb | $(NOTEBOOK_ENV) ATTENTION_LIB_BACKEND=simulator xargs -P $(NOTEBOOKS_JOBS) -I{} \
 		$(abspath $(BIN))/jupyter nbconvert --to notebook --execute --inplace --log-level WARN {}
 
 # Student copies of every notebook under release/ (solutions cut by nbgrader, outputs cleared).
