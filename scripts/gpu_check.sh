@@ -25,7 +25,7 @@
 # the bench at B 1, H 2, T 16, d_k 8); what needs the driver (nvidia-smi) is skipped and the
 # record says so; without --bundle it installs nothing and uses the interpreter's own packages.
 # --dry-run prints the steps and budgets and runs nothing. Exit status: 0 when every step is ok.
-# Variables: GPU_CHECK_NOTEBOOKS (numbers or paths, default "07 09"), GPU_CHECK_TESTS (replaces the
+# Variables: GPU_CHECK_NOTEBOOKS (numbers or paths, default "07 10"), GPU_CHECK_TESTS (replaces the
 # test list), GPU_CHECK_WORKERS (pytest workers: 8 on a GPU, 0 simulated), UNIT_TESTS (make's).
 set -u
 
@@ -60,7 +60,7 @@ case "$BUNDLE" in /*|"") ;; *) BUNDLE="$PWD/$BUNDLE" ;; esac
 cd "$ROOT" || exit 1
 
 # The notebooks executed, by number (notebooks/NN_*.ipynb) or path: one step each.
-NOTEBOOKS=${GPU_CHECK_NOTEBOOKS:-"07 09"}
+NOTEBOOKS=${GPU_CHECK_NOTEBOOKS:-"07 10"}
 # make unit's list, from the Makefile unless the caller (make gpu-check) passes it.
 if [ -z "${UNIT_TESTS:-}" ]; then
     UNIT_TESTS=$(awk '/^UNIT_TESTS \?=/ {on = 1} on {print; if ($0 !~ /\\$/) exit}' Makefile \

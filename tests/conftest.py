@@ -24,7 +24,7 @@ def rng():
 # (several seconds each), then the other test files; the tests inside every file keep their order.
 SLOW_FILES_FIRST = ("tests/test_gpu_configuration.py", "tests/test_gpu_check.py", "tests/test_compile.py", "tests/test_student_copies.py", "tests/test_bench.py",
                     "tests/test_gqa.py", "tests/test_flash.py", "tests/test_properties.py",
-                    "notebooks/07_fused_attention.ipynb", "notebooks/09_performance.ipynb",
+                    "notebooks/07_fused_attention.ipynb", "notebooks/10_performance.ipynb",
                     "tests/test_race_free.py", "tests/test_wheel.py")
 
 

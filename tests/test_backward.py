@@ -236,7 +236,7 @@ def no_guard(p, dp, d_rows, scale, d_raw):
 
 
 def test_the_library_kernel_passes_the_exercise():
-    assert check("10_score_grad", backward.score_grad_kernel, verbose=False).passed
+    assert check("11_score_grad", backward.score_grad_kernel, verbose=False).passed
 
 
 @pytest.mark.parametrize("answer, diagnosis", [
@@ -248,7 +248,7 @@ def test_the_library_kernel_passes_the_exercise():
     (no_guard, "out_of_bounds"),
 ])
 def test_planted_slips_in_the_exercise_are_named(answer, diagnosis):
-    result = check("10_score_grad", answer, verbose=False)
+    result = check("11_score_grad", answer, verbose=False)
     assert not result.passed and result.diagnosis == diagnosis, str(result)
     assert "\n" not in str(result)
 

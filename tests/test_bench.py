@@ -1,4 +1,4 @@
-"""The performance harness (attention_lib.measure.bench, bench_cases, traffic, notebook 09) on the simulator.
+"""The performance harness (attention_lib.measure.bench, bench_cases, traffic, notebook 10) on the simulator.
 
 On the simulator the harness cannot time anything; it checks results and counts. These tests
 run it at tiny, awkward sizes (T 7, d_k 5: no size a multiple of a tile) and check what it
@@ -20,7 +20,7 @@ from attention_lib import reference
 from attention_lib.platform import runtime
 from attention_lib.stages import projection
 from attention_lib.checks import check
-from attention_lib.checks.ex09_performance import expected_cost
+from attention_lib.checks.ex10_performance import expected_cost
 from numba import cuda, float32
 
 TINY = bench.BenchSizes(B=1, H=2, T=7, d_k=5)      # d_model 10; every tile partly used
@@ -454,7 +454,7 @@ def test_cli_lists_and_runs(tmp_path, capsys):
         bench.run_bench(TINY, only=["nothing like it"], write=False, verbose=False)
 
 
-# --- Notebook 09's exercise ----------------------------------------------------------------
+# --- Notebook 10's exercise ----------------------------------------------------------------
 
 @pytest.mark.parametrize("T, d_model, d_out, tile, version", [
     (33, 24, 17, 16, 2), (7, 10, 30, 16, 2), (33, 24, 17, 32, 3), (40, 9, 70, 32, 3)])
@@ -512,9 +512,9 @@ def not_written_yet(T, d_model, d_out, tile):
 
 
 def test_the_reference_passes_the_exercise(capsys):
-    result = check("09_arithmetic_intensity", library_answer)
+    result = check("10_arithmetic_intensity", library_answer)
     assert result.passed and result.diagnosis == "ok"
-    assert capsys.readouterr().out.startswith("✔ 09_arithmetic_intensity [ok]")
+    assert capsys.readouterr().out.startswith("✔ 10_arithmetic_intensity [ok]")
 
 
 @pytest.mark.parametrize("answer, diagnosis, says", [
@@ -528,16 +528,16 @@ def test_the_reference_passes_the_exercise(capsys):
     (None, "not_implemented", "not implemented yet"),
 ])
 def test_planted_mistakes_get_their_diagnosis(answer, diagnosis, says):
-    result = check("09_arithmetic_intensity", answer, verbose=False)
+    result = check("10_arithmetic_intensity", answer, verbose=False)
     assert not result.passed
     assert result.diagnosis == diagnosis
     assert says in result.message, result.message
     assert "\n" not in str(result)
 
 
-# --- Notebook 09's main exercise: a local array kept in registers ---------------------------
+# --- Notebook 10's main exercise: a local array kept in registers ---------------------------
 
-from attention_lib.checks.ex09_performance import D, compiled_report  # noqa: E402
+from attention_lib.checks.ex10_performance import D, compiled_report  # noqa: E402
 
 
 def planted_kernels():
@@ -630,9 +630,9 @@ def test_the_kernel_report_tells_local_memory_from_registers():
 
 
 def test_the_registers_solution_passes(capsys):
-    result = check("09_registers", PLANTED["rows_in_registers"])
+    result = check("10_registers", PLANTED["rows_in_registers"])
     assert result.passed and result.diagnosis == "ok", result.message
-    assert capsys.readouterr().out.startswith("✔ 09_registers [ok]")
+    assert capsys.readouterr().out.startswith("✔ 10_registers [ok]")
 
 
 @pytest.mark.parametrize("name, diagnosis, says", [
@@ -643,13 +643,13 @@ def test_the_registers_solution_passes(capsys):
     ("rows_not_written", "not_implemented", "not implemented yet"),
 ])
 def test_planted_mistakes_of_the_registers_exercise_get_their_diagnosis(name, diagnosis, says):
-    result = check("09_registers", PLANTED[name], verbose=False)
+    result = check("10_registers", PLANTED[name], verbose=False)
     assert (result.passed, result.diagnosis) == (False, diagnosis) and says in result.message, result.message
     assert "\n" not in str(result)
 
 
 def test_a_plain_function_is_not_a_kernel():
-    result = check("09_registers", PLANTED["rows_in_registers"].py_func, verbose=False)
+    result = check("10_registers", PLANTED["rows_in_registers"].py_func, verbose=False)
     assert result.diagnosis == "not_a_kernel" and "decorate it with @cuda.jit" in result.message
 
 
@@ -659,6 +659,6 @@ def test_no_compiler_is_said_in_one_line(monkeypatch):
     def no_ptxas(*args, **kwargs):
         raise FileNotFoundError("ptxas is not installed: install the course's compile extra")
     monkeypatch.setattr(kernel_report, "report_kernel", no_ptxas)
-    result = check("09_registers", PLANTED["rows_in_registers"], verbose=False)
+    result = check("10_registers", PLANTED["rows_in_registers"], verbose=False)
     assert result.diagnosis == "not_compiled" and "install the course's compile extra" in result.message
     assert "\n" not in str(result)

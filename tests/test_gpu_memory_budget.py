@@ -1,10 +1,10 @@
 """Every notebook fits a 16 GB T4 (the usual hosted GPU) at the GPU sizes.
 
 An estimate, not a measurement (no GPU here). Method: on a GPU the notebooks take their sizes
-from ``attention_lib.SIZES`` = ANDREA-120M, and notebook 09 benches at
+from ``attention_lib.SIZES`` = ANDREA-120M, and notebook 10 benches at
 ``bench.BenchSizes.of(ANDREA_120M)``. For each notebook, the table below lists the float32
 device arrays alive together at its largest step (inputs copied to the device, intermediates,
-outputs), with the shapes the library's launchers allocate, evaluated at those sizes. Notebook 09
+outputs), with the shapes the library's launchers allocate, evaluated at those sizes. Notebook 10
 counts every input of the bench as resident at once, plus the outputs of its largest entry (the
 whole layer at batch 8). A CUDA context and Numba's loaded modules are counted as 1 GiB (a
 T4's context takes a few hundred MiB). The total must stay under 15 GiB, what a T4 leaves free.
@@ -44,11 +44,11 @@ NOTEBOOKS = {
     "05_weighted_values": [(H, T, DK)] * 4 + [(H, T, T)] * 2,         # q, k, v, out; scores, weights
     "06_multi_head": layer(1),                                        # one sequence through the layer
     "07_fused_attention": [(H, T, DK)] * 4 + [(H, T, T)] * 2,         # the unfused pipeline it compares
-    "08_kv_cache_decoding": [(H, T, DK)] * 2 + [(D, D)] * 4 + [(T, D), (H, CHUNKS), (H, CHUNKS),
+    "09_kv_cache_decoding": [(H, T, DK)] * 2 + [(D, D)] * 4 + [(T, D), (H, CHUNKS), (H, CHUNKS),
                                                                   (H, CHUNKS, DK), (H, DK)],
     # two sequences' heads: q, k, v, d_out, out and the three gradients, the log-sum-exp; counted as
     # if the naive backward's P, dP and dS (T x T each) were resident too
-    "10_backward": [(2 * H, T, DK)] * 8 + [(2 * H, T)] + [(2 * H, T, T)] * 3,
+    "11_backward": [(2 * H, T, DK)] * 8 + [(2 * H, T)] + [(2 * H, T, T)] * 3,
 }
 BENCH = bench.BenchSizes.of(ANDREA_120M)
 BENCH_INPUTS = {                              # bench.Inputs' makers and the shapes they make
@@ -60,7 +60,7 @@ BENCH_INPUTS = {                              # bench.Inputs' makers and the sha
     "w_k": (BENCH.d_model, BENCH.d_model), "w_v": (BENCH.d_model, BENCH.d_model),
     "q1": (BENCH.BH, BENCH.d_k),
 }
-NOTEBOOKS["09_performance"] = list(BENCH_INPUTS.values()) + layer(BENCH.B)
+NOTEBOOKS["10_performance"] = list(BENCH_INPUTS.values()) + layer(BENCH.B)
 
 
 def device_bytes(shapes):
@@ -89,8 +89,8 @@ def test_fits_a_16_gb_t4_at_gpu_sizes(name):
 
 def test_the_largest_is_the_bench_and_leaves_room():
     needed = {name: device_bytes(shapes) for name, shapes in NOTEBOOKS.items()}
-    assert max(needed, key=needed.get) == "09_performance"
-    assert needed["09_performance"] < T4_FREE_BYTES / 2        # room for a twice larger batch
+    assert max(needed, key=needed.get) == "10_performance"
+    assert needed["10_performance"] < T4_FREE_BYTES / 2        # room for a twice larger batch
 
 
 def test_the_fused_kernels_tiles_fit_a_t4_block():

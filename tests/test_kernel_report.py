@@ -36,7 +36,7 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 # A notebook's typed report table names its kernels (v1, v2, ... or the kernel's name): their module.
 # Notebook 01 computes its table live.
 TABLE_KERNELS = {"07_fused_attention.ipynb": "flash.flash_attention_kernel_{}",
-                 "10_backward.ipynb": "backward.{}"}
+                 "11_backward.ipynb": "backward.{}"}
 # A typed column's header -> how to read that figure from a report row.
 TABLE_COLUMNS = {
     "registers": lambda row: row["registers"],

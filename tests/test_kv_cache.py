@@ -1,4 +1,4 @@
-"""Notebook 08: the KV cache, the decode kernels, a layer decoded token by token, the exercise."""
+"""Notebook 09: the KV cache, the decode kernels, a layer decoded token by token, the exercise."""
 
 import math
 
@@ -378,7 +378,7 @@ def not_written_yet(q, k_new, v_new, k_cache, v_cache, length):
 
 
 def test_the_solution_passes():
-    result = check("08_decode_step", solution, verbose=False)
+    result = check("09_decode_step", solution, verbose=False)
     assert result.passed and result.diagnosis == "ok"
 
 
@@ -394,6 +394,6 @@ def test_the_solution_passes():
     (not_written_yet, "not_implemented", "not implemented yet"),
 ])
 def test_planted_mistakes_get_their_diagnosis(answer, diagnosis, says):
-    result = check("08_decode_step", answer, verbose=False)
+    result = check("09_decode_step", answer, verbose=False)
     assert not result.passed and result.diagnosis == diagnosis
     assert says in result.message and "\n" not in str(result)

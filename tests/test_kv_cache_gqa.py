@@ -289,7 +289,7 @@ def kv_head_unguarded(kv_of, n_kv_head):
 
 
 def test_the_kv_head_solution_passes():
-    result = check("08_kv_head", kv_head_solution, verbose=False)
+    result = check("09_kv_head", kv_head_solution, verbose=False)
     assert result.passed and result.diagnosis == "ok"
 
 
@@ -301,16 +301,16 @@ def test_the_kv_head_solution_passes():
     (kv_head_unguarded, "out_of_bounds", ""),
 ])
 def test_kv_head_mistakes_get_their_diagnosis(answer, diagnosis, says):
-    result = check("08_kv_head", answer, verbose=False)
+    result = check("09_kv_head", answer, verbose=False)
     assert not result.passed and result.diagnosis == diagnosis, result
     assert says in result.message and "\n" not in str(result)
 
 
 def test_the_kv_head_hints_name_the_idea_and_give_no_code(capsys):
-    hints = EXERCISES["08_kv_head"].hints
+    hints = EXERCISES["09_kv_head"].hints
     assert len(hints) >= 2
-    hint("08_kv_head", 2)
-    assert capsys.readouterr().out.startswith(f"08_kv_head, hint 2 of {len(hints)}: where")
+    hint("09_kv_head", 2)
+    assert capsys.readouterr().out.startswith(f"09_kv_head, hint 2 of {len(hints)}: where")
     for text in hints:                 # no code: no assignment, no indexing, no operator of the answer
         assert not any(token in text for token in ("=", "[", "cuda.", "//", "%")), text
 

@@ -21,7 +21,7 @@ def code_cells(path):
 
 
 def test_the_course_has_notebooks():
-    assert [p.name[:2] for p in NOTEBOOKS] == [f"{n:02d}" for n in range(11)]
+    assert [p.name[:2] for p in NOTEBOOKS if p.name[2] == "_"] == [f"{n:02d}" for n in range(12) if n != 8]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -235,7 +235,7 @@ def test_planted_mistakes_get_their_diagnosis(answer, diagnosis, says):
     assert "\n" not in str(result)
 
 
-# --- projection_kernel_v3 (notebook 09): 2 x 2 outputs per thread ---------------------------
+# --- projection_kernel_v3 (notebook 10): 2 x 2 outputs per thread ---------------------------
 
 WIDE = projection.WIDE_TILE
 

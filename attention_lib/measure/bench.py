@@ -1,4 +1,4 @@
-"""Performance (notebook 09): time every kernel version on a GPU, check its result, report it.
+"""Performance (notebook 10): time every kernel version on a GPU, check its result, report it.
 
     python -m attention_lib.measure.bench                       # or: make bench
     python -m attention_lib.measure.bench --only flash projection --repeats 50 --out bench-results
@@ -328,7 +328,7 @@ def formula_results(sizes=None, only=None):
     would count, with the GPU's tile sizes whatever the backend (on the simulator it asks a fresh
     Python with ATTENTION_LIB_SHAPES=gpu). A results dict (backend "formula") that
     plotting.plot_bench_roofline draws. The formulas are checked against count_memory at small
-    sizes (tests/test_bench.py, notebook 09)."""
+    sizes (tests/test_bench.py, notebook 10)."""
     sizes = BenchSizes.of(runtime.ANDREA_120M) if sizes is None else sizes
     if runtime.SIMULATOR_SHAPES:                # the stage modules hold the simulator's tile sizes
         ask = (f"import json, attention_lib; from attention_lib.measure import bench; print(json.dumps("

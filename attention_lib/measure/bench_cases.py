@@ -57,7 +57,7 @@ class BenchSizes:
 
 
 def notebook_sizes():
-    """The sizes notebook 09 benches at: ANDREA-120M on a GPU; on the simulator a quarter of
+    """The sizes notebook 10 benches at: ANDREA-120M on a GPU; on the simulator a quarter of
     ANDREA-sim (B 1, H 2, T 16, d_k 8), so that counting every entry takes seconds."""
     s = BenchSizes.of(runtime.SIZES)
     if not runtime.ON_SIMULATOR:
@@ -468,7 +468,7 @@ def _build_registry():
             "attention", lambda s: s.T * s.d_k, sdpa, version=v))
     for v, how in [(1, "a block per key/value head, a thread per query head"), (2, "split over the cache, then merged")]:
         entries.append(Entry(
-            f"decode v{v}", "kv_cache", "08", f"one new query per head against T cached keys and values, {how}",
+            f"decode v{v}", "kv_cache", "09", f"one new query per head against T cached keys and values, {how}",
             _prepare_decode(v),
             lambda s: 4 * s.BH * s.T * s.d_k, lambda s: BYTES * (2 * s.BH * s.T * s.d_k + 2 * s.BH * s.d_k),
             _decode_reference, lambda s: s.T * s.d_k, {k: _sdpa_decode(b) for k, b in SDPA.items()}))

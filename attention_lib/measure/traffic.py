@@ -8,7 +8,7 @@ holds what needs the unfused pipeline or the sanitizer:
 - ``count_pipeline``: the pipeline's kernels run one by one under ``sanitizer.count_memory``.
 - ``count_fused``: the fused kernel run once under ``sanitizer.count_memory``.
 - ``count_backward_naive``, ``count_backward_fused``: the two backwards' launches, counted the same
-  way (notebook 10).
+  way (notebook 11).
 
 tests/test_flash.py checks that every formula equals its count.
 

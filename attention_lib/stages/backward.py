@@ -1,4 +1,4 @@
-"""The backward pass of attention (notebook 10): dQ, dK, dV of each head, naive and fused. Notebook 10
+"""The backward pass of attention (notebook 11): dQ, dK, dV of each head, naive and fused. Notebook 11
 derives the gradients (dV = P^T dO, dP = dO V^T, dS = P o (dP - D) with D = rowsum(dO o O), dQ =
 dS K scale, dK = dS^T Q scale) and says why dQ takes a second pass rather than atomics. The file:
 

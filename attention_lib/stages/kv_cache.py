@@ -1,4 +1,4 @@
-"""KV-cache decoding (notebook 08): one new token at a time, attending to the cached keys and values
+"""KV-cache decoding (notebook 09): one new token at a time, attending to the cached keys and values
 (the notebook tells why a cache, and what grouped-query attention saves). The file:
 
 - Grouped-query attention throughout: the cache holds n_kv_head heads of K and V; query head h
@@ -121,7 +121,7 @@ def decode_layer_numpy(x, w_q, w_k, w_v, w_o, n_head, n_kv_head=None):
 class CacheBookkeeping:
     """What a KVCache needs besides storing and appending: its sizes checked, its shape, copies.
 
-    A mixin for KVCache (which notebook 08 shows): the one-line errors of the constructor and
+    A mixin for KVCache (which notebook 09 shows): the one-line errors of the constructor and
     of append, the properties n_kv_head, group, capacity, d_k, nbytes, keys and values, and
     __repr__.
     """
@@ -242,7 +242,7 @@ def stage_query(q_row, acc, q, h, scale):
 @cuda.jit(device=True)
 def row_dot(row, tile, r, width):
     """row . tile[r]: a thread's own row (local memory) against row r of a shared tile, float32;
-    here the scaled query against a staged key, its score (notebook 10's backward reuses it)."""
+    here the scaled query against a staged key, its score (notebook 11's backward reuses it)."""
     acc = np.float32(0.0)
     for c in range(width):
         acc += row[c] * tile[r, c]

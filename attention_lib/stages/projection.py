@@ -4,7 +4,7 @@ or empty (0,) for none, as matmul kernels (notebooks 01 and 09 tell how each wor
 - ``projection_kernel_v1``: one thread per output, x and w read from global memory.
 - ``load_tile_pair``, ``dot_tile_pair``, ``tile_matmul`` + ``projection_kernel_v2``: (TILE, TILE)
   shared-memory tiles; ``tile_matmul`` is also weighted_sum's A @ V (one tiled matmul, not two).
-- ``store_output`` + ``projection_kernel_v3`` (notebook 09): 2 x 2 outputs per thread.
+- ``store_output`` + ``projection_kernel_v3`` (notebook 10): 2 x 2 outputs per thread.
 - ``load_tiles``, ``store_tiles``, ``load_fragment``, ``multiply_tile``, ``walk_d_model``,
   ``store_micro_tile`` + ``projection_kernel_v4``: CUTLASS-style 128 x 128 tiles, 8 x 8 outputs
   per thread, double-buffered; ``FAST``: its floors for the kernel report.

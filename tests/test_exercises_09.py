@@ -1,4 +1,4 @@
-"""Notebook 08's exercises: each solution gets ok, each typical mistake its own diagnosis, in one line."""
+"""Notebook 09's exercises: each solution gets ok, each typical mistake its own diagnosis, in one line."""
 
 import math
 
@@ -22,7 +22,7 @@ def decode_step_without_the_max(q, k_new, v_new, k_cache, v_cache, length):
 
 
 def test_a_decode_step_without_the_max_is_unstable():
-    result = check("08_decode_step", decode_step_without_the_max, verbose=False)
+    result = check("09_decode_step", decode_step_without_the_max, verbose=False)
     assert result.diagnosis == "unstable_softmax", result
 
 
@@ -31,7 +31,7 @@ def test_the_decode_step_solution_passes_the_large_case():
         k_cache[:, length], v_cache[:, length] = k_new, v_new
         s = np.einsum("hd,hnd->hn", q, k_cache[:, :length + 1]) / math.sqrt(q.shape[-1])
         return np.einsum("hn,hnd->hd", reference.softmax(s), v_cache[:, :length + 1]), length + 1
-    assert check("08_decode_step", solution, verbose=False).passed
+    assert check("09_decode_step", solution, verbose=False).passed
 
 
 @cuda.jit
@@ -128,7 +128,7 @@ def lse_merge_without_guard(lse_part, o_part, out, lse):
 
 
 def test_the_lse_merge_solution_and_the_library_form_agree():
-    from attention_lib.checks.ex08_kv_cache import lse_merge_reference
+    from attention_lib.checks.ex09_kv_cache import lse_merge_reference
     from attention_lib.stages import kv_cache
     rng = np.random.default_rng(8)
     q, keys, values = rng.standard_normal((2, 5)), rng.standard_normal((2, 19, 5)), rng.standard_normal((2, 19, 5))
@@ -137,7 +137,7 @@ def test_the_lse_merge_solution_and_the_library_form_agree():
     assert np.allclose(out, kv_cache.merge_partials(m, l, acc), rtol=1e-12, atol=1e-12)
     s = np.einsum("hd,htd->ht", q, keys) / math.sqrt(5)
     assert np.allclose(lse, np.log(np.exp(s).sum(axis=-1)), rtol=1e-12, atol=1e-12)
-    result = check("08_lse_merge", lse_merge_solution, verbose=False)
+    result = check("09_lse_merge", lse_merge_solution, verbose=False)
     assert result.passed and result.diagnosis == "ok", result
 
 
@@ -149,6 +149,6 @@ def test_the_lse_merge_solution_and_the_library_form_agree():
     (lse_merge_without_guard, "out_of_bounds"),
 ])
 def test_lse_merge_mistakes_get_their_diagnosis(answer, diagnosis):
-    result = check("08_lse_merge", answer, verbose=False)
+    result = check("09_lse_merge", answer, verbose=False)
     assert (result.passed, result.diagnosis) == (False, diagnosis), result
     assert "\n" not in str(result)

@@ -1,4 +1,4 @@
-"""Notebook 08's exercises, with their typical mistakes named: one decode step with a NumPy KV
+"""Notebook 09's exercises, with their typical mistakes named: one decode step with a NumPy KV
 cache (below), the log-sum-exp merge of split-K partials, and the kv head of a query head.
 
 The answer is a function ``decode_step_numpy(q, k_new, v_new, k_cache, v_cache, length)``:
@@ -125,7 +125,7 @@ def _diagnose(got, expected, info):
 
 
 register(Exercise(
-    exercise_id="08_decode_step",
+    exercise_id="09_decode_step",
     title="append the new token's k and v to a NumPy cache, then attend with its query",
     kind="function",
     run=_run_decode_step,
@@ -231,7 +231,7 @@ def _diagnose_lse_merge(got, expected, lse_part, o_part):
 
 
 register(Exercise(
-    exercise_id="08_lse_merge",
+    exercise_id="09_lse_merge",
     title="merge split-K partials (LSE_c, o_c) into out and lse, one thread per output component",
     kind="kernel",
     run=_run_lse_merge,
@@ -298,7 +298,7 @@ def _diagnose_kv_head(got, expected, n_head, n_kv_head):
 
 
 register(Exercise(
-    exercise_id="08_kv_head",
+    exercise_id="09_kv_head",
     title="grouped-query attention: the kv head that query head h reads, one thread per query head",
     kind="kernel",
     run=_run_kv_head,

@@ -1,4 +1,4 @@
-"""Notebook 09's exercise: the FLOPs, bytes and arithmetic intensity of the naive and the tiled projection.
+"""Notebook 10's exercise: the FLOPs, bytes and arithmetic intensity of the naive and the tiled projection.
 
 The answer is a NumPy function ``answer(T, d_model, d_out, tile)`` for out = x @ w with x
 (T, d_model), w (d_model, d_out), float32 and no bias, returning a (2, 3) array: row 0 the naive
@@ -12,7 +12,7 @@ Besides the engine's diagnoses, ``diagnose`` names the usual slips: elements cou
 of bytes, a multiply-add counted as one FLOP, the stores forgotten, and blocks counted with a
 rounded-down division (right only when the sizes are multiples of the tile).
 
-The main exercise, ``09_registers``: a kernel ``(q, k, out)`` computing out[i, j] = q[i] . k[j]
+The main exercise, ``10_registers``: a kernel ``(q, k, out)`` computing out[i, j] = q[i] . k[j]
 for q (T_q, D), k (T_k, D), one thread per query row holding its row of q in a
 ``cuda.local.array``, written so that the array lives in registers. It is judged on values
 (random data, awkward sizes) and then by its row of the kernel report for sm_90
@@ -87,7 +87,7 @@ def _diagnose(got, expected, case):
 
 
 register(Exercise(
-    exercise_id="09_arithmetic_intensity",
+    exercise_id="10_arithmetic_intensity",
     title="FLOPs, bytes and arithmetic intensity of the naive and the tiled projection",
     kind="function",
     run=_run,
@@ -174,7 +174,7 @@ def _diagnose_rows(got, expected, report):
 
 
 register(Exercise(
-    exercise_id="09_registers",
+    exercise_id="10_registers",
     title="a row-scores kernel whose local array lives in registers (stack frame 0 bytes)",
     kind="kernel",
     run=_run_rows,

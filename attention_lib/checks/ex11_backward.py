@@ -1,4 +1,4 @@
-"""Notebook 10's exercise: the kernel of the softmax's backward, dS from P, dP and the row sums.
+"""Notebook 11's exercise: the kernel of the softmax's backward, dS from P, dP and the row sums.
 
 The answer is a kernel with ``backward.score_grad_kernel``'s signature ``(p, dp, d_rows, scale,
 d_raw)``: p, dp (BH, T_q, T_k) float32, the weights and their gradient; d_rows (BH, T_q), the row
@@ -78,7 +78,7 @@ def _diagnose(got, expected, p, dp, d_rows, scale):
 
 
 register(Exercise(
-    exercise_id="10_score_grad",
+    exercise_id="11_score_grad",
     title="score_grad_kernel(p, dp, d_rows, scale, d_raw): dS of the softmax's backward, one thread per entry",
     kind="kernel",
     run=_run,
