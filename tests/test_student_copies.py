@@ -8,6 +8,7 @@ checks need; the others are the notebook's own cells, which nbval executes.
 """
 
 import importlib.util
+import re
 from pathlib import Path
 
 import nbformat
@@ -38,8 +39,12 @@ def test_student_copy_runs_and_reports_not_implemented(source):
     assert not any("### BEGIN SOLUTION" in c.source for c in code), "a solution survived"
     assert not any(c.get("outputs") for c in code), "outputs were not cleared"
 
-    original = [c.source for c in nbformat.read(source, as_version=4).cells if c.cell_type == "code"]
-    needed, answer_uses = cell_slices.plan(original)
+    original = with_invited_snippets(nbformat.read(source, as_version=4).cells)
+    code = with_invited_snippets(copy.cells)
+    assert len(code) == len(original)
+    invited = [i for i, c in enumerate(code) if c.get("metadata", {}).get("invited")]
+    needed, answer_uses = cell_slices.plan([c.source for c in original])
+    needed = cell_slices.needed_for([c.source for c in original], set(needed) | set(invited))
     assert not answer_uses, f"{source.name}: cells read the student's answer: {answer_uses}"
     runnable = nbformat.v4.new_notebook(metadata=copy.metadata, cells=[code[i] for i in needed])
     # Run where the real notebook runs, so relative paths resolve the same way.
@@ -54,6 +59,31 @@ def test_student_copy_runs_and_reports_not_implemented(source):
                 for c in code if "# NBVAL_CHECK_OUTPUT" in c.source]
     assert len(verdicts) == len(stubs)
     assert all("[not_implemented]" in v and "Hint:" in v for v in verdicts), verdicts
+
+
+# A call the text invites the student to run, as inline code: `hint("04_block_softmax", 2)`, with
+# the exercise named (`hint(exercise_id)` is the text describing the function, not an invitation).
+INVITED = re.compile(r"`((?:hint|reveal)\(\s*[\"'][\w]+[\"'](?:\s*,\s*\d+)?\s*\))`")
+
+
+def with_invited_snippets(cells):
+    """The code cells, each markdown cell's invited snippets inserted as code cells after it
+    (marked `invited`): the copy's test runs them where the text invites them, so a snippet that
+    uses a name not yet defined there fails."""
+    code = []
+    for cell in cells:
+        if cell.cell_type == "code":
+            code.append(cell)
+        else:
+            code += [nbformat.v4.new_code_cell(snippet, metadata={"invited": True})
+                     for snippet in INVITED.findall(cell.source)]
+    return code
+
+
+def test_invited_snippets_are_found():
+    cell = nbformat.v4.new_markdown_cell('Stuck? Run `hint("00_scale_add")`, then `hint("00_scale_add", 2)`; '
+                                         'not `hint(exercise_id)`, `x[i]` nor `range(n)`.')
+    assert [c.source for c in with_invited_snippets([cell])] == ['hint("00_scale_add")', 'hint("00_scale_add", 2)']
 
 
 def test_a_copy_runs_the_cells_its_exercises_need_and_no_other():
