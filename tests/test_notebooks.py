@@ -12,7 +12,7 @@ import pytest
 from attention_lib.checks import EXERCISES
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 LIBRARY_MARKER = re.compile(r"^# From (attention_lib/[\w/]+\.py)\n")
 
 
@@ -49,7 +49,7 @@ def test_notebook_opens_with_the_backend_banner(path):
 def test_every_exercise_has_a_solution_and_a_checked_check_cell(path):
     cells = code_cells(path)
     solutions = [i for i, c in enumerate(cells) if "### BEGIN SOLUTION" in c.source]
-    assert solutions, f"{path.name} has no exercise"
+    assert solutions or path.name[2] == "x", f"{path.name} has no exercise"     # deep dives (NNx_) may have none
     for i in solutions:
         assert "### END SOLUTION" in cells[i].source
         following = cells[i + 1].source
