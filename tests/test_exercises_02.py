@@ -1,15 +1,12 @@
 """Notebook 02's exercises: each solution gets ok, each typical mistake its own diagnosis, in one line."""
 
-import math
+import types
 
-import numpy as np
 import pytest
 from numba import cuda, float32
 
-from attention_lib import reference
-from attention_lib.checks import EXERCISES, check, hint
-from attention_lib.platform.launch import ceil_div
-from attention_lib.stages import basics, projection
+from attention_lib.checks import EXERCISES, check
+from attention_lib.stages import scores
 from attention_lib.stages.scores import TILE
 
 
@@ -19,26 +16,76 @@ def verdict(exercise_id, answer):
     return result
 
 
+def as_answer(library_kernel):
+    """The library's kernel as a student's answer: the same code (the notebook's solution is held
+    to it), compiled as a function of its own, so the check does not take it for the library's."""
+    fn = library_kernel.py_func
+    return cuda.jit(types.FunctionType(fn.__code__, fn.__globals__, "answer", fn.__defaults__, fn.__closure__))
 
 
-# --- 02: swapped q and k in the warm-up; 02_scores_kt ---------------------------------------
+# --- 02_scaled_scores: the warm-up ------------------------------------------------------------
 
-@cuda.jit
-def q_and_k_swapped(q, k, inv_sqrt_dk, s):
-    j, i = cuda.grid(2)
-    h = cuda.blockIdx.z
-    if i < s.shape[1] and j < s.shape[2]:
+def naive(mistake=None):
+    """scores_kernel_v1's body, or the same with one typical mistake."""
+    @cuda.jit
+    def kernel(q, k, inv_sqrt_dk, s):
+        if mistake == "axes_swapped":
+            i, j = cuda.grid(2)
+        else:
+            j, i = cuda.grid(2)
+        h = cuda.blockIdx.z
+        if mistake == "only_head_zero":
+            h = 0
+        if mistake != "no_guard" and not (i < s.shape[1] and j < s.shape[2]):
+            return
         acc = float32(0.0)
         for c in range(q.shape[2]):
-            acc += k[h, i, c] * q[h, j, c]
-        s[h, i, j] = acc * inv_sqrt_dk
+            if mistake == "q_and_k_swapped":
+                acc += k[h, i, c] * q[h, j, c]
+            elif mistake == "k_as_kt":
+                acc += q[h, i, c] * k[h, c, j]       # k read as if it were already K^T
+            else:
+                acc += q[h, i, c] * k[h, j, c]
+        if mistake == "no_scale":
+            s[h, i, j] = acc
+        elif mistake == "scaled_twice":
+            s[h, i, j] = acc * inv_sqrt_dk * inv_sqrt_dk
+        elif mistake == "divides_by_d_k":
+            s[h, i, j] = acc / q.shape[2]
+        else:
+            s[h, i, j] = acc * inv_sqrt_dk
+    return kernel
 
 
-def test_02_swapped_q_and_k_are_transposed_not_out_of_bounds():
-    result = verdict("02_scaled_scores", q_and_k_swapped)
-    assert result.diagnosis == "transposed", result.message
-    assert "T_q = 7, T_k = 7, d_k = 7" in result.message and "q and k are swapped" in result.message
+def test_02_the_library_kernel_is_the_warm_up_solution():
+    assert EXERCISES["02_scaled_scores"].solution is scores.scores_kernel_v1
+    assert verdict("02_scaled_scores", as_answer(scores.scores_kernel_v1)).diagnosis == "ok"
+    assert verdict("02_scaled_scores", scores.scores_kernel_v1).diagnosis == "calls_given_code"
 
+
+@pytest.mark.parametrize("mistake, diagnosis, says", [
+    (None, "ok", "correct at every size"),
+    ("no_scale", "missing_scale", "without the scale"),
+    ("scaled_twice", "scaled_by_d_k", "applied twice"),
+    ("divides_by_d_k", "scaled_by_d_k", "not by sqrt(d_k)"),
+    ("q_and_k_swapped", "transposed", "q and k are swapped"),
+    ("k_as_kt", "transposed", "Q K, not Q K^T"),
+    ("axes_swapped", "grid_axes_swapped", "taken from the grid's x axis"),
+    ("no_guard", "out_of_bounds", "Guard the index"),
+    ("only_head_zero", "wrong_values", "never written"),
+])
+def test_02_scaled_scores(mistake, diagnosis, says):
+    result = verdict("02_scaled_scores", naive(mistake))
+    assert (result.diagnosis, result.passed) == (diagnosis, diagnosis == "ok"), result.message
+    assert says in result.message, result.message
+
+
+def test_02_swapped_q_and_k_are_named_on_the_square_case():
+    result = verdict("02_scaled_scores", naive("q_and_k_swapped"))
+    assert "T_q = 7, T_k = 7, d_k = 7" in result.message
+
+
+# --- 02_scores_kt: the main exercise ------------------------------------------------------------
 
 def scores_kt(mistake=None):
     """The solution of 02_scores_kt, or the same with one typical mistake."""
@@ -49,38 +96,63 @@ def scores_kt(mistake=None):
         j, i = cuda.grid(2)
         h = cuda.blockIdx.z
         tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-        scale = float32(1.0) if mistake == "no_scale" else inv_sqrt_dk
+        q_scale = float32(1.0) if mistake in ("no_scale", "scale_in_kt", "scale_at_end", "scale_per_term") \
+            else inv_sqrt_dk
+        kt_scale = inv_sqrt_dk if mistake in ("scale_in_kt", "scale_twice") else float32(1.0)
         acc = float32(0.0)
         for c0 in range(0, q.shape[2], TILE):
             q_ok = i < q.shape[1] and c0 + tx < q.shape[2]
-            q_tile[ty, tx] = q[h, i, c0 + tx] * scale if q_ok else float32(0.0)
+            if mistake == "no_zero_fill":
+                if q_ok:
+                    q_tile[ty, tx] = q[h, i, c0 + tx] * q_scale
+            else:
+                q_tile[ty, tx] = q[h, i, c0 + tx] * q_scale if q_ok else float32(0.0)
             if mistake == "uncoalesced":           # right values, but a warp walks down kt's columns
                 key = cuda.blockIdx.x * TILE + ty
                 ok = c0 + tx < kt.shape[1] and key < kt.shape[2]
-                kt_tile[tx, ty] = kt[h, c0 + tx, key] if ok else float32(0.0)
+                kt_tile[tx, ty] = kt[h, c0 + tx, key] * kt_scale if ok else float32(0.0)
+            elif mistake == "no_zero_fill":
+                if c0 + ty < kt.shape[1] and j < kt.shape[2]:
+                    kt_tile[ty, tx] = kt[h, c0 + ty, j] * kt_scale
             else:
                 ok = c0 + ty < kt.shape[1] and j < kt.shape[2]
-                kt_tile[ty, tx] = kt[h, c0 + ty, j] if ok else float32(0.0)
-            if mistake != "no_second_barrier":
+                kt_tile[ty, tx] = kt[h, c0 + ty, j] * kt_scale if ok else float32(0.0)
+            if mistake == "barrier_in_if":
+                if i < q.shape[1]:
+                    cuda.syncthreads()
+            elif mistake != "no_first_barrier":
                 cuda.syncthreads()
             for cc in range(TILE):
                 if mistake == "untiled":
                     if c0 + cc < q.shape[2] and i < q.shape[1] and j < kt.shape[2]:
-                        acc += q[h, i, c0 + cc] * kt[h, c0 + cc, j] * scale
+                        acc += q[h, i, c0 + cc] * q_scale * kt[h, c0 + cc, j]
+                elif mistake == "scale_per_term":
+                    acc += q_tile[ty, cc] * kt_tile[cc, tx] * inv_sqrt_dk
                 else:
                     acc += q_tile[ty, cc] * kt_tile[cc, tx]
-            if mistake != "no_first_barrier":
+            if mistake != "no_second_barrier":
                 cuda.syncthreads()
         if i < s.shape[1] and j < s.shape[2]:
-            s[h, i, j] = acc
+            s[h, i, j] = acc * inv_sqrt_dk if mistake == "scale_at_end" else acc
     return kernel
+
+
+def test_02_the_library_kernel_is_the_main_solution():
+    assert EXERCISES["02_scores_kt"].solution is scores.scores_kt_kernel
+    assert verdict("02_scores_kt", as_answer(scores.scores_kt_kernel)).diagnosis == "ok"
 
 
 @pytest.mark.parametrize("mistake, diagnosis, says", [
     (None, "ok", "correct at every size"),
     ("no_scale", "missing_scale", "without the scale"),
+    ("scale_twice", "scale_applied_twice", "applied twice"),
+    ("scale_in_kt", "scale_not_folded", "q_tile holds q's elements unscaled"),
+    ("scale_at_end", "scale_not_folded", "the scale was applied elsewhere"),
+    ("scale_per_term", "scale_not_folded", "q_tile holds q's elements unscaled"),
+    ("no_zero_fill", "edge_not_zeroed", "the latest fill of the tile did not write"),
     ("no_first_barrier", "race", "race on shared"),
     ("no_second_barrier", "race", "race on shared"),
+    ("barrier_in_if", "divergent_barrier", "undefined on a GPU"),
     ("untiled", "no_reuse", "an element of q was read up to 33 times (tiled: 2)"),
     ("uncoalesced", "uncoalesced", "segments of 128 bytes"),
 ])
@@ -88,3 +160,11 @@ def test_02_scores_kt(mistake, diagnosis, says):
     result = verdict("02_scores_kt", scores_kt(mistake))
     assert (result.diagnosis, result.passed) == (diagnosis, diagnosis == "ok"), result.message
     assert says in result.message, result.message
+
+
+@pytest.mark.parametrize("exercise_id", ["02_scaled_scores", "02_scores_kt"])
+def test_02_hints_name_the_idea_then_where_answers_go_wrong(exercise_id):
+    hints = EXERCISES[exercise_id].hints
+    assert len(hints) >= 2 and hints[1].startswith("where answers go wrong")
+    for text in hints:
+        assert not any(token in text for token in ("=", "[", "cuda.", "syncthreads")), text

@@ -23,6 +23,24 @@ def test_the_window_mask_is_the_band_of_the_definition(t_q, t_k, window):
     assert np.array_equal(got, got & reference.causal_mask(t_q, t_k))        # a subset of causal
 
 
+def test_the_mask_kernels_take_0_for_none_and_the_launchers_refuse_it(rng):
+    """The conventions, stated in mask.py and notebook 03: a window W >= 1 shows W keys, the query's
+    own included; on the host None means none and 0 is refused; a kernel takes an int32 where 0
+    stands for None (a kernel argument cannot be None)."""
+    from attention_lib.stages import scores
+    s = rng.standard_normal((1, 9, 12)).astype(np.float32)
+    grid, block = scores.score_grid(*s.shape)
+    for window, host in ((0, None), (1, 1), (4, 4)):
+        d_s = s.copy()
+        mask.mask_kernel[grid, block](d_s, np.int32(window))
+        assert np.array_equal(d_s, reference.apply_causal_mask(s, host)), window
+        assert np.array_equal(mask.apply_causal_mask(s, window=host), d_s)
+    assert (np.isfinite(mask.apply_causal_mask(s, window=1)).sum(axis=-1) == 1).all()     # itself only
+    for call in (lambda: mask.apply_causal_mask(s, window=0), lambda: mask.causal_scores(s, s, window=0)):
+        with pytest.raises(ValueError, match=r"^window must be None or an int >= 1 .*, got 0$"):
+            call()
+
+
 def test_window_one_is_the_diagonal_and_a_wide_one_is_causal():
     assert np.array_equal(reference.causal_mask(6, window=1), np.eye(6, dtype=bool))
     assert np.array_equal(reference.causal_mask(4, 9, window=9), reference.causal_mask(4, 9))
@@ -171,7 +189,7 @@ def test_a_numpy_int_window_is_accepted(rng):
     assert np.array_equal(flash.flash_attention(q, k, v, window=np.int64(3)), flash.flash_attention(q, k, v, window=3))
 
 
-def masks_every_score(s, r0, k0, rg, cg, t_q, t_k, causal, window, group):
+def masks_every_score(s, rows, k0, rg, cg, t_k):
     """A stand-in for v3_mask that hides every score of the tiles it is called for."""
     for x in range(S_SIZE):          # S_SIZE, NEG_INF: flash's compile-time names, as build_flash_v3 binds them
         s[x] = NEG_INF

@@ -1,35 +1,44 @@
-"""Notebook 03's exercises: the in-place causal mask, then the tile-skip test of a fused kernel.
+"""Notebook 03's exercises: the in-place causal mask, the fused causal scores kernel's block-wide
+early exit, then the tile test of a sliding-window kernel.
 
-``03_causal_mask`` (warm-up): the answer has mask_kernel's signature ``(s, window)`` and is launched on the library's
-grid over random finite scores, with window 0 (none) and, in the last cases, a sliding window. A wrong
-answer is compared with the usual wrong masks, by which entries
-it changed: ``mask_not_applied`` (none), ``mask_includes_diagonal`` (j >= i: a position may
-not even see itself), ``mask_wrong_side`` (the past masked instead of the future),
-``mask_ignores_offset`` (j > i when T_k > T_q: the queries are the last T_q positions), and
-``mask_value_not_neg_inf`` (the right entries, but set to something else than -inf, such as
--1e9 or 0), ``grid_axes_swapped`` (i taken from the grid's x: with T_q much larger than
-T_k, whole rows are never reached, and on a GPU neighbouring threads would write addresses a
-row apart, uncoalesced), ``mask_ignores_window`` (only the future masked when a window was given).
+``03_causal_mask`` (warm-up): the answer has mask_kernel's signature ``(s, window)`` and is
+launched on the library's grid over random finite scores, with window 0 (none) and, in the last
+cases, a sliding window. A wrong answer is named by the set of entries it changed:
+``mask_not_applied`` (none), ``mask_includes_diagonal`` (j >= i: a position may not even see
+itself), ``mask_wrong_side`` (the past masked instead of the future), ``mask_ignores_offset``
+(j > i when T_k > T_q: the queries are the last T_q positions), ``mask_value_not_neg_inf`` (the
+right entries, set to something else than -inf, such as -1e9 or 0), ``grid_axes_swapped`` (i
+taken from the grid's x: with T_q much larger than T_k, whole rows are never reached, and on a
+GPU neighbouring threads would write addresses a row apart), ``mask_ignores_window`` (only the
+future masked when a window was given), ``window_off_by_one`` (the band one key too wide or too
+narrow) and ``window_zero_not_none`` (window 0 taken as a window: 0 means none).
 
-``03_tile_skip`` (main): a fused scores kernel for a sliding-window causal mask (query i sees
-keys j with i + off - window < j <= i + off, off = T_k - T_q) calls the student's device
-function ``tile_is_masked(row_block, col_block, t_q, t_k, window)`` and skips every tile it
-says is wholly masked. The check runs the kernel, records which tiles it skipped, and
-compares them with the tiles that are wholly masked: ``skips_visible_tile`` (a skipped tile
-holds a visible score) and ``skips_too_few`` (the values are right, but fewer tiles were
-skipped than could be; the message says which kind was missed).
+``03_causal_scores`` (main): causal_scores_kernel's body, tile_dot given. Every case is traced
+on the simulator; the blocks that loaded q or k are the tiles computed. A per-thread early exit
+before tile_dot's barriers is the engine's ``divergent_barrier``. Then ``skips_visible_tile``
+(a skipped tile holds a visible score), ``skipped_tile_not_written`` (a skipped tile left its
+scores unwritten), on wrong values ``diagonal_tile_unmasked``, ``mask_includes_diagonal``,
+``mask_ignores_offset``, ``missing_scale``, ``scaled_by_d_k``, and with right values
+``skips_too_few`` (tiles wholly in the future were computed).
+
+``03_tile_skip``: the library's window_scores_kernel, rebuilt around the student's device
+function ``tile_is_masked(row_block, col_block, t_q, t_k, window)``; the tiles it skipped (traced)
+are compared with the tiles that are wholly masked: ``skips_visible_tile``, ``skips_too_few``
+(the message says which edge was missed) and ``window_zero_not_none`` (with window 0, tiles
+behind the diagonal skipped).
 """
 
-import math
+import types
 
 import numpy as np
 from numba import cuda
 
 from attention_lib import reference
 from attention_lib.platform.launch import ceil_div
-from attention_lib.stages import scores
-from attention_lib.stages.scores import TILE, tile_dot
-from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register
+from attention_lib.stages import mask, scores
+from attention_lib.stages.scores import TILE
+from attention_lib.checks.engine import (Diagnosed, Exercise, host_output, output_array, read_output, register,
+                                         traced_launch, unwritten)
 
 
 def _run_mask(kernel, case, rng, launch):
@@ -43,7 +52,12 @@ def _run_mask(kernel, case, rng, launch):
     return read_output(full, d_s), reference.apply_causal_mask(s, window or None), s, window
 
 
-def _diagnose(got, expected, s, window):
+def _masked_by(t_q, t_k, window):
+    """(T_q, T_k) bool: the scores a sliding window of `window` (0: all of them) hides."""
+    return np.ones((t_q, t_k), bool) if window < 1 else ~reference.causal_mask(t_q, t_k, window)
+
+
+def _diagnose_mask(got, expected, s, window):
     """Name the mistake from the set of entries the answer changed; None when it is none of them."""
     t_q, t_k = s.shape[-2:]
     offset = t_k - t_q
@@ -66,9 +80,16 @@ def _diagnose(got, expected, s, window):
         if np.array_equal(changed, future):
             return "mask_ignores_window", (f"only the future was masked: with window = {window}, query i also may "
                                            "not see keys j <= i + (T_k - T_q) - window, too far behind it")
+        if any(np.array_equal(changed, _masked_by(t_q, t_k, w)) for w in (window - 1, window + 1)):
+            return "window_off_by_one", (f"the band is one key off: a window of {window} shows {window} keys, the "
+                                         f"query's own included, so key j is hidden when j <= i + (T_k - T_q) - window")
         return None                                     # the cases without a window named the rest
-    if np.array_equal(changed, j > i + offset) and not np.isneginf(got[..., j > i + offset]).all():
-        value = got[..., j > i + offset][~np.isneginf(got[..., j > i + offset])][0]
+    literal = [_masked_by(t_q, t_k, w) for w in range(0, t_k + 1)]
+    if any(np.array_equal(changed, m) for m in literal if not np.array_equal(m, future)):
+        return "window_zero_not_none", ("with window = 0, scores behind the query were masked too: 0 means no "
+                                        "window at all (the plain causal mask), not a window of 0 keys")
+    if np.array_equal(changed, future) and not np.isneginf(got[..., future]).all():
+        value = got[..., future][~np.isneginf(got[..., future])][0]
         return "mask_value_not_neg_inf", (f"the right scores were masked, but with {value:.6g}; use -math.inf, "
                                           "which softmax turns into exactly 0")
     if np.array_equal(changed, j >= i + offset):
@@ -88,27 +109,34 @@ register(Exercise(
     title="s[h, i, j] = -inf where j > i + (T_k - T_q), or j <= i + (T_k - T_q) - window, in place",
     kind="kernel",
     run=_run_mask,
-    # (BH, T_q, T_k): one score; 7 x 7 (less than a block); 33 x 33 (a partly used last block,
-    # several heads); then 5 queries against 9 keys, as when decoding with a cache; then 40
-    # queries against 5 keys (rows 0..34 fully masked), where swapped grid axes miss rows; then
-    # sliding windows: 4 over 19 x 19, and 3 with 5 queries against 12 keys.
-    cases=[(1, 1, 1, 0), (2, 7, 7, 0), (3, 33, 33, 0), (2, 5, 9, 0), (1, 40, 5, 0), (2, 19, 19, 4), (1, 5, 12, 3)],
-    describe_case=lambda c: f"BH = {c[0]}, T_q = {c[1]}, T_k = {c[2]}" + (f", window = {c[3]}" if c[3] else ""),
+    # (BH, T_q, T_k, window): 7 x 7 (less than a block) first, where every wrong mask below
+    # changes a different set of scores (on one score, masking the diagonal and taking window 0
+    # for a window of no keys look alike); one score; 33 x 33 (a partly used last block, several
+    # heads); then 5 queries against 9 keys, as when decoding with a cache; then 40 queries
+    # against 5 keys (rows 0..34 fully masked), where swapped grid axes miss rows; then sliding
+    # windows: 4 over 19 x 19, 1 (each query sees itself only), and 3 with 5 queries against 12 keys.
+    cases=[(2, 7, 7, 0), (1, 1, 1, 0), (3, 33, 33, 0), (2, 5, 9, 0), (1, 40, 5, 0), (2, 19, 19, 4),
+           (1, 6, 6, 1), (1, 5, 12, 3)],
+    describe_case=lambda c: f"BH = {c[0]}, T_q = {c[1]}, T_k = {c[2]}, window = {c[3]}",
     hint=("one thread per score: a thread whose key lies in its query's future (or, with a window, "
           "too far in its past) overwrites its score with minus infinity, every other thread leaves "
           "its score alone"),
-    more_hints=("where it goes wrong: with T_k keys and T_q queries the queries are the last T_q "
+    more_hints=("where answers go wrong: with T_k keys and T_q queries the queries are the last T_q "
                 "positions, so the diagonal is shifted by T_k - T_q; the diagonal itself stays visible; "
+                "a window of W shows W keys, the query's own included, and a window of 0 means none; "
                 "the grid's x axis is the key",),
     rtol=0.0,   # a mask moves no value: every score is either kept exactly or -inf
     atol=0.0,
-    diagnose=_diagnose,
-    diagnoses=('mask_includes_diagonal', 'mask_wrong_side', 'mask_not_applied', 'mask_ignores_offset',
-               'mask_value_not_neg_inf', 'grid_axes_swapped', 'mask_ignores_window'),
+    diagnose=_diagnose_mask,
+    diagnoses=("mask_includes_diagonal", "mask_wrong_side", "mask_not_applied", "mask_ignores_offset",
+               "mask_value_not_neg_inf", "grid_axes_swapped", "mask_ignores_window", "window_off_by_one",
+               "window_zero_not_none"),
+    solution=mask.mask_kernel,
+    forbidden=(mask.apply_causal_mask, mask.launch_mask),
 ))
 
 
-# --- The main exercise: which tiles a sliding-window kernel may skip ------------------------
+# --- Tiles: which a block computed, which are wholly masked ------------------------------------
 
 def wholly_masked_tiles(visible, tile=TILE):
     """(row blocks, col blocks) bool: True for the tiles of `visible` in which no score is visible."""
@@ -119,38 +147,139 @@ def wholly_masked_tiles(visible, tile=TILE):
     return ~padded.reshape(rows, tile, cols, tile).any(axis=(1, 3))
 
 
+def computed_tiles(traced, grid):
+    """(heads, row blocks, col blocks) bool: the tiles whose block loaded an element of q or k."""
+    computed = np.zeros((grid[2], grid[1], grid[0]), bool)
+    for name in ("q", "k"):
+        for element, kind, ((bx, by, bz), _), *_ in traced.launch.targets[name].trace:
+            computed[bz, by, bx] = True
+    return computed
+
+
+def _tile_area(tiles, t_q, t_k):
+    """(T_q, T_k) bool: the scores that lie in the tiles marked in `tiles` (row blocks, col blocks)."""
+    return np.kron(tiles, np.ones((TILE, TILE), bool)).astype(bool)[:t_q, :t_k]
+
+
+def _first_visible_score(visible, r, c):
+    """(i, j) of a visible score in tile (r, c), for the messages."""
+    rows, cols = np.nonzero(visible[r * TILE:(r + 1) * TILE, c * TILE:(c + 1) * TILE])
+    return r * TILE + int(rows[0]), c * TILE + int(cols[0])
+
+
+# --- The main exercise: the fused causal kernel's early exit -----------------------------------
+
+def _run_causal_scores(kernel, case, rng, launch):
+    bh, t_q, t_k, d_k = case
+    q = rng.standard_normal((bh, t_q, d_k)).astype(np.float32)
+    k = rng.standard_normal((bh, t_k, d_k)).astype(np.float32)
+    grid, block = scores.score_grid(bh, t_q, t_k)
+    got = host_output((bh, t_q, t_k))
+    traced = traced_launch(kernel, grid, block, q, k, scores.scale_factor(d_k), got)
+    visible = reference.causal_mask(t_q, t_k)
+    expected = np.where(visible, reference.scores(q, k), -np.inf)
+    masked, skipped = wholly_masked_tiles(visible), ~computed_tiles(traced, grid)
+    wrong = skipped & ~masked
+    if wrong.any():
+        h, r, c = (int(v) for v in np.argwhere(wrong)[0])
+        i, j = _first_visible_score(visible, r, c)
+        raise Diagnosed("skips_visible_tile", (
+            f"the block of tile (row block {r}, col block {c}) skipped it, but query {i} sees key {j} there: a tile "
+            "may be skipped only when even its most favourable score, its last query against its first key, "
+            "is in the future (query i sits at position i + T_k - T_q)"))
+    never = unwritten(got)
+    skipped_area = np.stack([_tile_area(t, t_q, t_k) for t in skipped])          # (BH, T_q, T_k)
+    if never.any() and not (never & ~skipped_area).any():
+        raise Diagnosed("skipped_tile_not_written", (
+            f"{int(never.sum())} scores of the skipped tiles were never written: a block that skips its tile "
+            "still owes each of its scores a -inf"))
+    if np.array_equal(np.isneginf(got), np.isneginf(expected)) and np.allclose(
+            got[np.isfinite(expected)], expected[np.isfinite(expected)], rtol=1e-5, atol=1e-5):
+        extra = ~skipped & masked
+        if extra.any():
+            raise Diagnosed("skips_too_few", (
+                f"the values are right, but {int(extra.sum())} of the {int(masked.sum()) * bh} tiles wholly in the "
+                "future were computed (their blocks loaded q and k); let such a block write -inf and leave "
+                "before the dot product"))
+    return got, expected, q, k, skipped_area
+
+
+def _diagnose_causal_scores(got, expected, q, k, skipped_area):
+    """Name a wrong per-score mask or scale, from where got is -inf and what its finite values are."""
+    t_q, t_k = got.shape[-2:]
+    offset = t_k - t_q
+    i, j = np.arange(t_q)[:, None], np.arange(t_k)[None, :]
+    neg_inf = np.isneginf(got)
+    variants = [(j > i + offset, None),
+                (np.zeros((t_q, t_k), bool), ("diagonal_tile_unmasked",
+                 "the computed tiles were written unmasked: in a tile on the diagonal the scores of keys after "
+                 "their query (j > i + T_k - T_q) must still become -inf")),
+                (j >= i + offset, ("mask_includes_diagonal",
+                 "the diagonal is masked too (j >= i): a position may see itself; mask only j > i + (T_k - T_q)")),
+                (j > i, ("mask_ignores_offset",
+                 f"T_k = {t_k} keys but T_q = {t_q} queries: query i sits at position i + {offset}; "
+                 "mask j > i + (T_k - T_q)"))]
+    for pattern, named in variants:
+        if not np.array_equal(neg_inf, pattern[None] | skipped_area):
+            continue
+        if named is not None:
+            return named
+        raw, kept = reference.scores(q, k, scale=False), ~neg_inf
+        d_k = q.shape[-1]
+        if np.allclose(got[kept], raw[kept], rtol=1e-4, atol=1e-4):
+            return "missing_scale", "the scores are q.k without the scale: multiply the sum by inv_sqrt_dk"
+        if d_k > 1 and np.allclose(got[kept], raw[kept] / d_k, rtol=1e-4, atol=1e-4):
+            return "scaled_by_d_k", (f"the scores came out divided by d_k = {d_k}: the scale applied twice, or d_k "
+                                     "in place of its square root; multiply by inv_sqrt_dk exactly once")
+        return None
+    return None
+
+
+# (BH, T_q, T_k, d_k): one score; 20 x 20 in two heads (2 x 2 tiles, one skipped, partly used);
+# 9 queries that are the last of 33 positions (offset 24: nothing to skip, but a test that forgets
+# the offset, or tests the tile's first row, skips visible tiles); 40 queries against 17 keys (the
+# first 23 rows see nothing: whole tiles skipped below the diagonal's start); 33 x 33 with d_k 20
+# (3 x 3 tiles, 3 skipped, two steps along d_k).
+CAUSAL_CASES = [(1, 1, 1, 1), (2, 20, 20, 5), (1, 9, 33, 5), (1, 40, 17, 5), (1, 33, 33, 20)]
+
+register(Exercise(
+    exercise_id="03_causal_scores",
+    title="causal_scores_kernel: skip the tiles wholly in the future, block by block, then mask the diagonal tiles",
+    kind="kernel",
+    run=_run_causal_scores,
+    cases=CAUSAL_CASES,
+    describe_case=lambda c: f"BH = {c[0]}, T_q = {c[1]}, T_k = {c[2]}, d_k = {c[3]}",
+    hint=("decide from the block's position alone whether its whole tile lies in the future: then "
+          "every thread of the block writes minus infinity and leaves together; otherwise every "
+          "thread joins the tiled dot product, and the scores of keys after their query are masked"),
+    more_hints=(
+        "where answers go wrong: a test that uses a thread's own query and key lets some threads of a "
+        "block leave while the others wait at a barrier inside the dot product (undefined on a GPU); "
+        "the test must give the same answer to every thread of the block",
+        "and the corner: the score of a tile nearest to being visible is its last query (the bottom row, cut "
+        "at T_q) against its first key, and query i sits at position i + T_k - T_q"),
+    rtol=1e-5,    # float32 sums of up to 20 products of standard normals, against float64
+    atol=1e-5,
+    diagnose=_diagnose_causal_scores,
+    diagnoses=("skips_visible_tile", "skipped_tile_not_written", "skips_too_few", "diagonal_tile_unmasked",
+               "mask_includes_diagonal", "mask_ignores_offset", "missing_scale", "scaled_by_d_k"),
+    solution=mask.causal_scores_kernel,
+    forbidden=(mask.causal_scores, mask.window_scores_kernel, mask.tile_is_masked, scores.scores_kernel_v2),
+))
+
+
+# --- The sliding-window tile test ---------------------------------------------------------------
+
 _KERNELS = {}
 
 
 def window_kernel(tile_is_masked):
-    """The fused sliding-window scores kernel, calling `tile_is_masked`; one kernel per device function.
-
-    Arguments (q, k, inv_sqrt_dk, window, s, skipped): q (BH, T_q, d_k), k (BH, T_k, d_k)
-    float32; window: int; s (BH, T_q, T_k) float32, written; skipped (BH, row blocks, col
-    blocks) int32, set to 1 by each block that skipped its tile. Grid and block as
-    scores.score_grid.
-    """
+    """mask.window_scores_kernel with `tile_is_masked` in the library's test's place, built once
+    per device function: the same kernel text, calling the answer."""
     if tile_is_masked not in _KERNELS:
-        @cuda.jit
-        def kernel(q, k, inv_sqrt_dk, window, s, skipped):
-            j, i = cuda.grid(2)
-            h = cuda.blockIdx.z
-            t_q, t_k = s.shape[1], s.shape[2]
-            offset = t_k - t_q
-            if tile_is_masked(cuda.blockIdx.y, cuda.blockIdx.x, t_q, t_k, window):
-                # the same answer for the whole block: all of it leaves, none waits at a barrier
-                if cuda.threadIdx.x == 0 and cuda.threadIdx.y == 0:
-                    skipped[h, cuda.blockIdx.y, cuda.blockIdx.x] = 1
-                if i < t_q and j < t_k:
-                    s[h, i, j] = -math.inf
-                return
-            acc = tile_dot(q, k, h, i, j)              # every thread of the block: it has barriers
-            if i < t_q and j < t_k:
-                if j <= i + offset and j > i + offset - window:
-                    s[h, i, j] = acc * inv_sqrt_dk
-                else:
-                    s[h, i, j] = -math.inf
-        _KERNELS[tile_is_masked] = kernel
+        fn = mask.window_scores_kernel.py_func
+        names = dict(fn.__globals__, tile_is_masked=tile_is_masked)
+        _KERNELS[tile_is_masked] = cuda.jit(types.FunctionType(fn.__code__, names, fn.__name__))
     return _KERNELS[tile_is_masked]
 
 
@@ -160,14 +289,12 @@ def _run_tile_skip(tile_is_masked, case, rng, launch):
     q = rng.standard_normal((bh, t_q, d_k)).astype(np.float32)
     k = rng.standard_normal((bh, t_k, d_k)).astype(np.float32)
     grid, block = scores.score_grid(bh, t_q, t_k)
-    full, s = output_array((bh, t_q, t_k), guard=0)
-    skipped = cuda.to_device(np.zeros((bh, grid[1], grid[0]), np.int32))
-    launch(window_kernel(tile_is_masked), grid, block, cuda.to_device(q), cuda.to_device(k),
-           scores.scale_factor(d_k), window, s, skipped)
-    visible = reference.causal_mask(t_q, t_k, window)
-    expected = np.where(visible, reference.scores(q, k), -np.inf)
-    _judge_skipped(skipped.copy_to_host().astype(bool), visible, t_q, t_k, window)
-    return read_output(full, s), expected
+    got = host_output((bh, t_q, t_k))
+    traced = traced_launch(window_kernel(tile_is_masked), grid, block, q, k, scores.scale_factor(d_k),
+                           np.int32(window), got)
+    visible = reference.causal_mask(t_q, t_k, window or None)
+    _judge_skipped(~computed_tiles(traced, grid), visible, t_q, t_k, window)
+    return got, np.where(visible, reference.scores(q, k), -np.inf)
 
 
 def _judge_skipped(skipped, visible, t_q, t_k, window):
@@ -179,8 +306,15 @@ def _judge_skipped(skipped, visible, t_q, t_k, window):
     wrong = skipped & ~masked
     if wrong.any():
         r, c = (int(v) for v in np.argwhere(wrong)[0])
+        i, j = _first_visible_score(visible, r, c)
+        # Tiles with no score in the future, the ones a window of 0 taken literally would hide.
+        behind = wholly_masked_tiles(np.arange(t_k)[None, :] > np.arange(t_q)[:, None] + (t_k - t_q))
+        if window == 0 and (behind | ~wrong).all():
+            raise Diagnosed("window_zero_not_none", (
+                f"with window = 0 the tile (row block {r}, col block {c}) was skipped, but query {i} sees key {j} "
+                "there: 0 means no window (the causal mask alone), so only tiles wholly in the future may go"))
         raise Diagnosed("skips_visible_tile", (
-            f"tile (row block {r}, col block {c}) was skipped but holds a visible score: "
+            f"tile (row block {r}, col block {c}) was skipped but holds a visible score (query {i}, key {j}): "
             "test the tile's corner that is closest to being visible, for each side of the band"))
     if (masked & ~skipped).any():
         future = wholly_masked_tiles(reference.causal_mask(t_q, t_k))   # the causal mask alone
@@ -192,27 +326,31 @@ def _judge_skipped(skipped, visible, t_q, t_k, window):
             f"were skipped; the ones missed lie {kind}"))
 
 
-TILE_SKIP_CASES = [(1, 1, 1, 1), (2, 9, 33, 5), (1, 40, 40, 7), (1, 33, 17, 40)]
+# (BH, T_q, T_k, window): one score; 9 queries against 33 keys (offset 24), a narrow window, two
+# heads; 40 x 40 with tiles skipped on both sides of the band; 33 x 33 with window 0 (none: the
+# causal mask alone); 33 queries against 17 keys with a window wider than the context, rows
+# 0..15 fully masked.
+TILE_SKIP_CASES = [(1, 1, 1, 1), (2, 9, 33, 5), (1, 40, 40, 7), (1, 33, 33, 0), (1, 33, 17, 40)]
 
 register(Exercise(
     exercise_id="03_tile_skip",
     title="tile_is_masked(row_block, col_block, t_q, t_k, window): may a sliding-window kernel skip this tile?",
     kind="device function",
     run=_run_tile_skip,
-    # (BH, T_q, T_k, window): one score; 9 queries against 33 keys (offset 24), a narrow window,
-    # two heads; 40 x 40 with tiles skipped on both sides of the band; 33 queries against 17
-    # keys with a window wider than the context: the plain causal mask, rows 0..15 fully masked.
     cases=TILE_SKIP_CASES,
     describe_case=lambda c: f"BH = {c[0]}, T_q = {c[1]}, T_k = {c[2]}, window = {c[3]}",
     hint=("a tile may be skipped when even its most favourable score is masked: find, for each edge "
           "of the visible band, the corner of the tile that comes closest to it"),
     more_hints=(
-        "where it goes wrong: the queries are the last T_q positions, so every query sits T_k - T_q "
+        "where answers go wrong: the queries are the last T_q positions, so every query sits T_k - T_q "
         "places to the right of its row number; and a tile's score nearest the future edge is in its "
         "last row, not its first",
         "and the band has two edges: the future (keys after the query's position) and the past (keys a "
-        "whole window or more behind it); a tile wholly beyond either edge is skipped"),
+        "whole window or more behind it); a tile wholly beyond either edge is skipped, and a window of "
+        "0 means there is no past edge at all"),
     rtol=1e-5,    # float32 sums of 5 products of standard normals, against float64
     atol=1e-5,
-    diagnoses=("skips_visible_tile", "skips_too_few"),
+    diagnoses=("skips_visible_tile", "skips_too_few", "window_zero_not_none"),
+    solution=(mask.tile_is_masked, mask.window_scores_kernel),
+    forbidden=(mask.causal_scores, mask.causal_scores_kernel),
 ))

@@ -5,11 +5,15 @@ Entry S[i, j] says how well query i matches key j. For one head that is a (T_q, 
 
 - NumPy reference: ``attention_lib.reference.scores`` (not repeated here).
 - ``scores_kernel_v1``: one thread per score, reading q and k straight from global memory.
-- ``tile_dot`` + ``scores_kernel_v2``: a block of TILE x TILE threads computes a TILE x TILE
-  tile of S; the rows of Q and K it needs are staged in shared memory, TILE columns at a time
-  (``load_qk_tiles``), so each element read from global memory serves TILE threads
-  (``dot_qk_tiles``).
-- Launcher ``scores(q, k, scale=True, version=2, kernel=None)``.
+- ``scores_kt_kernel``: the tiled kernel when K arrives transposed, kt (BH, d_k, T_k), as some
+  KV caches store it: a block of TILE x TILE threads computes a TILE x TILE tile of S, staging
+  TILE columns of its rows of q and of kt in shared memory at a time, so each element read from
+  global memory serves TILE threads; kt's tile is copied as it lies, and the scale is folded
+  into q's tile as it is loaded.
+- ``tile_dot`` + ``scores_kernel_v2``: the same tiles for K as the projection writes it, (BH,
+  T_k, d_k): its tile is stored transposed on the way in (``load_qk_tiles``, rows padded to
+  KT_WIDTH against bank conflicts), then TILE multiply-adds (``dot_qk_tiles``).
+- Launchers ``scores(q, k, scale=True, version=2, kernel=None)`` and ``scores_kt(q, kt, ...)``.
 
 The scale is one multiplication per score by 1/sqrt(d_k), computed once on the host and passed
 to the kernel as a float32 (1.0 for unscaled scores): a multiplication is cheaper than a
@@ -28,7 +32,7 @@ import numpy as np
 from numba import cuda
 
 from attention_lib.platform.launch import ceil_div, check_grid, check_simulator_budget, check_version
-from attention_lib.platform.validation import attention_inputs, require
+from attention_lib.platform.validation import as_float32, attention_inputs, require
 
 # Side of a square tile of S: a block of TILE x TILE threads computes TILE x TILE scores.
 # 16 x 16 = 256 threads per block (8 warps) on a GPU; on the simulator T 32 is 2 x 2 tiles.
@@ -59,6 +63,33 @@ def scores_kernel_v1(q, k, inv_sqrt_dk, s):
             # Row j of K is column j of K^T: the transpose is in the indexing, never stored.
             acc += q[h, i, c] * k[h, j, c]
         s[h, i, j] = acc * inv_sqrt_dk     # the scale: one multiplication, no division
+
+
+@cuda.jit
+def scores_kt_kernel(q, kt, inv_sqrt_dk, s):
+    """Tiled scores from K given transposed: s[h, i, j] = (q[h, i] . kt[h, :, j]) * inv_sqrt_dk.
+
+    q: (BH, T_q, d_k), kt: (BH, d_k, T_k), s: (BH, T_q, T_k) float32; inv_sqrt_dk: float32.
+    Grid and block as scores_kernel_v2. The block copies TILE columns of its q rows and TILE rows
+    of its kt columns per step, each element once, as they lie in memory; the scale is folded
+    into the q tile as it is loaded, so the sum is the score.
+    """
+    q_tile = cuda.shared.array((TILE, TILE), np.float32)     # [query in the tile, column c of the step]
+    kt_tile = cuda.shared.array((TILE, TILE), np.float32)    # [column c of the step, key in the tile]
+    j, i = cuda.grid(2)
+    h, tx, ty = cuda.blockIdx.z, cuda.threadIdx.x, cuda.threadIdx.y
+    acc = np.float32(0.0)
+    for c0 in range(0, q.shape[2], TILE):                    # one step along d_k
+        inside = i < q.shape[1] and c0 + tx < q.shape[2]     # tx walks along d_k, q's last axis
+        q_tile[ty, tx] = q[h, i, c0 + tx] * inv_sqrt_dk if inside else np.float32(0.0)   # scale folded in
+        inside = c0 + ty < kt.shape[1] and j < kt.shape[2]   # tx walks along T_k, kt's last axis
+        kt_tile[ty, tx] = kt[h, c0 + ty, j] if inside else np.float32(0.0)            # 0 past an edge
+        cuda.syncthreads()                                   # wait: both tiles are complete
+        for c in range(TILE):
+            acc += q_tile[ty, c] * kt_tile[c, tx]
+        cuda.syncthreads()                                   # wait: every thread has read them
+    if i < q.shape[1] and j < kt.shape[2]:
+        s[h, i, j] = acc                                     # the scale is already in the sum
 
 
 @cuda.jit(device=True)
@@ -182,3 +213,24 @@ def scores(q, k, scale=True, version=2, kernel=None):
     d_s = cuda.device_array((bh, t_q, t_k), np.float32)
     launch_scores(kernel, cuda.to_device(q3), cuda.to_device(k3), scale_factor(d_k, scale), d_s)
     return d_s.copy_to_host().reshape(*lead, t_q, t_k)                # (..., T_q, T_k)
+
+
+def scores_kt(q, kt, scale=True, kernel=None):
+    """Attention scores from K given transposed: q @ kt, times 1/sqrt(d_k) when `scale`, on the device.
+
+    q: (..., T_q, d_k) float; kt: (..., d_k, T_k) float, the leading axes of q -> (..., T_q, T_k)
+    float32. kernel: any kernel with scores_kt_kernel's signature (default scores_kt_kernel),
+    launched on score_grid.
+    """
+    q = as_float32("q", q, "(..., T_q, d_k)", min_ndim=2)
+    kt = as_float32("kt", kt, "(..., d_k, T_k)", min_ndim=2)
+    (t_q, d_k), t_k = q.shape[-2:], kt.shape[-1]
+    require(kt.shape[:-1] == q.shape[:-2] + (d_k,),
+            f"kt must have shape {q.shape[:-2] + (d_k,)} + (T_k,) (the leading axes and d_k of q {q.shape}); "
+            f"got shape {kt.shape}")
+    q3, kt3 = q.reshape(-1, t_q, d_k), kt.reshape(-1, d_k, t_k)      # (BH, T_q, d_k), (BH, d_k, T_k)
+    check_score_launch("scores_kt", q3.shape[0], t_q, t_k, d_k)
+    d_s = cuda.device_array((q3.shape[0], t_q, t_k), np.float32)
+    launch_scores(scores_kt_kernel if kernel is None else kernel,
+                  cuda.to_device(q3), cuda.to_device(kt3), scale_factor(d_k, scale), d_s)
+    return d_s.copy_to_host().reshape(*q.shape[:-2], t_q, t_k)       # (..., T_q, T_k)
