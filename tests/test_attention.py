@@ -1,11 +1,10 @@
 """Notebook 05: scaled dot-product attention assembled from the stage kernels, against NumPy and
-PyTorch; its weights, the causal mask's guarantee, bad inputs; and the single-head exercise."""
+PyTorch; its weights, the causal mask's guarantee, bad inputs."""
 
 import numpy as np
 import pytest
 from attention_lib import reference
-from attention_lib.stages import attention, mask, projection, scores, softmax, weighted_sum
-from attention_lib.checks import check
+from attention_lib.stages import attention
 
 # (leading axes, T_q, T_k, d_k, d_v): one position; d_k 5 with d_v 24 (two tiles, the second
 # partly used); T 33 (two tiles and one more) with d_k 24; batch x heads; T_q < T_k (the queries
@@ -158,86 +157,3 @@ def test_the_simulator_refuses_full_size_attention(monkeypatch):
     big = np.zeros((1024, 64), np.float32)
     with pytest.raises(ValueError, match=r"^attention: 1,048,576 CUDA threads would take about"):
         attention.attention(big, big, big)
-
-
-# --- The exercise: planted mistakes get their diagnosis ------------------------------------
-
-def project_all(x, w_q, w_k, w_v):
-    return (projection.project(x, w) for w in (w_q, w_k, w_v))
-
-
-def library_solution(x, w_q, w_k, w_v, causal):
-    q, k, v = project_all(x, w_q, w_k, w_v)
-    s = mask.causal_scores(q, k) if causal else scores.scores(q, k)
-    return weighted_sum.weighted_sum(softmax.softmax(s), v)
-
-
-def without_the_scale(x, w_q, w_k, w_v, causal):
-    q, k, v = project_all(x, w_q, w_k, w_v)
-    s = mask.causal_scores(q, k, scale=False) if causal else scores.scores(q, k, scale=False)
-    return weighted_sum.weighted_sum(softmax.softmax(s), v)
-
-
-def divided_by_d_k(x, w_q, w_k, w_v, causal):
-    q, k, v = project_all(x, w_q, w_k, w_v)
-    s = scores.scores(q, k, scale=False) / q.shape[-1]
-    s = mask.apply_causal_mask(s) if causal else s
-    return weighted_sum.weighted_sum(softmax.softmax(s), v)
-
-
-def without_the_mask(x, w_q, w_k, w_v, causal):
-    q, k, v = project_all(x, w_q, w_k, w_v)
-    return weighted_sum.weighted_sum(softmax.softmax(scores.scores(q, k)), v)
-
-
-def q_and_k_swapped(x, w_q, w_k, w_v, causal):
-    q, k, v = project_all(x, w_q, w_k, w_v)
-    s = mask.causal_scores(k, q) if causal else scores.scores(k, q)
-    return weighted_sum.weighted_sum(softmax.softmax(s), v)
-
-
-def k_not_transposed(x, w_q, w_k, w_v, causal):
-    q, k, v = project_all(x, w_q, w_k, w_v)
-    s = q @ k / np.sqrt(q.shape[-1])               # shapes fit only when T = d_k
-    s = mask.apply_causal_mask(s) if causal else s
-    return weighted_sum.weighted_sum(softmax.softmax(s), v)
-
-
-def softmax_down_the_columns(x, w_q, w_k, w_v, causal):
-    q, k, v = project_all(x, w_q, w_k, w_v)
-    s = mask.causal_scores(q, k) if causal else scores.scores(q, k)
-    return weighted_sum.weighted_sum(softmax.softmax(s.T).T, v)
-
-
-def values_not_projected(x, w_q, w_k, w_v, causal):
-    q, k, _ = project_all(x, w_q, w_k, w_v)
-    s = mask.causal_scores(q, k) if causal else scores.scores(q, k)
-    return weighted_sum.weighted_sum(softmax.softmax(s), x)
-
-
-def not_written_yet(x, w_q, w_k, w_v, causal):
-    raise NotImplementedError()
-
-
-def test_the_library_passes_the_exercise(capsys):
-    result = check("05_single_head", library_solution)
-    assert result.passed and result.diagnosis == "ok"
-    assert capsys.readouterr().out.startswith("✔ 05_single_head [ok]")
-
-
-@pytest.mark.parametrize("answer, diagnosis, says", [
-    (without_the_scale, "missing_scale", "not divided by sqrt(d_k) = 2.24"),
-    (divided_by_d_k, "scaled_by_d_k", "divided by d_k = 5, not by sqrt(d_k) = 2.24"),
-    (without_the_mask, "mask_not_applied", "position i saw later positions"),
-    (q_and_k_swapped, "transposed", "K Q^T"),
-    (k_not_transposed, "transposed", "Q K, not Q K^T"),
-    (softmax_down_the_columns, "softmax_wrong_axis", "each column of the weights sums to 1"),
-    (values_not_projected, "wrong_shape", "the result has shape (1, 3), expected (1, 1)"),
-    (not_written_yet, "not_implemented", "not implemented yet"),
-])
-def test_planted_mistakes_get_their_diagnosis(answer, diagnosis, says):
-    result = check("05_single_head", answer, verbose=False)
-    assert not result.passed
-    assert result.diagnosis == diagnosis
-    assert says in result.message
-    assert "\n" not in str(result)

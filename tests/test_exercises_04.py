@@ -1,4 +1,8 @@
-"""Notebook 04's exercises: each solution gets ok, each typical mistake its own diagnosis, in one line."""
+"""Notebook 04's exercises: each solution gets ok, each typical mistake its own diagnosis, in one line.
+
+The solutions below are the library's code (the notebook's solution cells), copied: the library's
+own kernel would be refused as given code.
+"""
 
 import math
 
@@ -6,19 +10,64 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from attention_lib.checks import EXERCISES, check, hint
+from attention_lib.checks import EXERCISES, check
+from attention_lib.stages import softmax
+from attention_lib.stages.softmax import (FULL_MASK, THREADS_PER_ROW, WARP_SIZE, WARPS_PER_BLOCK, merge_stats,
+                                          strided_write, strided_zeros)
 
 
-# --- 04: the row softmax's first-score shift, and the block reduction -------------------------
+def verdict(exercise_id, answer):
+    result = check(exercise_id, answer, verbose=False)
+    assert "\n" not in str(result)
+    return result
 
-import math                                                    # noqa: E402
-from attention_lib.checks import hint                           # noqa: E402
-from attention_lib.checks.ex04_softmax import merge_stats      # noqa: E402
-from attention_lib.stages.softmax import THREADS_PER_ROW      # noqa: E402
+
+# --- 04_row_softmax (warm-up): one thread per row ------------------------------------------------
+
+@cuda.jit
+def row_softmax_solution(s, out):
+    row = cuda.grid(1)
+    if row >= s.shape[0]:
+        return
+    row_max = np.float32(-math.inf)
+    for j in range(s.shape[1]):
+        row_max = max(row_max, s[row, j])
+    if row_max == -math.inf:
+        for j in range(s.shape[1]):
+            out[row, j] = 0.0
+        return
+    total = np.float32(0.0)
+    for j in range(s.shape[1]):
+        total += math.exp(s[row, j] - row_max)
+    for j in range(s.shape[1]):
+        out[row, j] = math.exp(s[row, j] - row_max) / total
 
 
 @cuda.jit
-def softmax_shifted_by_the_first_score(s, out):
+def without_the_max(s, out):
+    row = cuda.grid(1)
+    if row < s.shape[0]:
+        total = 0.0
+        for j in range(s.shape[1]):
+            total += math.exp(s[row, j])
+        for j in range(s.shape[1]):
+            out[row, j] = math.exp(s[row, j]) / total
+
+
+@cuda.jit
+def without_the_max_float32(s, out):
+    """The same mistake in float32 NumPy scalars: inf and NaN instead of an exception."""
+    row = cuda.grid(1)
+    if row < s.shape[0]:
+        total = np.float32(0.0)
+        for j in range(s.shape[1]):
+            total += np.exp(s[row, j])
+        for j in range(s.shape[1]):
+            out[row, j] = np.exp(s[row, j]) / total
+
+
+@cuda.jit
+def shifted_by_the_first_score(s, out):
     """Stable on rows that span about 20; overflows once a row spans far more."""
     row = cuda.grid(1)
     if row < s.shape[0]:
@@ -30,192 +79,469 @@ def softmax_shifted_by_the_first_score(s, out):
             out[row, j] = math.exp(s[row, j] - first) / total
 
 
-def test_a_shift_by_the_first_score_is_unstable():
-    result = check("04_row_softmax", softmax_shifted_by_the_first_score, verbose=False)
-    assert result.diagnosis == "unstable_softmax", result
+@cuda.jit
+def along_the_columns(s, out):
+    col = cuda.grid(1)
+    if col < s.shape[1]:
+        m = -math.inf
+        for r in range(s.shape[0]):
+            m = max(m, s[r, col])
+        total = 0.0
+        for r in range(s.shape[0]):
+            total += math.exp(s[r, col] - m)
+        for r in range(s.shape[0]):
+            out[r, col] = math.exp(s[r, col] - m) / total
 
 
 @cuda.jit
-def row_stats_solution(s, stats):
-    part_m = cuda.shared.array(THREADS_PER_ROW, np.float32)
-    part_l = cuda.shared.array(THREADS_PER_ROW, np.float32)
-    row, tid = cuda.blockIdx.x, cuda.threadIdx.x
-    m, l = np.float32(-math.inf), np.float32(0.0)
-    for j in range(tid, s.shape[1], THREADS_PER_ROW):
-        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
-    part_m[tid] = m
-    part_l[tid] = l
-    cuda.syncthreads()
-    stride = THREADS_PER_ROW // 2
-    while stride > 0:
-        if tid < stride:
-            part_m[tid], part_l[tid] = merge_stats(part_m[tid], part_l[tid], part_m[tid + stride],
-                                                   part_l[tid + stride])
-        cuda.syncthreads()
-        stride //= 2
-    if tid == 0:
-        stats[row, 0] = part_m[0]
-        stats[row, 1] = part_l[0]
-
-
-@cuda.jit
-def row_stats_no_round_barrier(s, stats):
-    part_m = cuda.shared.array(THREADS_PER_ROW, np.float32)
-    part_l = cuda.shared.array(THREADS_PER_ROW, np.float32)
-    row, tid = cuda.blockIdx.x, cuda.threadIdx.x
-    m, l = np.float32(-math.inf), np.float32(0.0)
-    for j in range(tid, s.shape[1], THREADS_PER_ROW):
-        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
-    part_m[tid] = m
-    part_l[tid] = l
-    cuda.syncthreads()
-    stride = THREADS_PER_ROW // 2
-    while stride > 0:
-        if tid < stride:
-            part_m[tid], part_l[tid] = merge_stats(part_m[tid], part_l[tid], part_m[tid + stride],
-                                                   part_l[tid + stride])
-        stride //= 2                                       # no barrier between rounds
-    if tid == 0:
-        stats[row, 0] = part_m[0]
-        stats[row, 1] = part_l[0]
-
-
-@cuda.jit
-def row_stats_column_tid_only(s, stats):
-    part_m = cuda.shared.array(THREADS_PER_ROW, np.float32)
-    part_l = cuda.shared.array(THREADS_PER_ROW, np.float32)
-    row, tid = cuda.blockIdx.x, cuda.threadIdx.x
-    m, l = np.float32(-math.inf), np.float32(0.0)
-    if tid < s.shape[1]:                                   # one column per thread, no stride
-        m, l = s[row, tid], np.float32(1.0)
-    part_m[tid] = m
-    part_l[tid] = l
-    cuda.syncthreads()
-    stride = THREADS_PER_ROW // 2
-    while stride > 0:
-        if tid < stride:
-            part_m[tid], part_l[tid] = merge_stats(part_m[tid], part_l[tid], part_m[tid + stride],
-                                                   part_l[tid + stride])
-        cuda.syncthreads()
-        stride //= 2
-    if tid == 0:
-        stats[row, 0] = part_m[0]
-        stats[row, 1] = part_l[0]
-
-
-@cuda.jit
-def row_stats_sums_without_rescaling(s, stats):
-    part_m = cuda.shared.array(THREADS_PER_ROW, np.float32)
-    part_l = cuda.shared.array(THREADS_PER_ROW, np.float32)
-    row, tid = cuda.blockIdx.x, cuda.threadIdx.x
-    m, l = np.float32(-math.inf), np.float32(0.0)
-    for j in range(tid, s.shape[1], THREADS_PER_ROW):
-        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
-    part_m[tid] = m
-    part_l[tid] = l
-    cuda.syncthreads()
-    stride = THREADS_PER_ROW // 2
-    while stride > 0:
-        if tid < stride:
-            part_m[tid] = max(part_m[tid], part_m[tid + stride])
-            part_l[tid] += part_l[tid + stride]            # each l still against its own maximum
-        cuda.syncthreads()
-        stride //= 2
-    if tid == 0:
-        stats[row, 0] = part_m[0]
-        stats[row, 1] = part_l[0]
-
-
-@cuda.jit
-def row_stats_starting_from_zero(s, stats):
-    part_m = cuda.shared.array(THREADS_PER_ROW, np.float32)
-    part_l = cuda.shared.array(THREADS_PER_ROW, np.float32)
-    row, tid = cuda.blockIdx.x, cuda.threadIdx.x
-    m, l = np.float32(0.0), np.float32(0.0)                # 0 is not neutral for a maximum
-    for j in range(tid, s.shape[1], THREADS_PER_ROW):
-        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
-    part_m[tid] = m
-    part_l[tid] = l
-    cuda.syncthreads()
-    stride = THREADS_PER_ROW // 2
-    while stride > 0:
-        if tid < stride:
-            part_m[tid], part_l[tid] = merge_stats(part_m[tid], part_l[tid], part_m[tid + stride],
-                                                   part_l[tid + stride])
-        cuda.syncthreads()
-        stride //= 2
-    if tid == 0:
-        stats[row, 0] = part_m[0]
-        stats[row, 1] = part_l[0]
-
-
-@cuda.jit
-def row_stats_of_raw_exponentials(s, stats):
-    part_m = cuda.shared.array(THREADS_PER_ROW, np.float32)
-    part_l = cuda.shared.array(THREADS_PER_ROW, np.float32)
-    row, tid = cuda.blockIdx.x, cuda.threadIdx.x
-    m, l = np.float32(-math.inf), np.float32(0.0)
-    for j in range(tid, s.shape[1], THREADS_PER_ROW):
+def without_the_guard(s, out):
+    row = cuda.grid(1)
+    m = -math.inf
+    for j in range(s.shape[1]):
         m = max(m, s[row, j])
-        l += math.exp(s[row, j])                           # no shift: overflows near +1000
-    part_m[tid] = m
-    part_l[tid] = l
-    cuda.syncthreads()
-    stride = THREADS_PER_ROW // 2
-    while stride > 0:
-        if tid < stride:
-            part_m[tid] = max(part_m[tid], part_m[tid + stride])
-            part_l[tid] += part_l[tid + stride]
-        cuda.syncthreads()
-        stride //= 2
-    if tid == 0:
-        stats[row, 0] = part_m[0]
-        stats[row, 1] = part_l[0] * math.exp(-part_m[0])
+    for j in range(s.shape[1]):
+        out[row, j] = math.exp(s[row, j] - m)
 
 
 @cuda.jit
-def row_stats_barrier_inside_the_round(s, stats):
-    part_m = cuda.shared.array(THREADS_PER_ROW, np.float32)
-    part_l = cuda.shared.array(THREADS_PER_ROW, np.float32)
-    row, tid = cuda.blockIdx.x, cuda.threadIdx.x
-    m, l = np.float32(-math.inf), np.float32(0.0)
-    for j in range(tid, s.shape[1], THREADS_PER_ROW):
-        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
-    part_m[tid] = m
-    part_l[tid] = l
-    cuda.syncthreads()
-    stride = THREADS_PER_ROW // 2
-    while stride > 0:
-        if tid < stride:
-            part_m[tid], part_l[tid] = merge_stats(part_m[tid], part_l[tid], part_m[tid + stride],
-                                                   part_l[tid + stride])
-            cuda.syncthreads()                             # only the threads still merging come
-        stride //= 2
-    if tid == 0:
-        stats[row, 0] = part_m[0]
-        stats[row, 1] = part_l[0]
+def nan_on_fully_masked_rows(s, out):
+    row = cuda.grid(1)
+    if row < s.shape[0]:
+        m = -math.inf
+        for j in range(s.shape[1]):
+            m = max(m, s[row, j])
+        total = 0.0
+        for j in range(s.shape[1]):
+            total += math.exp(s[row, j] - m)
+        for j in range(s.shape[1]):
+            out[row, j] = math.exp(s[row, j] - m) / total
 
 
 @cuda.jit
-def row_stats_stub(s, stats):
+def not_normalised(s, out):
+    row = cuda.grid(1)
+    if row < s.shape[0]:
+        m = -math.inf
+        for j in range(s.shape[1]):
+            m = max(m, s[row, j])
+        for j in range(s.shape[1]):
+            out[row, j] = math.exp(s[row, j] - m) if m > -math.inf else 0.0
+
+
+@cuda.jit
+def skips_the_last_row(s, out):
+    row = cuda.grid(1)
+    if row < s.shape[0] - 1:
+        for j in range(s.shape[1]):
+            out[row, j] = 1.0
+
+
+@cuda.jit
+def row_softmax_by_the_library(s, out):
+    row = cuda.grid(1)
+    if row < s.shape[0]:
+        m = softmax.strided_max(s, row, 0, 1)
+        softmax.strided_write(s, out, row, 0, 1, m, 1.0 / softmax.strided_sum_exp(s, row, 0, 1, m))
+
+
+@cuda.jit
+def row_softmax_stub(s, out):
     raise NotImplementedError()
 
 
-def test_the_block_reduction_solution_passes():
-    result = check("04_block_reduction", row_stats_solution, verbose=False)
+def test_the_row_softmax_solution_passes():
+    result = verdict("04_row_softmax", row_softmax_solution)
     assert result.passed and result.diagnosis == "ok", result
 
 
-@pytest.mark.parametrize("answer, diagnosis", [
-    (row_stats_no_round_barrier, "race"),
-    (row_stats_column_tid_only, "row_not_strided"),
-    (row_stats_sums_without_rescaling, "online_softmax_no_rescale"),
-    (row_stats_starting_from_zero, "wrong_neutral_value"),
-    (row_stats_of_raw_exponentials, "unstable_softmax"),
-    (row_stats_barrier_inside_the_round, "divergent_barrier"),
-    (row_stats_stub, "not_implemented"),
+@pytest.mark.parametrize("answer, diagnosis, says", [
+    (without_the_max, "unstable_softmax", "Subtract the row maximum"),
+    (without_the_max_float32, "unstable_softmax", "NaN or inf weights"),
+    (shifted_by_the_first_score, "unstable_softmax", "no other score of the row will do"),
+    (along_the_columns, "softmax_wrong_axis", "each column sums to 1"),
+    (without_the_guard, "out_of_bounds", "Guard the index"),
+    (nan_on_fully_masked_rows, "fully_masked_row", "row 3 has every score -inf"),
+    (not_normalised, "wrong_values", "entries differ"),
+    (skips_the_last_row, "wrong_values", "never written"),
+    (row_softmax_by_the_library, "calls_given_code", "strided_"),
+    (row_softmax_stub, "not_implemented", "Hint"),
 ])
-def test_block_reduction_mistakes_get_their_diagnosis(answer, diagnosis):
-    result = check("04_block_reduction", answer, verbose=False)
-    assert (result.passed, result.diagnosis) == (False, diagnosis), result
-    assert "\n" not in str(result)
+def test_row_softmax_mistakes_get_their_diagnosis(answer, diagnosis, says):
+    result = verdict("04_row_softmax", answer)
+    assert (result.passed, result.diagnosis, says in result.message) == (False, diagnosis, True), result
+
+
+# --- 04_block_reduction (main): the tree of kernel 2 ---------------------------------------------
+
+@cuda.jit(device=True)
+def tree_solution(partial, value, take_max):
+    tid = cuda.threadIdx.x
+    partial[tid] = value
+    cuda.syncthreads()
+    stride = THREADS_PER_ROW // 2
+    while stride > 0:
+        if tid < stride:
+            other = partial[tid + stride]
+            partial[tid] = max(partial[tid], other) if take_max else partial[tid] + other
+        cuda.syncthreads()
+        stride //= 2
+    result = partial[0]
+    cuda.syncthreads()
+    return result
+
+
+@cuda.jit(device=True)
+def tree_interleaved(partial, value, take_max):
+    """Another right tree: slot tid takes in slot tid + stride for tid a multiple of 2 stride."""
+    tid = cuda.threadIdx.x
+    partial[tid] = value
+    cuda.syncthreads()
+    stride = 1
+    while stride < THREADS_PER_ROW:
+        if tid % (2 * stride) == 0:
+            other = partial[tid + stride]
+            partial[tid] = max(partial[tid], other) if take_max else partial[tid] + other
+        cuda.syncthreads()
+        stride *= 2
+    result = partial[0]
+    cuda.syncthreads()
+    return result
+
+
+@cuda.jit(device=True)
+def tree_barrier_inside_the_round(partial, value, take_max):
+    tid = cuda.threadIdx.x
+    partial[tid] = value
+    cuda.syncthreads()
+    stride = THREADS_PER_ROW // 2
+    while stride > 0:
+        if tid < stride:
+            other = partial[tid + stride]
+            partial[tid] = max(partial[tid], other) if take_max else partial[tid] + other
+            cuda.syncthreads()                         # only the threads still merging come
+        stride //= 2
+    result = partial[0]
+    cuda.syncthreads()
+    return result
+
+
+@cuda.jit(device=True)
+def tree_without_round_barrier(partial, value, take_max):
+    tid = cuda.threadIdx.x
+    partial[tid] = value
+    cuda.syncthreads()
+    stride = THREADS_PER_ROW // 2
+    while stride > 0:
+        if tid < stride:
+            other = partial[tid + stride]
+            partial[tid] = max(partial[tid], other) if take_max else partial[tid] + other
+        stride //= 2                                   # no barrier between rounds
+    result = partial[0]
+    cuda.syncthreads()
+    return result
+
+
+@cuda.jit(device=True)
+def tree_without_first_barrier(partial, value, take_max):
+    tid = cuda.threadIdx.x
+    partial[tid] = value                               # no barrier: round 1 may read a slot not yet written
+    stride = THREADS_PER_ROW // 2
+    while stride > 0:
+        if tid < stride:
+            other = partial[tid + stride]
+            partial[tid] = max(partial[tid], other) if take_max else partial[tid] + other
+        cuda.syncthreads()
+        stride //= 2
+    result = partial[0]
+    cuda.syncthreads()
+    return result
+
+
+@cuda.jit(device=True)
+def tree_without_last_barrier(partial, value, take_max):
+    tid = cuda.threadIdx.x
+    partial[tid] = value
+    cuda.syncthreads()
+    stride = THREADS_PER_ROW // 2
+    while stride > 0:
+        if tid < stride:
+            other = partial[tid + stride]
+            partial[tid] = max(partial[tid], other) if take_max else partial[tid] + other
+        cuda.syncthreads()
+        stride //= 2
+    return partial[0]                                  # the next reduction may overwrite it first
+
+
+@cuda.jit(device=True)
+def tree_one_round_short(partial, value, take_max):
+    tid = cuda.threadIdx.x
+    partial[tid] = value
+    cuda.syncthreads()
+    stride = THREADS_PER_ROW // 2
+    while stride > 1:                                  # the round of stride 1 is missing
+        if tid < stride:
+            other = partial[tid + stride]
+            partial[tid] = max(partial[tid], other) if take_max else partial[tid] + other
+        cuda.syncthreads()
+        stride //= 2
+    result = partial[0]
+    cuda.syncthreads()
+    return result
+
+
+@cuda.jit(device=True)
+def tree_own_slot(partial, value, take_max):
+    tid = cuda.threadIdx.x
+    partial[tid] = value
+    cuda.syncthreads()
+    stride = THREADS_PER_ROW // 2
+    while stride > 0:
+        if tid < stride:
+            other = partial[tid + stride]
+            partial[tid] = max(partial[tid], other) if take_max else partial[tid] + other
+        cuda.syncthreads()
+        stride //= 2
+    result = partial[tid]                              # only slot 0 holds the block's result
+    cuda.syncthreads()
+    return result
+
+
+@cuda.jit(device=True)
+def tree_starting_too_wide(partial, value, take_max):
+    tid = cuda.threadIdx.x
+    partial[tid] = value
+    cuda.syncthreads()
+    stride = THREADS_PER_ROW                           # slot tid + stride lies past the array
+    while stride > 0:
+        if tid < stride:
+            other = partial[tid + stride]
+            partial[tid] = max(partial[tid], other) if take_max else partial[tid] + other
+        cuda.syncthreads()
+        stride //= 2
+    result = partial[0]
+    cuda.syncthreads()
+    return result
+
+
+@cuda.jit(device=True)
+def tree_by_the_library(partial, value, take_max):
+    return softmax.block_max(partial, value) if take_max else softmax.block_sum(partial, value)
+
+
+@cuda.jit(device=True)
+def tree_stub(partial, value, take_max):
+    raise NotImplementedError()
+
+
+@pytest.mark.parametrize("answer", [tree_solution, tree_interleaved])
+def test_the_block_reduction_solution_passes(answer):
+    result = verdict("04_block_reduction", answer)
+    assert result.passed and result.diagnosis == "ok", result
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # a racy tree may give 1 / 0
+@pytest.mark.parametrize("answer, diagnosis, says", [
+    (tree_barrier_inside_the_round, "divergent_barrier", "hangs the block"),
+    (tree_without_round_barrier, "race", "partial"),
+    (tree_without_first_barrier, "race", "partial"),
+    (tree_without_last_barrier, "race", "partial"),
+    (tree_one_round_short, "tree_stops_early", "stopped 1 round early"),
+    (tree_own_slot, "result_not_broadcast", "thread 0 got the row's result"),
+    (tree_starting_too_wide, "out_of_bounds", "partial"),
+    (tree_by_the_library, "calls_given_code", "block_"),
+    (tree_stub, "not_implemented", "Hint"),
+])
+def test_block_reduction_mistakes_get_their_diagnosis(answer, diagnosis, says):
+    result = verdict("04_block_reduction", answer)
+    assert (result.passed, result.diagnosis, says in result.message) == (False, diagnosis, True), result
+
+
+# --- 04_warp_softmax (follow-up): one warp per row, shuffles ---------------------------------------
+
+@cuda.jit
+def warp_softmax_solution(s, out):
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    m, l = np.float32(-math.inf), np.float32(0.0)
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    for step in (16, 8, 4, 2, 1):
+        m_other = cuda.shfl_xor_sync(FULL_MASK, m, step)
+        l_other = cuda.shfl_xor_sync(FULL_MASK, l, step)
+        m, l = merge_stats(m, l, m_other, l_other)
+    if m == -math.inf:
+        strided_zeros(out, row, lane, WARP_SIZE)
+        return
+    strided_write(s, out, row, lane, WARP_SIZE, m, np.float32(1.0) / l)
+
+
+@cuda.jit
+def warp_lanes_without_a_column_leave(s, out):
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0] or lane >= s.shape[1]:
+        return                                         # the others wait for these lanes at a shuffle
+    m, l = np.float32(-math.inf), np.float32(0.0)
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    for step in (16, 8, 4, 2, 1):
+        m_other = cuda.shfl_xor_sync(FULL_MASK, m, step)
+        l_other = cuda.shfl_xor_sync(FULL_MASK, l, step)
+        m, l = merge_stats(m, l, m_other, l_other)
+    if m == -math.inf:
+        strided_zeros(out, row, lane, WARP_SIZE)
+        return
+    strided_write(s, out, row, lane, WARP_SIZE, m, np.float32(1.0) / l)
+
+
+@cuda.jit
+def warp_sums_added_as_they_are(s, out):
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    m, l = np.float32(-math.inf), np.float32(0.0)
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    for step in (16, 8, 4, 2, 1):
+        m_other = cuda.shfl_xor_sync(FULL_MASK, m, step)
+        l += cuda.shfl_xor_sync(FULL_MASK, l, step)    # each l still against its own lane's max
+        m = max(m, m_other)
+    if m == -math.inf:
+        strided_zeros(out, row, lane, WARP_SIZE)
+        return
+    strided_write(s, out, row, lane, WARP_SIZE, m, np.float32(1.0) / l)
+
+
+@cuda.jit
+def warp_shuffled_down(s, out):
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    m, l = np.float32(-math.inf), np.float32(0.0)
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    for step in (16, 8, 4, 2, 1):
+        m_other = cuda.shfl_down_sync(FULL_MASK, m, step)   # lane 0 alone ends with the whole row
+        l_other = cuda.shfl_down_sync(FULL_MASK, l, step)
+        m, l = merge_stats(m, l, m_other, l_other)
+    if m == -math.inf:
+        strided_zeros(out, row, lane, WARP_SIZE)
+        return
+    strided_write(s, out, row, lane, WARP_SIZE, m, np.float32(1.0) / l)
+
+
+@cuda.jit
+def warp_starting_from_zero(s, out):
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    m, l = np.float32(0.0), np.float32(0.0)            # 0 is not neutral for a maximum
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    for step in (16, 8, 4, 2, 1):
+        m_other = cuda.shfl_xor_sync(FULL_MASK, m, step)
+        l_other = cuda.shfl_xor_sync(FULL_MASK, l, step)
+        m, l = merge_stats(m, l, m_other, l_other)
+    if m == -math.inf:
+        strided_zeros(out, row, lane, WARP_SIZE)
+        return
+    strided_write(s, out, row, lane, WARP_SIZE, m, np.float32(1.0) / l)
+
+
+@cuda.jit(device=True)
+def lane_max_then_sum(s, row, lane):
+    """Kernel 2's two passes on a warp: the max by shuffles, then the sum: each score read twice here."""
+    m = np.float32(-math.inf)
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        m = max(m, s[row, j])
+    for step in (16, 8, 4, 2, 1):
+        m = max(m, cuda.shfl_xor_sync(FULL_MASK, m, step))
+    l = np.float32(0.0)
+    if m > -math.inf:
+        for j in range(lane, s.shape[1], WARP_SIZE):
+            l += math.exp(s[row, j] - m)
+    for step in (16, 8, 4, 2, 1):
+        l += cuda.shfl_xor_sync(FULL_MASK, l, step)
+    return m, l
+
+
+@cuda.jit
+def warp_three_passes(s, out):
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    m, l = lane_max_then_sum(s, row, lane)
+    if m == -math.inf:
+        strided_zeros(out, row, lane, WARP_SIZE)
+        return
+    strided_write(s, out, row, lane, WARP_SIZE, m, np.float32(1.0) / l)
+
+
+@cuda.jit
+def warp_raw_exponentials(s, out):
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    l = np.float32(0.0)
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        l += math.exp(s[row, j])                       # no shift: overflows near +1000
+    for step in (16, 8, 4, 2, 1):
+        l += cuda.shfl_xor_sync(FULL_MASK, l, step)
+    strided_write(s, out, row, lane, WARP_SIZE, np.float32(0.0), np.float32(1.0) / l)
+
+
+@cuda.jit
+def warp_nan_on_fully_masked_rows(s, out):
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    m, l = np.float32(-math.inf), np.float32(0.0)
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    for step in (16, 8, 4, 2, 1):
+        m_other = cuda.shfl_xor_sync(FULL_MASK, m, step)
+        l_other = cuda.shfl_xor_sync(FULL_MASK, l, step)
+        m, l = merge_stats(m, l, m_other, l_other)
+    strided_write(s, out, row, lane, WARP_SIZE, m, np.float32(1.0) / l)   # -inf - (-inf): NaN
+
+
+@cuda.jit
+def warp_softmax_stub(s, out):
+    raise NotImplementedError()
+
+
+def test_the_warp_softmax_solution_passes():
+    result = verdict("04_warp_softmax", warp_softmax_solution)
+    assert result.passed and result.diagnosis == "ok", result
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("answer, diagnosis, says", [
+    (warp_lanes_without_a_column_leave, "divergent_barrier", "hangs the block"),
+    (warp_sums_added_as_they_are, "online_softmax_no_rescale", "rescaled by exp(m_lane - m)"),
+    (warp_shuffled_down, "result_not_broadcast", "lane 0's columns are right"),
+    (warp_starting_from_zero, "wrong_neutral_value", "(-inf, 0)"),
+    (warp_three_passes, "stats_not_in_one_pass", "read 3 times"),
+    (warp_raw_exponentials, "unstable_softmax", "Subtract the row maximum"),
+    (warp_nan_on_fully_masked_rows, "fully_masked_row", "row 3 has every score -inf"),
+    (warp_softmax_stub, "not_implemented", "Hint"),
+])
+def test_warp_softmax_mistakes_get_their_diagnosis(answer, diagnosis, says):
+    result = verdict("04_warp_softmax", answer)
+    assert (result.passed, result.diagnosis, says in result.message) == (False, diagnosis, True), result
+
+
+def test_hints_name_no_code():
+    for exercise_id in ("04_row_softmax", "04_block_reduction", "04_warp_softmax"):
+        hints = EXERCISES[exercise_id].hints
+        assert len(hints) >= 2 and hints[1].startswith("where answers go wrong")
+        for text in hints:
+            assert not any(code in text for code in ("=", "[", "cuda.", "syncthreads")), (exercise_id, text)

@@ -1,5 +1,6 @@
-"""Notebook 05: the weighted-sum kernels (A @ V) against NumPy, the reuse of projection's matmul,
-their memory reads counted, and bad inputs."""
+"""Notebook 05: the weighted-sum kernels (A @ V) against NumPy, the reuse of projection's tiled
+matmul, their memory reads counted, the causal kernel's skipped tiles, and bad inputs. The
+exercises' planted mistakes are in test_exercises_05.py."""
 
 import numpy as np
 import pytest
@@ -73,7 +74,7 @@ def test_heads_are_independent(rng):
 
 
 @pytest.mark.parametrize("version", [1, 2])
-def test_the_kernel_argument_is_launched_the_versions_way(rng, version):
+def test_the_kernel_argument_is_launched_on_the_grid(rng, version):
     a, v = weights_and_values(rng, (2,), 7, 5, 3)
     launched = []
 
@@ -85,10 +86,8 @@ def test_the_kernel_argument_is_launched_the_versions_way(rng, version):
             return weighted_sum.KERNELS[version][config]
 
     got = weighted_sum.weighted_sum(a, v, version=version, kernel=Recorder())
-    if version == 1:   # once per head, projection's 2-D grid
-        assert launched == [projection.projection_grid(7, 3)] * 2
-    else:              # once, the head on the grid's z axis
-        assert launched == [weighted_sum.weighted_sum_grid(2, 7, 3)] == [((1, 1, 2), (TILE, TILE))]
+    # once, the head on the grid's z axis
+    assert launched == [weighted_sum.weighted_sum_grid(2, 7, 3)] == [((1, 1, 2), (TILE, TILE))]
     assert np.allclose(got, reference.weighted_sum(a, v), rtol=1e-5, atol=1e-5)
 
 
@@ -104,18 +103,20 @@ def test_global_reads_per_element_are_projections(rng, t_q, t_k, d_v):
     assert np.all(report.loads("a") == a_reads) and np.all(report.loads("v") == v_reads)
     assert np.all(report.stores("out") == 1) and report.loads("out").sum() == 0
     assert np.allclose(out, reference.weighted_sum(a, v), rtol=tolerance(t_k), atol=tolerance(t_k))
-    # Version 1 on one head: projection_kernel_v1 reads each weight d_v times, each value T_q times.
-    out1 = np.zeros((t_q, d_v), np.float32)
-    report1 = sanitizer.count_memory(projection.projection_kernel_v1, *projection.projection_grid(t_q, d_v),
-                                     a[0], v[0], np.zeros(0, np.float32), out1)
+    # Version 1 reads each weight d_v times, each value T_q times, as projection_kernel_v1 does.
+    out1 = np.zeros((2, t_q, d_v), np.float32)
+    report1 = sanitizer.count_memory(weighted_sum.weighted_sum_kernel_v1,
+                                     *weighted_sum.weighted_sum_grid(2, t_q, d_v), a, v, out1)
     assert projection.global_reads(t_q, d_v, 1) == (d_v, t_q)
-    assert np.all(report1.loads("x") == d_v) and np.all(report1.loads("w") == t_q)
+    assert np.all(report1.loads("a") == d_v) and np.all(report1.loads("v") == t_q)
+    assert np.all(report1.stores("out") == 1)
 
 
-def test_v2_has_no_race(rng):
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_kernels_have_no_race(rng, version):
     a, v = weights_and_values(rng, (2,), 7, 20, 3)                     # two steps along T_k
     out = np.zeros((2, 7, 3), np.float32)
-    assert sanitizer.find_races(weighted_sum.weighted_sum_kernel_v2,
+    assert sanitizer.find_races(weighted_sum.KERNELS[version],
                                 *weighted_sum.weighted_sum_grid(2, 7, 3), a, v, out) == []
 
 

@@ -1,19 +1,39 @@
-"""Notebook 04's exercise: the one-thread-per-row softmax kernel, with its typical mistakes named.
+"""Notebook 04's exercises: the row softmax with a thread, a block and a warp per row.
 
-The answer has softmax_kernel_v1's signature ``(s, out)``, s and out (rows, T_k) float32, and
-is launched on v1's grid (one thread per row, ROWS_PER_BLOCK rows to a block). Besides the
-engine's diagnoses:
+``04_row_softmax`` (warm-up): a kernel with softmax_kernel_v1's signature ``(s, out)``, s and out
+(rows, T_k) float32, launched on v1's grid (one thread per row, ROWS_PER_BLOCK rows to a block).
+
+``04_block_reduction`` (main): ``block_reduce(partial, value, take_max)``, a device function: the
+max (take_max) or the sum of one value per thread over the block, by a tree in the shared array
+``partial``, returned to every thread. The check runs softmax_kernel_v2 with the answer in the
+library's place (``softmax_around``), under the race finder on every case, and compares what every
+thread got from both reductions with the row's max and sum of exp(s - max).
+
+``04_warp_softmax`` (follow-up): a kernel with softmax_kernel_v3's signature, launched on v3's grid
+(one warp per row): each lane folds its columns into one (m, l) pair with ``merge_stats``, the
+warp merges the pairs with shuffles, each lane writes its columns.
+
+Besides the engine's diagnoses (``race``, ``divergent_barrier`` for a barrier or a shuffle that
+not every thread reaches, ``out_of_bounds``):
 
 - ``unstable_softmax``: right on small scores, but overflow on scores around +1000 (the
   simulator's math.exp raises OverflowError, a GPU returns inf and then NaN) or 0 / 0 on
   scores around -1000: the row maximum was not subtracted before exp; or a shift by some other
   score of the row (its first, say), caught by rows whose scores span about 1000;
 - ``softmax_wrong_axis``: the weights sum to 1 down each column instead of along each row;
-- ``fully_masked_row``: a row whose every score is -inf came out NaN instead of all zeros.
+- ``fully_masked_row``: a row whose every score is -inf came out NaN instead of all zeros;
+- ``tree_stops_early``: the tree left out its last rounds: slot 0 holds only every 2nd (4th,
+  ...) thread's value;
+- ``result_not_broadcast``: only thread (lane) 0 got the row's result, the others kept a part;
+- ``wrong_neutral_value``: a lane started its pair from m = 0, not -inf: rows around -1000
+  underflow to 0 / 0 while rows around +1000 come out right;
+- ``online_softmax_no_rescale``: the lanes' sums l were added without rescaling each to the
+  common maximum;
+- ``stats_not_in_one_pass``: right weights, but a score read three times (counted by the
+  sanitizer): the max and the sum were not folded into one pass of (m, l) pairs.
 
-The output is prefilled by the engine's output_array: an entry left UNWRITTEN was never
-written, and a NaN the kernel computed (a fully masked row's 0 / 0) stays a NaN, which the
-diagnosis names.
+Outputs are prefilled by the engine's output_array: an entry left UNWRITTEN was never written,
+and a NaN the kernel computed (a fully masked row's 0 / 0) stays a NaN, which the diagnosis names.
 """
 
 import math
@@ -23,11 +43,20 @@ import numpy as np
 from numba import cuda
 
 from attention_lib import reference
+from attention_lib.measure import sanitizer
 from attention_lib.stages import softmax
-from attention_lib.checks.engine import Exercise, output_array, read_output, register
+from attention_lib.stages.softmax import (THREADS_PER_ROW, WARP_SIZE, strided_max, strided_sum_exp,
+                                          strided_write, strided_zeros)
+from attention_lib.checks.engine import (Diagnosed, Exercise, output_array, race_finding_launch, read_output,
+                                         register)
 
 LARGE = 1000.0           # scores of the large case: exp(1000) overflows float32 (max about 88.7)
 SPREAD = 500.0           # half the span of a "spread" row's scores
+
+# The library code an answer to any of the three may not call: the kernels, their launchers,
+# and the helpers that make the passes over a row.
+_STAGE = (softmax.softmax_kernel_v1, softmax.softmax_kernel_v2, softmax.softmax_kernel_v3,
+          softmax.launch_softmax, softmax.softmax, softmax.online_softmax, reference.softmax)
 
 
 def _scores(rows, t_k, kind, rng):
@@ -35,8 +64,8 @@ def _scores(rows, t_k, kind, rng):
     s = rng.standard_normal((rows, t_k))
     if kind == "large":                  # alternating rows around +1000 and -1000
         s = 3.0 * s + np.where(np.arange(rows)[:, None] % 2 == 0, LARGE, -LARGE)
-    elif kind == "spread":               # each row spans about 2 * SPREAD: a shift by any score but
-        s = rng.uniform(-SPREAD, SPREAD, (rows, t_k))   # the max leaves exponents far above 88.7
+    elif kind == "spread":               # each row spans about 2 * SPREAD: a shift by the row's first
+        s = rng.uniform(-SPREAD, SPREAD, (rows, t_k))   # score leaves exponents above 88.7 in most rows
     elif kind == "negative":             # every score below 0: a max that starts at 0 stays there
         s = -np.abs(s) - 5.0
     elif kind == "masked":               # causal mask, and one row with every score masked
@@ -45,23 +74,27 @@ def _scores(rows, t_k, kind, rng):
     return s.astype(np.float32)
 
 
-def _run_softmax(kernel, case, rng, launch):
+def _launch_quietly(launch, kernel, grid, block, *args):
+    """Launch; an unstable answer's NumPy scalars warn of overflow in every simulated thread (the
+    diagnosis says it once)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        launch(kernel, grid, block, *args)
+
+
+def _run_softmax(kernel, case, rng, launch, version):
     rows, t_k, kind = case
     s = _scores(rows, t_k, kind, rng)
-    guard = softmax.ROWS_PER_BLOCK * t_k             # the rows of a whole extra block
+    grid, block = softmax.softmax_grid(rows, version)
+    guard = block * t_k                              # the rows of a whole extra block, at most
     # Inputs and output followed by guard zones, so reads and writes past the last row stay
     # inside the allocation on a GPU, and writes there are caught.
     d_s_full = cuda.to_device(np.concatenate([s.ravel(), np.zeros(guard, np.float32)]))
     full, d_out = output_array((rows, t_k), guard)
     d_s = d_s_full[:s.size].reshape(rows, t_k)       # (rows, T_k) view
-    grid, block = softmax.softmax_grid(rows, version=1)
     error = None
     try:
-        with warnings.catch_warnings():
-            # An unstable answer's NumPy scalars warn of overflow in every thread (the
-            # simulator's); the diagnosis says it once.
-            warnings.simplefilter("ignore", RuntimeWarning)
-            launch(kernel, grid, block, d_s, d_out)
+        _launch_quietly(launch, kernel, grid, block, d_s, d_out)
     except (OverflowError, ZeroDivisionError, FloatingPointError) as caught:
         if kind not in ("large", "spread"):
             raise                        # not the overflow this case tests: the engine reports it
@@ -69,52 +102,87 @@ def _run_softmax(kernel, case, rng, launch):
     expected = reference.softmax(s)
     if error is not None:                # nothing usable came out: every entry counts as wrong
         return np.full(s.shape, np.inf), expected, s, error
-    return read_output(full, d_out), expected, s, None
+    got = read_output(full, d_out)
+    if version == 3 and kind == "counted" and np.allclose(got, expected, rtol=1e-5, atol=1e-6):
+        loads = sanitizer.count_memory(kernel, grid, block, s, np.zeros_like(s)).loads("s")
+        if loads.max() > 2:
+            raise Diagnosed("stats_not_in_one_pass", (
+                f"the weights are right, but some scores were read {int(loads.max())} times: fold each score "
+                "into the lane's (m, l) pair with merge_stats in one pass, then read it once more to write "
+                "its weight (2 reads, where kernels 1 and 2 take 3)"))
+    return got, expected, s, error
 
 
-def _diagnose(got, expected, s, error):
-    """Name the mistake; None when it is none of the known ones (the engine shows where)."""
-    if np.abs(s[np.isfinite(s)]).max() > 100:       # the large and spread cases
-        if error is not None:
-            why = ("exp(-1000) underflows to 0, so a row's sum is 0 and 0 / 0 is undefined"
-                   if isinstance(error, ZeroDivisionError) else
-                   "exp(1000) overflows (a GPU returns inf, then inf / inf = NaN)")
-            return "unstable_softmax", (
-                f"large scores made the kernel raise {type(error).__name__}: {why}. "
-                "Subtract the row maximum first (no other score of the row will do): exp(s - max) <= 1 "
-                "and the largest term is exactly 1")
-        if not np.isfinite(got).all():
-            return "unstable_softmax", (
-                f"large scores gave {int((~np.isfinite(got)).sum())} NaN or inf weights: "
-                "exp(1000) overflows float32 and exp(-1000) underflows to 0 (0 / 0). "
-                "Subtract the row maximum first (no other score of the row will do): exp(s - max) <= 1 "
-                "and the largest term is 1")
+def _run_row_softmax(kernel, case, rng, launch):
+    return _run_softmax(kernel, case, rng, launch, version=1)
+
+
+def _run_warp_softmax(kernel, case, rng, launch):
+    return _run_softmax(kernel, case, rng, launch, version=3)
+
+
+def _unstable(got, s, error):
+    """The diagnosis of an answer that raised or gave inf/NaN on the large or spread case, or None."""
+    if np.abs(s[np.isfinite(s)]).max() <= 100:
+        return None
+    if error is not None:
+        why = ("exp(-1000) underflows to 0, so a row's sum is 0 and 0 / 0 is undefined"
+               if isinstance(error, ZeroDivisionError) else
+               "exp(1000) overflows (a GPU returns inf, then inf / inf = NaN)")
+        return "unstable_softmax", (
+            f"large scores made the kernel raise {type(error).__name__}: {why}. "
+            "Subtract the row maximum first (no other score of the row will do): exp(s - max) <= 1 "
+            "and the largest term is exactly 1")
+    if not np.isfinite(got).all():
+        return "unstable_softmax", (
+            f"large scores gave {int((~np.isfinite(got)).sum())} NaN or inf weights: "
+            "exp(1000) overflows float32 and exp(-1000) underflows to 0 (0 / 0). "
+            "Subtract the row maximum first (no other score of the row will do): exp(s - max) <= 1 "
+            "and the largest term is 1")
+    return None
+
+
+def _fully_masked(got, s):
+    """fully_masked_row, or None."""
     masked_rows = np.isneginf(s).all(axis=-1)
     if masked_rows.any() and np.isnan(got[masked_rows]).any():
         row = int(np.flatnonzero(masked_rows & np.isnan(got).any(axis=-1))[0])
         return "fully_masked_row", (
             f"row {row} has every score -inf (fully masked) and its weights came out NaN "
             "(-inf - (-inf) = NaN, or 0 / 0): when the row max is -inf, write zeros, the row attends to nothing")
-    if np.allclose(got, reference.softmax(s, axis=0), rtol=1e-5, atol=1e-6):
-        return "softmax_wrong_axis", (
-            "each column sums to 1, not each row: thread `row` must take the max and the sum "
-            "over s[row, j] for every key j, along the row")
+    return None
+
+
+def _computed_nan(got, expected):
+    """wrong_values naming the first NaN the kernel computed, or None."""
     if np.isnan(got).any():
         where = tuple(int(i) for i in np.argwhere(np.isnan(got))[0])
         return "wrong_values", f"the kernel computed NaN at {where}, where the weight is {expected[where]:.6g}"
     return None
 
 
+def _diagnose(got, expected, s, error):
+    """Name the warm-up's mistake; None when it is none of the known ones (the engine shows where)."""
+    named = _unstable(got, s, error) or _fully_masked(got, s)
+    if named:
+        return named
+    if np.allclose(got, reference.softmax(s, axis=0), rtol=1e-5, atol=1e-6):
+        return "softmax_wrong_axis", (
+            "each column sums to 1, not each row: thread `row` must take the max and the sum "
+            "over s[row, j] for every key j, along the row")
+    return _computed_nan(got, expected)
+
+
 register(Exercise(
     exercise_id="04_row_softmax",
     title="out[row] = softmax(s[row]), one thread per row",
     kind="kernel",
-    run=_run_softmax,
+    run=_run_row_softmax,
     # (rows, T_k, kind): one score; 7 rows of 5 (fewer rows than a block; every column gets a
     # thread too, so a column softmax stays in bounds and is recognised); scores around +-1000
-    # (overflow without the max), rows spanning about 1000 (a shift by the row's first score, or
-    # any score but the max, still overflows), 33 rows (a partly used second block); causal -inf
-    # with one fully masked row.
+    # (overflow without the max), rows spanning about 1000 (a shift by the row's first score
+    # overflows in most of them), 33 rows (a partly used second block); causal -inf with one
+    # fully masked row.
     cases=[(1, 1, "normal"), (7, 5, "normal"), (7, 33, "large"), (5, 19, "spread"), (33, 33, "masked")],
     describe_case=lambda c: f"rows = {c[0]}, T_k = {c[1]} ({c[2]} scores)",
     hint=("one thread owns one whole row: it walks the row once for the maximum, once for the sum "
@@ -126,114 +194,200 @@ register(Exercise(
     atol=1e-6,
     diagnose=_diagnose,
     diagnoses=('unstable_softmax', 'softmax_wrong_axis', 'fully_masked_row'),
+    solution=softmax.softmax_kernel_v1,
+    forbidden=_STAGE + (strided_max, strided_sum_exp, strided_write, strided_zeros),
 ))
 
 
-# --- The main exercise: the block reduction of a row's softmax statistics -----------------------
-# The answer has the signature ``(s, stats)``: s (rows, T_k) float32, stats (rows, 2) float32,
-# launched one block per row with softmax.THREADS_PER_ROW threads. It writes stats[row, 0] = m, the
-# row's maximum, and stats[row, 1] = l, the sum of exp(s[row, j] - m); a fully masked row gets
-# (-inf, 0). Each thread folds its columns into a pair (m, l) with merge_stats, then the block
-# combines the pairs in a shared-memory tree, a barrier between rounds. Besides the engine's
-# diagnoses (``race`` for a missing barrier, the answer being race-checked on every case):
-#
-# - ``row_not_strided``: right on short rows, wrong on rows longer than the block: a thread
-#   took column tid only, not tid, tid + THREADS_PER_ROW, ...;
-# - ``online_softmax_no_rescale``: the tree added the l's without rescaling each to the
-#   common maximum (each thread's l counts against its own m);
-# - ``wrong_neutral_value``: rows whose every score is negative got a maximum of 0: a thread
-#   with no column must start from (-inf, 0), the pair that changes nothing;
-# - ``unstable_softmax``: exp of a raw score overflowed on scores around +1000.
+# --- The main exercise: the tree reduction of kernel 2 ------------------------------------------
 
-@cuda.jit(device=True)
-def merge_stats(m_a, l_a, m_b, l_b):
-    """Merge two softmax partials into one: (m, l) with m the larger maximum.
+_AROUND = {}
 
-    Each partial is (m, l): m the largest score it has seen, l the sum of exp(s - m) over
-    those scores, float32. Rescaling each l to the common maximum keeps every exponent <= 0.
-    (-inf, 0), a partial that has seen nothing (or only masked scores), changes nothing.
+
+def softmax_around(block_reduce):
+    """softmax_kernel_v2's passes with `block_reduce` in the library's place, one kernel per device
+    function.
+
+    Arguments (s, out, seen): s and out (rows, T_k) float32 as the library kernel's; seen
+    (rows, THREADS_PER_ROW, 2) float32, written: what each thread got from the two reductions
+    (the row's max, then its sum of exp(s - max); 0 for a fully masked row). Unlike kernel 2,
+    every thread joins both reductions, also on a fully masked row: a wrong max that differs
+    from thread to thread cannot send them to different barriers. Grid: one block of
+    THREADS_PER_ROW threads per row.
     """
-    m = max(m_a, m_b)
-    if m == -math.inf:                     # both saw only masked scores: -inf - (-inf) is NaN
-        return m, np.float32(0.0)
-    return m, l_a * math.exp(m_a - m) + l_b * math.exp(m_b - m)
+    if block_reduce not in _AROUND:
+        @cuda.jit
+        def kernel(s, out, seen):
+            partial = cuda.shared.array(THREADS_PER_ROW, np.float32)
+            row, tid = cuda.blockIdx.x, cuda.threadIdx.x
+            row_max = block_reduce(partial, strided_max(s, row, tid, THREADS_PER_ROW), True)
+            masked = row_max == -math.inf          # every score -inf: nothing to add
+            mine = np.float32(0.0) if masked else strided_sum_exp(s, row, tid, THREADS_PER_ROW, row_max)
+            total = block_reduce(partial, mine, False)
+            seen[row, tid, 0] = row_max
+            seen[row, tid, 1] = total
+            if masked:
+                strided_zeros(out, row, tid, THREADS_PER_ROW)
+            else:
+                strided_write(s, out, row, tid, THREADS_PER_ROW, row_max, np.float32(1.0) / total)
+        _AROUND[block_reduce] = kernel
+    return _AROUND[block_reduce]
+
+
+def _thread_stats(s):
+    """(rows, THREADS_PER_ROW) float64 each: the max of each thread's columns tid, tid + threads, ..."""
+    threads = THREADS_PER_ROW
+    padded = np.full((s.shape[0], -(-s.shape[1] // threads) * threads), -np.inf)
+    padded[:, :s.shape[1]] = s
+    return padded.reshape(s.shape[0], -1, threads).transpose(0, 2, 1)   # (rows, threads, columns each)
+
+
+def _tree_result(s, every):
+    """(rows, 2): the max, and the sum of exp(s - that max), over the columns of the threads tid with
+    tid % every == 0 only: what slot 0 holds when the tree stops log2(every) rounds early."""
+    per = _thread_stats(s.astype(np.float64))[:, ::every]          # (rows, threads / every, columns each)
+    m = per.max(axis=(1, 2))
+    shift = np.where(np.isneginf(m), 0.0, m)
+    return np.stack([m, np.where(np.isneginf(m), 0.0, np.exp(per - shift[:, None, None]).sum(axis=(1, 2)))], -1)
 
 
 def _row_stats(s):
     """(rows, 2) float64: each row's maximum and sum of exp(s - max); (-inf, 0) if fully masked."""
-    m = s.max(axis=-1)
-    shift = np.where(np.isneginf(m), 0.0, m)
-    return np.stack([m, np.exp(s - shift[:, None]).sum(axis=-1)], axis=-1)
+    return _tree_result(s, 1)
 
 
-def _run_block_reduction(kernel, case, rng, launch):
+def _run_block_reduction(block_reduce, case, rng, _launch):   # race-checked on every case
     rows, t_k, kind = case
-    s = _scores(rows, t_k, kind, rng).astype(np.float32)
-    full, d_stats = output_array((rows, 2), guard=2 * softmax.THREADS_PER_ROW)
+    s = _scores(rows, t_k, kind, rng)
+    out = cuda.device_array((rows, t_k), np.float32)
+    full, seen = output_array((rows, THREADS_PER_ROW, 2), guard=2 * THREADS_PER_ROW)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)   # an unstable answer warns in every thread
-            launch(kernel, rows, softmax.THREADS_PER_ROW, cuda.to_device(s), d_stats)
+        _launch_quietly(race_finding_launch, softmax_around(block_reduce), rows, THREADS_PER_ROW,
+                        cuda.to_device(s), out, seen)
     except (OverflowError, ZeroDivisionError, FloatingPointError):
         if kind != "large":
             raise                        # not the overflow this case tests: the engine reports it
-        return np.full((rows, 2), np.inf), _row_stats(s.astype(np.float64)), s   # nothing usable came out
-    return read_output(full, d_stats), _row_stats(s.astype(np.float64)), s
-
-
-def _per_thread_stats(s):
-    """(rows, THREADS_PER_ROW, 2): the pair each thread holds before the tree, columns tid + k * threads."""
-    threads = softmax.THREADS_PER_ROW
-    padded = np.full((s.shape[0], -(-s.shape[1] // threads) * threads), -np.inf)
-    padded[:, :s.shape[1]] = s
-    per = padded.reshape(s.shape[0], -1, threads).transpose(0, 2, 1)   # (rows, threads, columns each)
-    m = per.max(axis=-1)
-    shift = np.where(np.isneginf(m), 0.0, m)
-    return m, np.exp(per - shift[..., None]).sum(axis=-1)
+        got = np.full((rows, THREADS_PER_ROW, 2), np.inf)            # nothing usable came out
+    else:
+        got = read_output(full, seen)
+    expected = np.repeat(_row_stats(s)[:, None], THREADS_PER_ROW, axis=1)   # (rows, threads, 2)
+    return got, expected, s
 
 
 def _diagnose_block_reduction(got, expected, s):
     close = dict(rtol=1e-5, atol=1e-6)
-    if not np.isfinite(got).all() and np.abs(s[np.isfinite(s)]).max() > 100:
-        return "unstable_softmax", ("a sum came out inf or NaN on scores around +-1000: exp of a raw score "
-                                    "overflows; fold every score in with merge_stats, which subtracts the maximum")
-    threads = softmax.THREADS_PER_ROW
-    if s.shape[1] > threads and np.allclose(got, _row_stats(s[:, :threads].astype(np.float64)), **close):
-        return "row_not_strided", (f"the result covers only the first {threads} columns of rows of "
-                                   f"{s.shape[1]}: each thread must walk its columns tid, tid + {threads}, ... "
-                                   "to the end of the row")
-    m_t, l_t = _per_thread_stats(s.astype(np.float64))
-    if np.allclose(got[:, 0], expected[:, 0], **close) and np.allclose(got[:, 1], l_t.sum(axis=-1), **close):
-        return "online_softmax_no_rescale", ("the maxima are right but each sum adds the threads' l as they are: "
-                                             "each l counts against its own thread's maximum and must be rescaled "
-                                             "by exp(m_thread - m) before it is added")
-    negative = expected[:, 0] < 0
-    if negative.any() and np.all(got[negative, 0] == 0):
-        return "wrong_neutral_value", ("rows whose every score is negative got a maximum of 0: a thread starts "
-                                       "from the pair that changes nothing, (-inf, 0), not from 0")
+    first = got[:, 0]                                              # thread 0's view, (rows, 2)
+    if np.allclose(first, expected[:, 0], **close):
+        return "result_not_broadcast", (
+            "thread 0 got the row's result but other threads did not: every thread must read the "
+            "result from slot 0 once the last round is over, not from its own slot")
+    every = 2
+    while every <= THREADS_PER_ROW:
+        if np.allclose(first, _tree_result(s, every), **close):
+            rounds = int(np.log2(every))
+            return "tree_stops_early", (
+                f"slot 0 holds the result of only every {every}{'nd' if every == 2 else 'th'} thread: the tree "
+                f"stopped {rounds} "
+                f"round{'s' if rounds > 1 else ''} early; it halves the stride down to 1, log2(THREADS_PER_ROW) "
+                f"= {int(np.log2(THREADS_PER_ROW))} rounds")
+        every *= 2
     return None
 
 
 register(Exercise(
     exercise_id="04_block_reduction",
-    title="a row's max and sum of exp(s - max) by one block: a shared-memory tree of (m, l) pairs",
-    kind="kernel",
+    title="block_reduce(partial, value, take_max): a block's max or sum by a tree in shared memory",
+    kind="device function",
     run=_run_block_reduction,
-    # (rows, T_k, kind): one score; rows of 7 negative scores (most threads have no column);
-    # rows of 2 * THREADS_PER_ROW + 5 around +-1000 (each thread has two or three columns, the
-    # last ones partly used); causal rows with one fully masked.
-    cases=[(1, 1, "normal"), (3, 7, "negative"), (2, 2 * softmax.THREADS_PER_ROW + 5, "large"),
-           (5, 33, "masked")],
+    # (rows, T_k, kind): one score (31 threads hold only the neutral value); rows of 7 negative
+    # scores; rows of 2 * THREADS_PER_ROW + 5 around +-1000 (each thread has two or three
+    # columns); causal rows with one fully masked (every thread leaves after the max).
+    cases=[(1, 1, "normal"), (3, 7, "negative"), (2, 2 * THREADS_PER_ROW + 5, "large"), (5, 33, "masked")],
     describe_case=lambda c: f"rows = {c[0]}, T_k = {c[1]} ({c[2]} scores)",
-    hint=("each thread folds its own columns into one (m, l) pair, then the block halves the number of "
-          "pairs each round in shared memory, merging pair tid with pair tid + stride"),
-    more_hints=("where answers go wrong: a missing barrier, after the pairs are written and after every "
-                "round (the next round reads what this one wrote); and a thread that skips the tree: every "
-                "thread of the block must reach every barrier",),
+    hint=("each thread puts its value in its own slot; then, round after round, the lower half of the "
+          "slots still in play takes in the upper half, until slot 0 holds the whole block's result, "
+          "which every thread reads"),
+    more_hints=("where answers go wrong: a barrier placed inside the test that picks the threads of a "
+                "round (every thread of the block must reach every barrier); a barrier missing after "
+                "the values are written, after a round, or after the result is read (the next "
+                "reduction reuses the slots)",),
     # float32 exp and sums of up to 69 terms against float64: relative errors around 1e-6.
     rtol=1e-5,
     atol=1e-6,
     diagnose=_diagnose_block_reduction,
-    diagnoses=("row_not_strided", "online_softmax_no_rescale", "wrong_neutral_value", "unstable_softmax"),
+    diagnoses=("result_not_broadcast", "tree_stops_early"),
+    solution=softmax.block_reduce,
+    forbidden=_STAGE + (softmax.block_max, softmax.block_sum),
 ))
 
+
+# --- The follow-up: one warp per row, its (m, l) pairs merged by shuffles -------------------------
+
+def _lane_pairs(s):
+    """(rows, 32) m and l of each lane's columns lane, lane + 32, ..., float64."""
+    padded = np.full((s.shape[0], -(-s.shape[1] // WARP_SIZE) * WARP_SIZE), -np.inf)
+    padded[:, :s.shape[1]] = s
+    per = padded.reshape(s.shape[0], -1, WARP_SIZE).transpose(0, 2, 1)     # (rows, lanes, columns each)
+    m = per.max(axis=-1)
+    shift = np.where(np.isneginf(m), 0.0, m)
+    return m, np.exp(per - shift[..., None]).sum(axis=-1)
+
+
+def _diagnose_warp(got, expected, s, error):
+    named = _unstable(got, s, error)
+    large = np.abs(s[np.isfinite(s)]).max() > 100
+    if named and error is None and large:
+        high = s.max(axis=-1) > 0                                          # the rows around +1000
+        if np.allclose(got[high], expected[high], rtol=1e-5, atol=1e-6) and np.isnan(got[~high]).all():
+            return "wrong_neutral_value", (
+                "rows around +1000 are right but rows around -1000 came out NaN: a lane's pair started "
+                "from m = 0, which stays the max of negative scores, so exp(s - 0) underflows to 0; "
+                "start from the pair that changes nothing, (-inf, 0)")
+    named = named or _fully_masked(got, s)
+    if named:
+        return named
+    m_lane, l_lane = _lane_pairs(s.astype(np.float64))
+    m = m_lane.max(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        unscaled = np.exp(s - m) / l_lane.sum(axis=-1, keepdims=True)    # the l's added as they are
+    seen = ~np.isneginf(m[:, 0])
+    if np.allclose(got[seen], unscaled[seen], rtol=1e-5, atol=1e-6):
+        return "online_softmax_no_rescale", (
+            "the lanes' sums were added as they are: each lane's l counts against its own maximum and "
+            "must be rescaled by exp(m_lane - m) before it joins another; merge_stats does it")
+    lane_0 = np.arange(s.shape[1]) % WARP_SIZE == 0
+    right = np.isclose(got, expected, rtol=1e-5, atol=1e-6)
+    if s.shape[1] > 1 and right[:, lane_0].all() and not right[:, ~lane_0].all():
+        return "result_not_broadcast", (
+            "lane 0's columns are right but other lanes' are not: the reduction left the row's pair in "
+            "lane 0 alone (as shfl_down_sync does); a butterfly, where lane i trades with lane i ^ step, "
+            "leaves it in every lane")
+    return _computed_nan(got, expected)
+
+
+register(Exercise(
+    exercise_id="04_warp_softmax",
+    title="out[row] = softmax(s[row]), one warp per row: (m, l) pairs merged by warp shuffles",
+    kind="kernel",
+    run=_run_warp_softmax,
+    # (rows, T_k, kind): one score (lanes 1-31 hold nothing, three warps of the block have no
+    # row); 3 rows of 7 negative scores; 6 rows of 70 (two blocks, the second with two warps,
+    # each lane two or three columns), counted: each score read at most twice; rows around
+    # +-1000; rows spanning about 1000; 33 causal rows with one fully masked.
+    cases=[(1, 1, "normal"), (3, 7, "negative"), (6, 70, "counted"), (6, 37, "large"), (5, 19, "spread"),
+           (33, 33, "masked")],
+    describe_case=lambda c: f"rows = {c[0]}, T_k = {c[1]} ({c[2]} scores)",
+    hint=("each lane folds its own columns into one (m, l) pair as it reads them; then five exchanges "
+          "with the lane whose number differs in one bit give every lane the pair of the whole row"),
+    more_hints=("where answers go wrong: a lane with no column that leaves before the exchanges (every "
+                "lane the mask names must make every shuffle call); adding two sums without bringing "
+                "them to the common maximum; and an exchange that leaves the result in lane 0 alone",),
+    # float32 exp and sums of up to 70 terms against float64: relative errors around 1e-6.
+    rtol=1e-5,
+    atol=1e-6,
+    diagnose=_diagnose_warp,
+    diagnoses=("unstable_softmax", "fully_masked_row", "wrong_neutral_value", "online_softmax_no_rescale",
+               "result_not_broadcast", "stats_not_in_one_pass"),
+    solution=softmax.softmax_kernel_v3,
+    forbidden=_STAGE + (strided_max, strided_sum_exp, softmax.block_reduce, softmax.block_max, softmax.block_sum),
+))

@@ -1,163 +1,54 @@
-"""Notebook 05's exercise: one attention head assembled from the library's stage functions.
+"""Notebook 05's exercises: A . V with one thread per output, then tiled for causal weights.
 
-The answer is a NumPy-in, NumPy-out function ``single_head_attention(x, w_q, w_k, w_v, causal)``:
-x (T, d_model), w_q, w_k, w_v (d_model, d_k) float32 -> (T, d_k), equal to
-``reference.attention(x @ w_q, x @ w_k, x @ w_v, causal)``. Besides the engine's diagnoses, a
-wrong answer is compared with the usual wrong pipelines (each computed in float64 from the
-same inputs):
+``05_weighted_sum`` (warm-up): a kernel with weighted_sum_kernel_v1's signature ``(a, v, out)``:
+a (BH, T_q, T_k) weights, v (BH, T_k, d_v) values, out (BH, T_q, d_v), all float32, launched on
+weighted_sum_grid (x over out's columns, y over the queries, z over the heads; blocks of TILE x
+TILE). Besides the engine's diagnoses:
 
-- ``missing_scale``: softmax(mask(Q K^T)) V, the scores never divided by sqrt(d_k);
-- ``scaled_by_d_k``: the scores divided by d_k instead of sqrt(d_k);
-- ``mask_not_applied``: a causal case answered without the mask;
-- ``transposed``: the scores K Q^T (q and k swapped), or Q K without the transpose (that one
-  only has the right shape when T = d_k, which is why such a case comes early);
-- ``softmax_wrong_axis``: weights that sum to 1 down each column instead of along each row.
+- ``grid_axes_swapped``: the query was taken from the grid's x (and the column from y), so
+  the outputs the grid does not reach that way were never written;
+- ``weights_transposed``: query i read column i of the weights, a[h, j, i], for its row
+  (seen on a square case, T_q = T_k).
+
+``05_causal_av`` (main): a kernel with weighted_sum_causal_kernel's signature, on the same grid,
+for causal weights (zero for every key j > i + T_k - T_q: the queries are the last positions):
+the tile loop written out, with its loads, its two barriers and a stopping point along the keys
+that is the same for the whole block, so that no key tile wholly above the diagonal is loaded.
+Race-checked, its loads of a counted by the sanitizer, on every case. Besides the engine's
+diagnoses (``race``, ``divergent_barrier`` for a stopping point that differs between the threads
+of a block, ``out_of_bounds``):
+
+- ``no_tiles_skipped``: right values, but weights were loaded from key tiles that lie wholly
+  above the diagonal of the block's queries (a stop rounded up to the end of the diagonal tile
+  loads no such tile, and passes);
+- ``diagonal_tile_skipped``: the tile on the diagonal was skipped too: it holds weights that
+  are not zero;
+- ``mask_ignores_offset``: with T_q != T_k the stop ignored that the queries are the last
+  positions (query i sees keys up to i + T_k - T_q).
 """
 
 from typing import NamedTuple
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda
 
 from attention_lib import reference
-from attention_lib.measure import sanitizer
-from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register
+from attention_lib.platform.launch import ceil_div
+from attention_lib.stages import projection, weighted_sum
 from attention_lib.stages.projection import TILE
+from attention_lib.checks.engine import (Diagnosed, Exercise, host_output, output_array, read_output, register,
+                                         traced_launch, unwritten)
+
+# The library code an answer to either exercise may not call: the kernels, their launchers, the
+# tiled matmul of notebook 01 that would do the tile loop, and the references.
+_STAGE = (weighted_sum.weighted_sum_kernel_v1, weighted_sum.weighted_sum_kernel_v2,
+          weighted_sum.weighted_sum_causal_kernel, weighted_sum.launch_weighted_sum, weighted_sum.weighted_sum,
+          projection.projection_kernel_v1, projection.projection_kernel_v2, projection.tile_matmul,
+          reference.weighted_sum)
 
 
 class Case(NamedTuple):
-    """One size tried: x (T, d_model), w_q, w_k, w_v (d_model, d_k), causal or not."""
-
-    T: int
-    d_model: int
-    d_k: int
-    causal: bool
-
-    def __str__(self):
-        return f"(T {self.T}, d_model {self.d_model}, d_k {self.d_k}, {'causal' if self.causal else 'not causal'})"
-
-
-def _run_single_head(answer, case, rng, _launch):       # NumPy: no kernel to launch
-    x = rng.standard_normal((case.T, case.d_model)).astype(np.float32)
-    # Weights scaled by 1/sqrt(d_model), as at initialisation, so that q, k, v have entries of
-    # order 1 and the scaled scores too: the softmax is neither uniform nor one-hot, and every
-    # mistake below changes the result visibly.
-    scale = np.float32(1.0 / np.sqrt(case.d_model))
-    w_q, w_k, w_v = (rng.standard_normal((case.d_model, case.d_k)).astype(np.float32) * scale for _ in range(3))
-    got = answer(x.copy(), w_q.copy(), w_k.copy(), w_v.copy(), case.causal)  # copies: the answer may write
-    q, k, v = (reference.project(x, w) for w in (w_q, w_k, w_v))              # (T, d_k) float64
-    return np.asarray(got), reference.attention(q, k, v, case.causal), q, k, v, case.causal
-
-
-def _pipeline(s, v, causal, axis=-1):
-    """softmax(mask(s)) @ v in float64, with the softmax along `axis`."""
-    return reference.softmax(reference.apply_causal_mask(s) if causal else s, axis=axis) @ v
-
-
-def _diagnose(got, expected, q, k, v, causal):
-    """Name the mistake when `got` equals a known wrong pipeline; None otherwise."""
-    T, d_k = q.shape
-    raw = q @ k.T                                                  # unscaled scores (T, T)
-    wrong = [
-        ("missing_scale", _pipeline(raw, v, causal),
-         f"the scores were not divided by sqrt(d_k) = {np.sqrt(d_k):.3g}: scores.scores(q, k) and "
-         "mask.causal_scores(q, k) scale them unless told scale=False"),
-        ("scaled_by_d_k", _pipeline(raw / d_k, v, causal),
-         f"the scores were divided by d_k = {d_k}, not by sqrt(d_k) = {np.sqrt(d_k):.3g}"),
-    ]
-    if causal:
-        wrong.append(("mask_not_applied", _pipeline(raw / np.sqrt(d_k), v, False),
-                      "position i saw later positions: with causal=True mask the scores before the softmax "
-                      "(mask.causal_scores(q, k), or mask.apply_causal_mask(s))"))
-    wrong.append(("transposed", _pipeline(raw.T / np.sqrt(d_k), v, causal),
-                  "the scores are K Q^T, q and k swapped: scores.scores(q, k) wants the queries first, "
-                  "so that row i of the scores belongs to query i"))
-    if T == d_k:  # only then does q @ k (no transpose) have the shape of the scores
-        wrong.append(("transposed", _pipeline(q @ k / np.sqrt(d_k), v, causal),
-                      "the scores are Q K, not Q K^T: score (i, j) is the dot product of query i with key j"))
-    wrong.append(("softmax_wrong_axis", _pipeline(raw / np.sqrt(d_k), v, causal, axis=-2),
-                  "each column of the weights sums to 1 instead of each row: the softmax goes along the "
-                  "last axis of the (T_q, T_k) scores, over the keys of one query"))
-    for code, candidate, message in wrong:
-        if np.allclose(got, candidate, rtol=1e-4, atol=1e-4):
-            return code, message
-    return None
-
-
-register(Exercise(
-    exercise_id="05_single_head",
-    title="single_head_attention(x, w_q, w_k, w_v, causal) from the stage functions",
-    kind="function",
-    run=_run_single_head,
-    # One position first (its only weight is 1, so the output is its value row: mostly a check
-    # of shapes; d_k 1 so that even Q K without the transpose runs); then T = d_k = 5, causal
-    # (Q K has the right shape, so that mistake is named); widths that are not multiples of the
-    # 16-wide tiles, not causal; then two tiles of positions and of d_k, causal. Small, because
-    # every stage of the answer is a launch on the simulator: the whole check takes seconds.
-    cases=[Case(1, 3, 1, True), Case(5, 8, 5, True), Case(7, 24, 5, False), Case(17, 12, 18, True)],
-    hint=("follow the formula stage by stage, one library function per stage: the three projections, "
-          "the scaled scores (masked when causal), the row softmax, the weighted sum of the values"),
-    more_hints=("where answers go wrong: the scores of notebook 02 take the queries first and the keys "
-                "second, the causal flag must choose between the masked and the plain scores, and each "
-                "library function already applies its own scale",),
-    # Four float32 stages, each a sum of at most 24 terms of order 1, against float64: errors
-    # around 1e-6 (measured up to 4e-7); 1e-4 leaves room and still tells every mistake apart.
-    rtol=1e-4,
-    atol=1e-4,
-    diagnose=_diagnose,
-    diagnoses=("missing_scale", "scaled_by_d_k", "mask_not_applied", "transposed", "softmax_wrong_axis"),
-))
-
-
-# --- The main exercise: A . V that skips the zero tiles above the diagonal ----------------------
-# The answer has weighted_sum_kernel_v2's signature ``(a, v, out)``: a (BH, T_q, T_k) causal
-# weights (zero for every key j > i + T_k - T_q: the queries are the last positions), v (BH, T_k,
-# d_v), out (BH, T_q, d_v), launched on weighted_sum_grid. It calls tile_matmul_until (given)
-# with the number of keys its block must visit: every key tile wholly above the diagonal of
-# the block's TILE queries is skipped, never loaded. Besides the engine's diagnoses:
-#
-# - ``no_tiles_skipped``: right values, but weights above the diagonal tiles were loaded
-#   (counted by the sanitizer);
-# - ``diagonal_tile_skipped``: the tile on the diagonal was skipped too: it holds weights that
-#   are not zero;
-# - ``mask_ignores_offset``: with T_q < T_k the bound ignored that the queries are the last
-#   positions (query i sees keys up to i + T_k - T_q).
-
-@cuda.jit(device=True)
-def load_tile_pair_until(x_tile, w_tile, x, w, row, col, start, k_end):
-    """Thread (ty, tx) loads x[row, start + tx] and w[start + ty, col] into the shared tiles.
-
-    An entry past the edge of x or w, or at key k_end or later, becomes 0: it adds nothing.
-    """
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    inside = row < x.shape[0] and start + tx < k_end
-    x_tile[ty, tx] = x[row, start + tx] if inside else float32(0.0)
-    inside = start + ty < k_end and col < w.shape[1]
-    w_tile[ty, tx] = w[start + ty, col] if inside else float32(0.0)
-
-
-@cuda.jit(device=True)
-def tile_matmul_until(x, w, row, col, k_end):
-    """x[row, :k_end] . w[:k_end, col] for thread (row, col), the whole block walking TILE-wide tiles.
-
-    As projection.tile_matmul, but stops after key k_end - 1: later tiles are never loaded.
-    Every thread of the block must call it with the same k_end (it waits at barriers).
-    """
-    x_tile = cuda.shared.array((TILE, TILE), float32)
-    w_tile = cuda.shared.array((TILE, TILE), float32)
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    acc = float32(0.0)
-    for start in range(0, k_end, TILE):
-        load_tile_pair_until(x_tile, w_tile, x, w, row, col, start, k_end)
-        cuda.syncthreads()                      # wait until the whole tile pair is loaded
-        for j in range(TILE):
-            acc += x_tile[ty, j] * w_tile[j, tx]
-        cuda.syncthreads()                      # wait until everyone is done before the next load
-    return acc
-
-
-class CausalCase(NamedTuple):
-    """One size tried: BH heads of causal weights (T_q, T_k) times values (T_k, d_v)."""
+    """One size tried: BH heads of weights (T_q, T_k) times values (T_k, d_v)."""
 
     BH: int
     T_q: int
@@ -168,72 +59,147 @@ class CausalCase(NamedTuple):
         return f"(BH {self.BH}, T_q {self.T_q}, T_k {self.T_k}, d_v {self.d_v})"
 
 
-def _visible_keys(block_row, t_q, t_k):
-    """Keys the queries of block row `block_row` may see: up to its last query + T_k - T_q."""
-    return min(t_k, (block_row + 1) * TILE + t_k - t_q)
+def _weights(case, rng, causal):
+    """Attention weights (BH, T_q, T_k) float32, rows >= 0 summing to 1 (or all 0 where a causal
+    query sees no key), and values (BH, T_k, d_v) float32."""
+    s = rng.standard_normal((case.BH, case.T_q, case.T_k))
+    a = reference.softmax(reference.apply_causal_mask(s) if causal else s).astype(np.float32)
+    v = rng.standard_normal((case.BH, case.T_k, case.d_v)).astype(np.float32)
+    return a, v
 
 
-def _run_causal_av(kernel, case, rng, launch):
-    from attention_lib.stages import weighted_sum
-    bh, t_q, t_k, d_v = case
-    s = reference.apply_causal_mask(rng.standard_normal((bh, t_q, t_k)))
-    a = reference.softmax(s).astype(np.float32)                      # zero above the diagonal
-    v = rng.standard_normal((bh, t_k, d_v)).astype(np.float32)
-    full, out = output_array((bh, t_q, d_v), guard=TILE * (d_v + 1))
-    grid, block = weighted_sum.weighted_sum_grid(bh, t_q, d_v)
+# --- The warm-up: one thread per output element, all heads in one launch ------------------------
+
+def _swapped_reach(case):
+    """(T_q, d_v) bool: the outputs a kernel reaches when it takes the query from the grid's x and
+    the column from its y (the grid being weighted_sum_grid's)."""
+    (across, down, _), _ = weighted_sum.weighted_sum_grid(case.BH, case.T_q, case.d_v)
+    return (np.arange(case.T_q)[:, None] < across * TILE) & (np.arange(case.d_v)[None, :] < down * TILE)
+
+
+def _run_weighted_sum(kernel, case, rng, launch):
+    a, v = _weights(case, rng, causal=False)
+    full, out = output_array((case.BH, case.T_q, case.d_v), guard=TILE * TILE)
+    grid, block = weighted_sum.weighted_sum_grid(case.BH, case.T_q, case.d_v)
     launch(kernel, grid, block, cuda.to_device(a), cuda.to_device(v), out)
-    got, expected = read_output(full, out), a.astype(np.float64) @ v
-    if np.allclose(got, expected, rtol=1e-5, atol=1e-5):            # right: were the zero tiles read?
-        loads = sanitizer.count_memory(kernel, grid, block, a, v, np.zeros((bh, t_q, d_v), np.float32)).loads("a")
-        for block_row in range(-(-t_q // TILE)):
-            rows = slice(block_row * TILE, (block_row + 1) * TILE)
-            wasted = int(loads[:, rows, _visible_keys(block_row, t_q, t_k):].sum())
+    got = read_output(full, out)
+    written = ~unwritten(got)
+    reach = _swapped_reach(case)
+    if not written.all() and not reach.all() and (written == reach[None]).all():
+        raise Diagnosed("grid_axes_swapped", (
+            "the outputs past the first blocks of the grid's x axis were never written: the query was taken "
+            "from the grid's x and the column from y; the grid's x runs along the output's columns (d_v), "
+            "its y along the queries, its z over the heads"))
+    return got, a.astype(np.float64) @ v, a, v
+
+
+def _diagnose_weighted_sum(got, expected, a, v):
+    if a.shape[1] == a.shape[2] and np.allclose(got, np.swapaxes(a, 1, 2).astype(np.float64) @ v,
+                                                rtol=1e-5, atol=1e-5):
+        return "weights_transposed", ("query i read column i of the weights: its weights are row i of a[h], "
+                                      "a[h, i, j] for every key j")
+    return None
+
+
+register(Exercise(
+    exercise_id="05_weighted_sum",
+    title="out[h, i, c] = sum_j a[h, i, j] v[h, j, c], one thread per output element, all heads in one launch",
+    kind="kernel",
+    run=_run_weighted_sum,
+    # One weight; two square heads (T_q = T_k: transposed weights keep the shape; two block rows
+    # and one block across, so swapped axes leave outputs unwritten); d_v 24 (two blocks across,
+    # the second partly used); 33 queries of 20 keys (three block rows); three heads of 5 queries.
+    cases=[Case(1, 1, 1, 1), Case(2, 19, 19, 3), Case(2, 7, 5, 24), Case(1, 33, 20, 5), Case(3, 5, 9, 17)],
+    describe_case=str,
+    hint=("one thread per output element: the grid's x picks the value's feature, y the query, z the "
+          "head; the thread walks the keys, adding each weight of its query's row times that key's "
+          "value in its feature"),
+    more_hints=("where answers go wrong: the grid's x is the column, not the query; the weights of a "
+                "query are a row of the head's weights, not a column; and threads of the edge blocks "
+                "that have no output must do nothing",),
+    # float32 sums of at most 20 products of order 1 against float64: errors around 1e-7.
+    rtol=1e-5,
+    atol=1e-5,
+    diagnose=_diagnose_weighted_sum,
+    diagnoses=("grid_axes_swapped", "weights_transposed"),
+    solution=weighted_sum.weighted_sum_kernel_v1,
+    forbidden=_STAGE,
+))
+
+
+# --- The main exercise: the causal tiled kernel ------------------------------------------------
+
+def _visible_keys(block_row, t_q, t_k):
+    """Keys the queries of block row `block_row` may see: up to its last query + T_k - T_q (0 or
+    less: none)."""
+    last_query = min((block_row + 1) * TILE, t_q) - 1
+    return max(0, min(t_k, last_query + t_k - t_q + 1))
+
+
+def _run_causal_av(kernel, case, rng, _launch):          # traced: races and loads on every case
+    a, v = _weights(case, rng, causal=True)
+    out = host_output((case.BH, case.T_q, case.d_v))
+    grid, block = weighted_sum.weighted_sum_grid(case.BH, case.T_q, case.d_v)
+    traced = traced_launch(kernel, grid, block, a, v, out)
+    expected = a.astype(np.float64) @ v
+    if np.allclose(out, expected, rtol=1e-5, atol=1e-5):             # right: were the zero tiles read?
+        loads = traced.loads("a")
+        for block_row in range(ceil_div(case.T_q, TILE)):
+            # the key tiles after the one that holds the block's last visible key are all zero
+            first_zero_tile = ceil_div(_visible_keys(block_row, case.T_q, case.T_k), TILE) * TILE
+            wasted = int(loads[:, block_row * TILE:(block_row + 1) * TILE, first_zero_tile:].sum())
             if wasted:
                 raise Diagnosed("no_tiles_skipped", (
                     f"the values are right, but {wasted} loads of weights lie in key tiles wholly above the "
-                    f"diagonal of query block {block_row} (all zero): stop the block's walk along the keys "
-                    "after the tile that holds its last query's last visible key"))
-    return got, expected, a, v
+                    f"diagonal of query block {block_row} (keys {first_zero_tile} and on, all zero): stop the "
+                    "block's walk along the keys after the tile that holds its last query's last visible key"))
+    return out, expected, a, v
 
 
 def _diagnose_causal_av(got, expected, a, v):
     close = dict(rtol=1e-5, atol=1e-5)
     bh, t_q, t_k = a.shape
-    def up_to(bound):                                               # A . V over the first bound(r) keys of each block row
+
+    def up_to(bound):                     # A . V over the first bound(r) keys of each block row r
         result = np.zeros_like(expected)
-        for r in range(-(-t_q // TILE)):
+        for r in range(ceil_div(t_q, TILE)):
             rows, k_end = slice(r * TILE, (r + 1) * TILE), max(0, min(t_k, bound(r)))
             result[:, rows] = a[:, rows, :k_end].astype(np.float64) @ v[:, :k_end]
         return result
+
     if np.allclose(got, up_to(lambda r: r * TILE + t_k - t_q), **close):
         return "diagonal_tile_skipped", ("the key tile on the diagonal was skipped too: it holds the weights of "
                                         "each query's nearest keys, itself included, which are not zero")
     if t_q != t_k and np.allclose(got, up_to(lambda r: (r + 1) * TILE), **close):
-        return "mask_ignores_offset", (f"with T_q = {t_q} < T_k = {t_k} the queries are the last positions: "
-                                       f"query i sees keys up to i + {t_k - t_q}, so the block's walk goes "
-                                       f"{t_k - t_q} keys further")
+        return "mask_ignores_offset", (f"with T_q = {t_q} and T_k = {t_k} the queries are the last positions: "
+                                       f"query i sees keys up to i + {t_k - t_q}, and the block's walk along "
+                                       "the keys must stop there")
     return None
 
 
 register(Exercise(
     exercise_id="05_causal_av",
-    title="A . V for causal weights, skipping the key tiles wholly above the diagonal",
+    title="A . V for causal weights, tiled, never loading a key tile wholly above the diagonal",
     kind="kernel",
     run=_run_causal_av,
     # One weight first; then heads of 7 (one tile); 33 queries (three block rows, the last
-    # partly used: tiles above the diagonal exist); T_q < T_k with an offset that is no multiple
-    # of the tile; d_v not a multiple of it either.
-    cases=[CausalCase(1, 1, 1, 1), CausalCase(2, 7, 7, 5), CausalCase(1, 33, 33, 18), CausalCase(1, 17, 40, 7)],
+    # partly used: tiles above the diagonal exist); 17 queries against 40 keys, an offset that
+    # is no multiple of the tile; 40 queries against 20 keys (the first block row sees no key at
+    # all, the stop is below 0); d_v not a multiple of the tile either.
+    cases=[Case(1, 1, 1, 1), Case(2, 7, 7, 5), Case(1, 33, 33, 18), Case(1, 17, 40, 7), Case(1, 40, 20, 3)],
     describe_case=str,
     hint=("the queries of one block share one stopping point along the keys: the last key the block's "
-          "last query may see; every tile after it is all zeros, for every query of the block"),
-    more_hints=("where answers go wrong: stopping before the tile on the diagonal (it is not all zeros), "
-                "forgetting that with fewer queries than keys the queries are the last positions, and "
-                "computing the stopping point per thread: every thread of a block must take as many steps, "
-                "since each step waits at barriers",),
+          "last query may see; every key tile after it is all zeros, for every query of the block, so "
+          "the block's walk through the tiles ends there"),
+    more_hints=("where answers go wrong: a stopping point worked out from each thread's own query (the "
+                "threads of a block then take different numbers of steps, and every step waits at "
+                "barriers); stopping before the tile on the diagonal, which is not all zeros; forgetting "
+                "that with fewer queries than keys the queries are the last positions",),
     # float32 sums of at most 40 products of order 1 against float64: errors around 1e-7.
     rtol=1e-5,
     atol=1e-5,
     diagnose=_diagnose_causal_av,
     diagnoses=("no_tiles_skipped", "diagonal_tile_skipped", "mask_ignores_offset"),
+    solution=weighted_sum.weighted_sum_causal_kernel,
+    forbidden=_STAGE,
 ))

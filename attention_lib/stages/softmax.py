@@ -12,12 +12,14 @@ all-zero weights: the query attends to nothing, never NaN.
 - ``online_softmax``: the same weights computed block by block along a row with a running max
   and a running sum, in NumPy; the idea notebook 07's fused attention kernel is built on.
 - ``softmax_kernel_v1``: one thread per row, three passes over the row (max, sum, normalise).
-- ``block_max``, ``block_sum`` + ``softmax_kernel_v2``: one block of THREADS_PER_ROW threads
-  per row; the threads stride over the row and combine their partial max and sum with a
-  tree reduction in shared memory.
-- ``warp_max``, ``warp_sum`` + ``softmax_kernel_v3``: one warp per row, WARPS_PER_BLOCK rows a
-  block; the 32 lanes combine their partial max and sum with warp shuffles (shfl_xor_sync):
-  no shared memory and no barrier.
+- ``strided_*``: the passes of one thread over columns start, start + step, ... of a row, for
+  kernels 2 and 3.
+- ``block_reduce`` (``block_max``, ``block_sum``) + ``softmax_kernel_v2``: one block of
+  THREADS_PER_ROW threads per row; the threads stride over the row and combine their partial
+  max, then their partial sum, with a tree reduction in shared memory.
+- ``merge_stats`` + ``softmax_kernel_v3``: one warp per row, WARPS_PER_BLOCK rows a block; each
+  lane folds its columns into one (max, sum) pair in a single pass, and the 32 lanes merge their
+  pairs with warp shuffles (shfl_xor_sync): no shared memory, no barrier, two reads per score.
 - Launcher ``softmax(s, version=2, kernel=None)``.
 """
 
@@ -34,9 +36,10 @@ from attention_lib.platform.validation import as_float32
 ROWS_PER_BLOCK = 32
 # v2: the threads that share one row; a power of two, as the tree reduction halves it each
 # round. On a GPU 128 (4 warps): ANDREA-120M's T = 1024 gives each thread 8 scores, and 16
-# resident blocks of 128 fill an SM's 2,048 thread slots (blocks of 32 would stop at 32
-# blocks, half of them). On the simulator 32: each simulated thread costs time to start and to
-# wait at the 14 barriers, and 32 threads already cover ANDREA-sim's T = 32 with one score each.
+# resident blocks of 128 fill an H200 SM's 2,048 thread slots (blocks of 32 would stop at its
+# 32 blocks, half of them). On the simulator 32: each simulated thread costs time to start and
+# to wait at the 2 x (2 + log2 32) = 14 barriers of a row, and 32 threads already cover
+# ANDREA-sim's T = 32 with one score each.
 THREADS_PER_ROW = 32 if SIMULATOR_SHAPES else 128
 # v3: one warp of 32 lanes per row, 4 rows (128 threads) a block. A warp's lanes meet at each
 # shuffle; rows are independent, so a block needs no barrier at all.
@@ -70,12 +73,36 @@ def online_softmax(s, block=8):
 
 # --- Kernels -----------------------------------------------------------------------------
 
+@cuda.jit
+def softmax_kernel_v1(s, out):
+    """Naive row softmax: one thread per row, three passes over its T_k scores.
+
+    s: (rows, T_k) float32, -inf for masked scores; out: (rows, T_k) float32, written.
+    Thread `row` = cuda.grid(1) owns s[row, :]. A row of -inf gets zeros.
+    """
+    row = cuda.grid(1)
+    if row >= s.shape[0]:                  # the last block may hang past the last row
+        return
+    row_max = np.float32(-math.inf)        # pass 1: the largest score (float32, as on the GPU)
+    for j in range(s.shape[1]):
+        row_max = max(row_max, s[row, j])
+    if row_max == -math.inf:               # every score masked: the row attends to nothing
+        for j in range(s.shape[1]):
+            out[row, j] = 0.0
+        return
+    total = np.float32(0.0)                # pass 2: each term exp(s - max) <= exp(0) = 1
+    for j in range(s.shape[1]):
+        total += math.exp(s[row, j] - row_max)
+    for j in range(s.shape[1]):            # pass 3: the weights
+        out[row, j] = math.exp(s[row, j] - row_max) / total
+
+
 @cuda.jit(device=True)
 def strided_max(s, row, start, step):
     """Largest of s[row, start], s[row, start + step], ... (float32); -inf if there are none.
 
-    Kernel 1 walks its whole row (start 0, step 1); kernel 2's thread tid walks every
-    THREADS_PER_ROW-th column from tid, so the same helpers serve both kernels.
+    Kernel 2's thread tid walks every THREADS_PER_ROW-th column from tid, kernel 3's lane every
+    32nd from its lane: neighbouring threads read neighbouring scores.
     """
     largest = np.float32(-math.inf)        # float32 throughout, as on the GPU
     for j in range(start, s.shape[1], step):
@@ -86,10 +113,10 @@ def strided_max(s, row, start, step):
 @cuda.jit(device=True)
 def strided_sum_exp(s, row, start, step, row_max):
     """Sum of exp(s[row, j] - row_max) over the same columns: every term <= exp(0) = 1."""
-    total = np.float32(0.0)
+    partial_sum = np.float32(0.0)
     for j in range(start, s.shape[1], step):
-        total += math.exp(s[row, j] - row_max)
-    return total
+        partial_sum += math.exp(s[row, j] - row_max)
+    return partial_sum
 
 
 @cuda.jit(device=True)
@@ -106,36 +133,19 @@ def strided_zeros(out, row, start, step):
         out[row, j] = 0.0
 
 
-@cuda.jit
-def softmax_kernel_v1(s, out):
-    """Naive row softmax: one thread per row, three passes over its T_k scores.
-
-    s: (rows, T_k) float32, -inf for masked scores; out: (rows, T_k) float32, written.
-    Thread `row` = cuda.grid(1) owns s[row, :]. A row of -inf gets zeros.
-    """
-    row = cuda.grid(1)
-    if row < s.shape[0]:                   # the last block may hang past the last row
-        row_max = strided_max(s, row, 0, 1)                     # pass 1: the largest score
-        if row_max == -math.inf:           # every score masked
-            strided_zeros(out, row, 0, 1)
-            return
-        inv_total = np.float32(1.0) / strided_sum_exp(s, row, 0, 1, row_max)   # pass 2
-        strided_write(s, out, row, 0, 1, row_max, inv_total)    # pass 3
-
-
 @cuda.jit(device=True)
-def block_max(partial, value):
-    """Max of `value` over the block's THREADS_PER_ROW threads, returned to every thread.
-
-    partial: (THREADS_PER_ROW,) float32 shared array, overwritten; every thread must call it.
-    """
+def block_reduce(partial, value, take_max):
+    """The max (take_max) or the sum of `value` over the block's THREADS_PER_ROW threads,
+    returned to every thread. partial: (THREADS_PER_ROW,) float32 shared array, overwritten.
+    Every thread of the block must call it: it waits at barriers."""
     tid = cuda.threadIdx.x
     partial[tid] = value
     cuda.syncthreads()                     # wait: every thread's value is in `partial`
     stride = THREADS_PER_ROW // 2
     while stride > 0:                      # log2(THREADS_PER_ROW) rounds, halving the active threads
-        if tid < stride:
-            partial[tid] = max(partial[tid], partial[tid + stride])
+        if tid < stride:                   # slot tid takes in slot tid + stride
+            other = partial[tid + stride]
+            partial[tid] = max(partial[tid], other) if take_max else partial[tid] + other
         cuda.syncthreads()                 # wait: this round is written before the next reads it
         stride //= 2
     result = partial[0]
@@ -144,20 +154,15 @@ def block_max(partial, value):
 
 
 @cuda.jit(device=True)
+def block_max(partial, value):
+    """Max of `value` over the block's THREADS_PER_ROW threads, returned to every thread."""
+    return block_reduce(partial, value, True)
+
+
+@cuda.jit(device=True)
 def block_sum(partial, value):
-    """Sum of `value` over the block's THREADS_PER_ROW threads: block_max with + for max."""
-    tid = cuda.threadIdx.x
-    partial[tid] = value
-    cuda.syncthreads()                     # wait: every thread's value is in `partial`
-    stride = THREADS_PER_ROW // 2
-    while stride > 0:
-        if tid < stride:
-            partial[tid] += partial[tid + stride]
-        cuda.syncthreads()                 # wait: this round is written before the next reads it
-        stride //= 2
-    result = partial[0]
-    cuda.syncthreads()                     # wait: all have read partial[0] before it is reused
-    return result
+    """Sum of `value` over the block's THREADS_PER_ROW threads, returned to every thread."""
+    return block_reduce(partial, value, False)
 
 
 @cuda.jit
@@ -180,21 +185,18 @@ def softmax_kernel_v2(s, out):
 
 
 @cuda.jit(device=True)
-def warp_max(value):
-    """Max of `value` over the 32 lanes of this thread's warp, returned to every lane. Lane i
-    swaps values with lane i ^ step: after steps 16, 8, 4, 2, 1 each lane has seen all 32. No
-    shared memory, no barrier; every lane of the warp must make the call."""
-    for step in (16, 8, 4, 2, 1):
-        value = max(value, cuda.shfl_xor_sync(FULL_MASK, value, step))
-    return value
+def merge_stats(m_a, l_a, m_b, l_b):
+    """Merge two softmax partials into one: (m, l) with m the larger maximum.
 
-
-@cuda.jit(device=True)
-def warp_sum(value):
-    """Sum of `value` over the 32 lanes of the warp: warp_max with + for max."""
-    for step in (16, 8, 4, 2, 1):
-        value += cuda.shfl_xor_sync(FULL_MASK, value, step)
-    return value
+    Each partial is (m, l): m the largest score it has seen, l the sum of exp(s - m) over
+    those scores, float32; a single score s is the partial (s, 1). Rescaling each l to the
+    common maximum keeps every exponent <= 0. (-inf, 0), a partial that has seen nothing (or
+    only masked scores), changes nothing.
+    """
+    m = max(m_a, m_b)
+    if m == -math.inf:                     # both saw only masked scores: -inf - (-inf) is NaN
+        return m, np.float32(0.0)
+    return m, l_a * math.exp(m_a - m) + l_b * math.exp(m_b - m)
 
 
 @cuda.jit
@@ -202,18 +204,24 @@ def softmax_kernel_v3(s, out):
     """Row softmax with one warp per row: WARPS_PER_BLOCK rows a block of 32 * WARPS_PER_BLOCK.
 
     s: (rows, T_k) float32, -inf for masked scores; out: (rows, T_k) float32, written.
-    Lane `lane` of the row's warp takes columns lane, lane + 32, ...: neighbours read neighbours.
+    Lane `lane` of the row's warp folds columns lane, lane + 32, ... into one pair (m, l) in a
+    single pass; the lanes merge their pairs with shuffles, then each writes its columns.
     """
     row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
     lane = cuda.threadIdx.x % WARP_SIZE
     if row >= s.shape[0]:
         return                             # the whole warp leaves: no lane waits at a shuffle
-    row_max = warp_max(strided_max(s, row, lane, WARP_SIZE))                  # pass 1
-    if row_max == -math.inf:               # the same in every lane: the warp leaves together
+    m, l = np.float32(-math.inf), np.float32(0.0)          # the pair that has seen nothing
+    for j in range(lane, s.shape[1], WARP_SIZE):           # pass 1: each score read once
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    for step in (16, 8, 4, 2, 1):          # butterfly: lane i merges the pair of lane i ^ step
+        m_other = cuda.shfl_xor_sync(FULL_MASK, m, step)
+        l_other = cuda.shfl_xor_sync(FULL_MASK, l, step)
+        m, l = merge_stats(m, l, m_other, l_other)
+    if m == -math.inf:                     # the same in every lane: the warp leaves together
         strided_zeros(out, row, lane, WARP_SIZE)
         return
-    total = warp_sum(strided_sum_exp(s, row, lane, WARP_SIZE, row_max))      # pass 2
-    strided_write(s, out, row, lane, WARP_SIZE, row_max, np.float32(1.0) / total)  # pass 3
+    strided_write(s, out, row, lane, WARP_SIZE, m, np.float32(1.0) / l)   # pass 2
 
 
 # --- Launcher ----------------------------------------------------------------------------

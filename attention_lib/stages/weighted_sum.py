@@ -1,12 +1,12 @@
-"""Weighted values (notebook 05): out = A @ V per head, A (BH, T_q, T_k), V (BH, T_k, d_v). A @ V is
-notebook 01's matrix product with A as x and V as w, so the kernels reuse projection.py's (one
-matmul in the library). The file:
+"""Weighted values (notebook 05): out = A @ V per head, A (BH, T_q, T_k), V (BH, T_k, d_v). The file:
 
-- ``KERNELS``: version 1, ``weighted_sum_kernel_v1``, is ``projection.projection_kernel_v1``
-  itself, launched once per head (``launch_per_head``); version 2, ``weighted_sum_kernel_v2``,
-  runs all heads in one launch (z axis), each block running ``projection.tile_matmul``.
-- ``weighted_sum_causal_kernel``: version 2 for causal weights, each block stopping at its last
-  query's last visible key (``causal_tile_counts``); the pipeline (attention.py) uses it.
+- ``weighted_sum_kernel_v1``: one thread per output element, the head on the grid's z axis (all
+  heads in one launch); each thread reads its row of A and its column of V from main memory.
+- ``weighted_sum_kernel_v2``: the same grid, each block running ``projection.tile_matmul``
+  (A @ V is notebook 01's matrix product with A as x and V as w: one tiled matmul in the library).
+- ``weighted_sum_causal_kernel``: version 2 for causal weights, written out: each block walks the
+  keys in (TILE, TILE) tiles only up to its last query's last visible key, so no tile wholly
+  above the diagonal is loaded (``causal_tile_counts``); the pipeline (attention.py) uses it.
 - ``weighted_sum_grid``, ``flatten_av`` (validation), ``launch_weighted_sum`` on device arrays,
   and the launcher ``weighted_sum(a, v, version=2, kernel=None, causal=False)``.
 - Costs are projection's: ``projection.flops(T_q, T_k, d_v)`` and ``projection.global_reads``.
@@ -15,15 +15,32 @@ matmul in the library). The file:
 import math
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32
 
 from attention_lib import reference
 from attention_lib.platform.launch import ceil_div, check_grid, check_simulator_budget, check_version
 from attention_lib.stages import mask
-from attention_lib.stages.projection import BLOCK, TILE, launch_projection, projection_kernel_v1, tile_matmul
+from attention_lib.stages.projection import BLOCK, TILE, tile_matmul
 from attention_lib.platform.validation import as_float32, kv_group, require
 
 # --- Kernels -----------------------------------------------------------------------------
+
+@cuda.jit
+def weighted_sum_kernel_v1(a, v, out):
+    """out[h, i, c] = sum_j a[h, i, j] * v[h, j, c]: one thread per output element, all heads in one launch.
+
+    a: (BH, T_q, T_k) float32 weights; v: (BH, T_k, d_v) float32 values; out: (BH, T_q, d_v)
+    float32, written. Grid: x over the output's columns c, y over queries i, z over heads h;
+    block (TILE, TILE). Each weight is read d_v times, each value T_q times, from main memory.
+    """
+    col, row = cuda.grid(2)                    # col: a feature of the values, row: a query
+    h = cuda.blockIdx.z                        # one head per grid layer
+    if row < a.shape[1] and col < v.shape[2]:  # the edge blocks hang past T_q and d_v
+        acc = float32(0.0)                     # float32: a bare 0.0 would make acc float64
+        for j in range(a.shape[2]):            # every key: its weight times its value's feature
+            acc += a[h, row, j] * v[h, j, col]
+        out[h, row, col] = acc
+
 
 @cuda.jit
 def weighted_sum_kernel_v2(a, v, out):
@@ -42,57 +59,53 @@ def weighted_sum_kernel_v2(a, v, out):
 
 @cuda.jit
 def weighted_sum_causal_kernel(a, v, out):
-    """weighted_sum_kernel_v2 for causal weights, skipping the tiles of a above the diagonal.
+    """weighted_sum_kernel_v2 for causal weights, never loading a tile of a above the diagonal.
 
     Same arguments, grid and block as weighted_sum_kernel_v2; a must be 0 wherever the causal
     mask hides a key: a[h, i, j] = 0 for j > i + (T_k - T_q) (the queries are the last T_q
-    positions). The block's last query sees keys 0 .. k_end - 1 at most, so the block multiplies
-    the slices a[h, :, :k_end] and v[h, :k_end] only: the steps of TILE keys past k_end, whose
-    weights are all 0, are neither loaded nor multiplied (as causal_scores_kernel skips its tiles).
+    positions). The block's last query sees keys 0 .. k_end - 1 at most, so the block walks the
+    keys TILE at a time up to k_end only: the tiles after it, all 0, are neither loaded nor
+    multiplied (as causal_scores_kernel skips its tiles).
     """
-    col, row = cuda.grid(2)
-    h = cuda.blockIdx.z
-    t_q, t_k = a.shape[1], a.shape[2]
-    last_row = min((cuda.blockIdx.y + 1) * TILE, t_q) - 1    # the block's last real query
-    k_end = max(0, min(t_k, last_row + (t_k - t_q) + 1))    # the same for the whole block
-    acc = tile_matmul(a[h, :, :k_end], v[h, :k_end], row, col)   # every thread: barriers inside
-    if row < out.shape[1] and col < out.shape[2]:
+    a_tile = cuda.shared.array((TILE, TILE), float32)     # [query in the block, key in this step]
+    v_tile = cuda.shared.array((TILE, TILE), float32)     # [key in this step, column in the block]
+    col, row = cuda.grid(2)                    # col: a feature of the values, row: a query
+    tx, ty, h = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockIdx.z
+    (t_q, t_k), d_v, acc = a.shape[1:], v.shape[2], float32(0.0)   # acc: this thread's out[h, row, col]
+    # The block's last query, (blockIdx.y + 1) * TILE - 1, sees keys up to it + T_k - T_q: one
+    # stopping point for the whole block, whose threads must all take the same steps.
+    k_end = min(t_k, (cuda.blockIdx.y + 1) * TILE + t_k - t_q)
+    for start in range(0, k_end, TILE):        # no step when k_end <= 0: the block sees no key
+        a_tile[ty, tx] = a[h, row, start + tx] if row < t_q and start + tx < k_end else float32(0.0)
+        v_tile[ty, tx] = v[h, start + ty, col] if start + ty < k_end and col < d_v else float32(0.0)
+        cuda.syncthreads()                     # wait until both tiles are loaded
+        for j in range(TILE):                  # past k_end or an edge the tiles hold 0: adds nothing
+            acc += a_tile[ty, j] * v_tile[j, tx]
+        cuda.syncthreads()                     # wait until all have read them: the next step overwrites
+    if row < t_q and col < d_v:
         out[h, row, col] = acc
 
 
-# Version 1 is notebook 01's kernel itself, A in the role of x and V in that of w, once per head.
-weighted_sum_kernel_v1 = projection_kernel_v1
 KERNELS = {1: weighted_sum_kernel_v1, 2: weighted_sum_kernel_v2}
 
 
 # --- Launchers ---------------------------------------------------------------------------
 
 def weighted_sum_grid(bh, t_q, d_v):
-    """(grid, block) of weighted_sum_kernel_v2 for an output of (bh, t_q, d_v): one thread per
+    """(grid, block) of every weighted-sum kernel for an output of (bh, t_q, d_v): one thread per
     output element in (TILE, TILE) blocks, one grid layer per head."""
     return (ceil_div(d_v, TILE), ceil_div(t_q, TILE), bh), BLOCK
 
 
-def launch_per_head(kernel, a, v, out):
-    """Version 1's launch: `kernel`, with projection_kernel_v1's signature (x, w, b, out), once per
-    head h on x = a[h], w = v[h], no bias, into out[h]. a, v, out: device arrays (BH, ...)."""
-    no_bias = cuda.to_device(np.zeros(0, np.float32))    # b of shape (0,): "no bias"
-    for h in range(a.shape[0]):
-        launch_projection(kernel, a[h], v[h], no_bias, out[h])   # (T_q, T_k) @ (T_k, d_v)
-
-
 def launch_weighted_sum(a, v, out, version=2, kernel=None, causal=False):
     """a @ v into out, on device arrays: a (BH, T_q, T_k), v (BH, T_k, d_v), out (BH, T_q, d_v),
-    float32. No checks: ``weighted_sum`` makes them. version 1 launches per head, version 2 once;
-    causal (version 2): a is 0 above the causal diagonal, and weighted_sum_causal_kernel skips
-    those tiles. `kernel` replaces that version's library kernel and is launched the same way."""
-    if version == 1:
-        launch_per_head(weighted_sum_kernel_v1 if kernel is None else kernel, a, v, out)
-    else:
-        grid, block = weighted_sum_grid(*out.shape)
-        if kernel is None:
-            kernel = weighted_sum_causal_kernel if causal else weighted_sum_kernel_v2
-        kernel[grid, block](a, v, out)
+    float32. No checks: ``weighted_sum`` makes them. causal (version 2): a is 0 above the causal
+    diagonal, and weighted_sum_causal_kernel skips those tiles. `kernel` replaces that version's
+    library kernel and is launched on the same grid."""
+    if kernel is None:
+        kernel = weighted_sum_causal_kernel if causal else KERNELS[version]
+    grid, block = weighted_sum_grid(*out.shape)
+    kernel[grid, block](a, v, out)
 
 
 def causal_tile_counts(bh, t_q, t_k, d_v):
@@ -142,11 +155,10 @@ def weighted_sum(a, v, version=2, kernel=None, causal=False):
     """Each output row a mix of the value rows: a @ v, on the device.
 
     a: (..., T_q, T_k) float weights; v: (..., T_k, d_v) float values, the same leading axes
-    -> (..., T_q, d_v) float32. version 1: projection_kernel_v1 once per head; version 2:
-    weighted_sum_kernel_v2 once for all heads. causal (version 2): the weights are causal, 0
-    for j > i + (T_k - T_q), which is checked; weighted_sum_causal_kernel skips the tiles above
-    the diagonal. kernel: replaces the version's kernel (for version 1 any kernel with
-    projection_kernel_v1's signature, for version 2 any with weighted_sum_kernel_v2's) and is
+    -> (..., T_q, d_v) float32. version 1: weighted_sum_kernel_v1, version 2:
+    weighted_sum_kernel_v2, each one launch for all heads. causal (version 2): the weights are
+    causal, 0 for j > i + (T_k - T_q), which is checked; weighted_sum_causal_kernel skips the
+    tiles above the diagonal. kernel: replaces that kernel (any with its signature) and is
     launched on the same grid.
     """
     check_version(version, KERNELS)
