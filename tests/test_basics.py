@@ -73,3 +73,46 @@ def test_the_simulator_refuses_launches_that_would_take_minutes(monkeypatch):
         launch.check_simulator_budget("basics", 20_000_000)
     monkeypatch.setenv(launch.ALLOW_SLOW_VARIABLE, "1")
     launch.check_simulator_budget("basics", 20_000_000)   # allowed on request: no error
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 1), (7, 7), (19, 7), (5, 40), (33, 17)])
+def test_transpose_matches_numpy(rng, rows, cols):
+    a = rng.standard_normal((rows, cols))
+    got = basics.transpose(a)
+    assert got.dtype == np.float32 and np.array_equal(got, a.astype(np.float32).T)
+
+
+def test_transpose_refuses_a_vector():
+    with pytest.raises(ValueError, match=r"^a must have shape \(rows, cols\) \(2 axes\), got shape \(3,\)$"):
+        basics.transpose(np.zeros(3))
+
+
+@pytest.mark.parametrize("rows, cols, block, grid", [
+    (1, 1, (16, 8), (1, 1)), (8, 16, (16, 8), (1, 1)), (9, 17, (16, 8), (2, 2)), (100, 3, (16, 8), (1, 13))])
+def test_grid_2d_is_the_smallest_covering_grid(rows, cols, block, grid):
+    assert basics.grid_2d(rows, cols, block) == grid
+
+
+def measured_divergent_warps(rows, cols, block):
+    """The same question answered by a launch: which threads of each warp of whoami_2d wrote an element."""
+    block_of, thread_of = basics.whoami_2d(rows, cols, block)
+    grid_x, grid_y = basics.grid_2d(rows, cols, block)
+    warps = block[0] * block[1] // basics.WARP_SIZE
+    wrote = np.zeros((grid_y * grid_x, block[0] * block[1]), bool)     # [block id, thread id]
+    wrote[block_of.ravel(), thread_of.ravel()] = True
+    per_warp = wrote.reshape(grid_y, grid_x, warps, basics.WARP_SIZE)
+    return per_warp.any(axis=-1) & ~per_warp.all(axis=-1)
+
+
+@pytest.mark.parametrize("rows, cols, block", [
+    (1, 1, (16, 8)), (21, 20, (16, 8)), (7, 40, (32, 4)), (19, 13, (8, 8)), (3, 100, (64, 1)), (33, 33, (32, 32))])
+def test_divergent_warps_are_those_a_launch_splits(rows, cols, block):
+    assert np.array_equal(basics.divergent_warps(rows, cols, block), measured_divergent_warps(rows, cols, block))
+
+
+def test_in_2d_the_right_edge_splits_every_warp_along_it():
+    # blocks one warp wide: the bottom edge never splits a warp, the right edge splits all of its warps
+    split = basics.divergent_warps(40, 40, (32, 4))       # grid (2, 10), 4 warps a block
+    assert not split[:, 0].any() and split[:, 1].all()
+    # in 1-D only the last block's one warp that straddles the end
+    assert basics.divergent_warps(1, 100, (64, 1)).sum() == 1

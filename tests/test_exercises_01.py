@@ -1,16 +1,14 @@
 """Notebook 01's exercises: each solution gets ok, each typical mistake its own diagnosis, in one line."""
 
-import math
-
 import numpy as np
 import pytest
 from numba import cuda, float32
 
-from attention_lib import reference
-from attention_lib.checks import EXERCISES, check, hint
-from attention_lib.platform.launch import ceil_div
-from attention_lib.stages import basics, projection
-from attention_lib.stages.scores import TILE
+from attention_lib.checks import EXERCISES, check
+from attention_lib.checks.ex01_projection import TILED_CASES, read_ceilings
+from attention_lib.stages import projection
+
+TILE = projection.TILE
 
 
 def verdict(exercise_id, answer):
@@ -19,72 +17,177 @@ def verdict(exercise_id, answer):
     return result
 
 
+def test_every_exercise_has_two_hints_without_code():
+    for exercise_id in ("01_projection_naive", "01_tiled_matmul"):
+        hints = EXERCISES[exercise_id].hints
+        assert len(hints) >= 2 and hints[1].startswith("where answers go wrong")
+        for text in hints:
+            assert not any(token in text for token in ("=", "[", "cuda.", "syncthreads")), text
 
 
+# --- 01_projection_naive -----------------------------------------------------------------------
+
+@cuda.jit
+def naive(x, w, b, out):
+    col, row = cuda.grid(2)
+    if row < out.shape[0] and col < out.shape[1]:
+        acc = float32(0.0)
+        for k in range(x.shape[1]):
+            acc += x[row, k] * w[k, col]
+        if b.shape[0] > 0:
+            acc += b[col]
+        out[row, col] = acc
 
 
 @cuda.jit
-def tiled_projection_missing_barrier(x, w, b, out):
-    """A tiled projection whose second barrier is missing: a fast thread overwrites a tile
-    that slower threads are still reading."""
-    x_tile = cuda.shared.array((TILE, TILE), dtype=np.float32)
-    w_tile = cuda.shared.array((TILE, TILE), dtype=np.float32)
+def no_bounds_guard(x, w, b, out):
     col, row = cuda.grid(2)
-    ty, tx = cuda.threadIdx.y, cuda.threadIdx.x
-    acc = np.float32(0.0)
-    for start in range(0, x.shape[1], TILE):
-        x_tile[ty, tx] = x[row, start + tx] if row < x.shape[0] and start + tx < x.shape[1] else 0.0
-        w_tile[ty, tx] = w[start + ty, col] if start + ty < w.shape[0] and col < w.shape[1] else 0.0
-        cuda.syncthreads()
-        for k in range(TILE):
-            acc += x_tile[ty, k] * w_tile[k, tx]
+    acc = float32(0.0)
+    for k in range(x.shape[1]):
+        acc += x[row, k] * w[k, col]
+    if b.shape[0] > 0:
+        acc += b[col]
+    out[row, col] = acc
+
+
+@cuda.jit
+def transposed_w(x, w, b, out):
+    col, row = cuda.grid(2)
     if row < out.shape[0] and col < out.shape[1]:
-        out[row, col] = acc + (b[col] if b.shape[0] > 0 else 0.0)
+        acc = float32(0.0)
+        for k in range(x.shape[1]):
+            acc += x[row, k] * w[col, k]          # w read as if it were (d_out, d_model)
+        if b.shape[0] > 0:
+            acc += b[col]
+        out[row, col] = acc
 
 
-def test_a_missing_barrier_is_diagnosed_as_a_race():
-    from attention_lib.stages import projection
-    assert TILE == projection.TILE
-    result = check("01_projection_naive", tiled_projection_missing_barrier, verbose=False)
-    assert result.diagnosis == "race", result
-    assert "race on shared" in result.message and "syncthreads" in result.message
+@cuda.jit
+def only_the_first_block(x, w, b, out):
+    col, row = cuda.threadIdx.x, cuda.threadIdx.y   # forgets blockIdx: right while out fits one block
+    if row < out.shape[0] and col < out.shape[1]:
+        acc = float32(0.0)
+        for k in range(x.shape[1]):
+            acc += x[row, k] * w[k, col]
+        if b.shape[0] > 0:
+            acc += b[col]
+        out[row, col] = acc
 
 
-def test_the_tiled_library_kernel_is_race_checked_and_passes():
-    from attention_lib.stages import projection
-    from attention_lib.checks import engine
-    assert engine._shares_memory(projection.projection_kernel_v2)       # through its device function
-    assert not engine._shares_memory(projection.projection_kernel_v1)
-    assert check("01_projection_naive", projection.projection_kernel_v2, verbose=False).passed
+@cuda.jit
+def forgets_the_bias(x, w, b, out):
+    col, row = cuda.grid(2)
+    if row < out.shape[0] and col < out.shape[1]:
+        acc = float32(0.0)
+        for k in range(x.shape[1]):
+            acc += x[row, k] * w[k, col]
+        out[row, col] = acc
 
 
+@cuda.jit
+def bias_always(x, w, b, out):
+    col, row = cuda.grid(2)
+    if row < out.shape[0] and col < out.shape[1]:
+        acc = float32(0.0)
+        for k in range(x.shape[1]):
+            acc += x[row, k] * w[k, col]
+        out[row, col] = acc + b[col]              # b is empty (0,) when there is no bias
 
 
-# --- 01_tiled_matmul ---------------------------------------------------------------------
+@cuda.jit
+def rows_and_columns_swapped(x, w, b, out):
+    row, col = cuda.grid(2)                          # the row taken from the grid's x
+    if row < out.shape[0] and col < out.shape[1]:
+        acc = float32(0.0)
+        for k in range(x.shape[1]):
+            acc += x[row, k] * w[k, col]
+        if b.shape[0] > 0:
+            acc += b[col]
+        out[row, col] = acc
 
-def tiled(mistake=None):
-    """The solution's loop body, or the same with one typical mistake."""
+
+@cuda.jit
+def calls_tile_matmul(x, w, b, out):
+    col, row = cuda.grid(2)
+    acc = projection.tile_matmul(x, w, row, col)
+    if row < out.shape[0] and col < out.shape[1]:
+        out[row, col] = acc + (b[col] if b.shape[0] > 0 else float32(0.0))
+
+
+@cuda.jit
+def not_written_yet(x, w, b, out):
+    raise NotImplementedError()
+
+
+@pytest.mark.parametrize("answer, diagnosis, says", [
+    (naive, "ok", "correct at every size tried"),
+    (no_bounds_guard, "out_of_bounds", "out-of-bounds read "),   # of x or of w: whichever thread gets there first
+    (transposed_w, "w_transposed", "at (T 1, d_model 5, d_out 5): the result is x @ w^T"),
+    (only_the_first_block, "wrong_values", "at (T 33, d_model 17, d_out 20): 404 of 660 entries were never written"),
+    (forgets_the_bias, "bias_missing", "(T 7, d_model 24, d_out 20, bias): the values are x @ w without the bias"),
+    (bias_always, "out_of_bounds", "global array 'b' has shape (0,)"),
+    (rows_and_columns_swapped, "grid_axes_swapped", "at (T 33, d_model 17, d_out 20): 20 of 660 outputs were never written"),
+    (calls_tile_matmul, "calls_given_code", "tile_matmul"),
+    (projection.projection_kernel_v1, "calls_given_code", "projection_kernel_v1"),
+    (not_written_yet, "not_implemented", "not implemented yet"),
+    (lambda x, w, b, out: None, "not_a_kernel", "@cuda.jit"),
+])
+def test_01_projection_naive(answer, diagnosis, says):
+    result = verdict("01_projection_naive", answer)
+    assert (result.diagnosis, result.passed) == (diagnosis, diagnosis == "ok"), result.message
+    assert says in result.message, result.message
+
+
+def test_a_tiled_kernel_missing_a_barrier_is_a_race_in_the_warm_up_too():
     @cuda.jit
-    def kernel(x, w, b, out):
+    def tiled_without_second_barrier(x, w, b, out):
         x_tile = cuda.shared.array((TILE, TILE), float32)
         w_tile = cuda.shared.array((TILE, TILE), float32)
         col, row = cuda.grid(2)
         ty, tx = cuda.threadIdx.y, cuda.threadIdx.x
         acc = float32(0.0)
         for start in range(0, x.shape[1], TILE):
+            x_tile[ty, tx] = x[row, start + tx] if row < x.shape[0] and start + tx < x.shape[1] else float32(0.0)
+            w_tile[ty, tx] = w[start + ty, col] if start + ty < w.shape[0] and col < w.shape[1] else float32(0.0)
+            cuda.syncthreads()
+            for k in range(TILE):
+                acc += x_tile[ty, k] * w_tile[k, tx]
+        if row < out.shape[0] and col < out.shape[1]:
+            out[row, col] = acc + (b[col] if b.shape[0] > 0 else float32(0.0))
+    result = verdict("01_projection_naive", tiled_without_second_barrier)
+    assert result.diagnosis == "race", result
+    assert "race on shared" in result.message and "syncthreads" in result.message
+
+
+# --- 01_tiled_matmul -----------------------------------------------------------------------------
+
+def tiled(mistake=None):
+    """The solution, a device function tile_matmul(x, w, row, col), or the same with one mistake."""
+    @cuda.jit(device=True)
+    def tile_matmul(x, w, row, col):
+        x_tile = cuda.shared.array((TILE, TILE), float32)
+        w_tile = cuda.shared.array((TILE, TILE), float32)
+        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        acc = float32(0.0)
+        for start in range(0, x.shape[1], TILE):
+            if mistake == "sum_restarted":
+                acc = float32(0.0)
             if mistake == "unguarded":
                 x_tile[ty, tx] = x[row, start + tx]
             elif row < x.shape[0] and start + tx < x.shape[1]:
                 x_tile[ty, tx] = x[row, start + tx]
-            else:
+            elif mistake != "no_zero_fill":
                 x_tile[ty, tx] = float32(0.0)
             if start + ty < w.shape[0] and col < w.shape[1]:
                 w_tile[ty, tx] = w[start + ty, col]
             else:
                 w_tile[ty, tx] = float32(0.0)
-            if mistake != "no_first_barrier":
+            if mistake == "barrier_inside_the_guard":
+                if row < x.shape[0] and col < w.shape[1]:
+                    cuda.syncthreads()
+            elif mistake != "no_first_barrier":
                 cuda.syncthreads()
-            for k in range(TILE):
+            for k in range(x.shape[1] if mistake == "k_over_d_model" else TILE):
                 if mistake == "untiled":
                     if start + k < x.shape[1] and row < x.shape[0] and col < w.shape[1]:
                         acc += x[row, start + k] * w[start + k, col]
@@ -92,24 +195,61 @@ def tiled(mistake=None):
                     acc += x_tile[ty, k] * w_tile[k, tx]
             if mistake != "no_second_barrier":
                 cuda.syncthreads()
-        if row < out.shape[0] and col < out.shape[1]:
-            out[row, col] = acc + (b[col] if b.shape[0] > 0 else float32(0.0))
-    return kernel
+        return acc
+    return tile_matmul
 
 
-@pytest.mark.parametrize("mistake, diagnosis, says", [
-    (None, "ok", "correct at every size"),
-    ("no_first_barrier", "race", "race on shared"),
-    ("no_second_barrier", "race", "race on shared"),
-    ("unguarded", "out_of_bounds", "Guard the index"),
-    ("untiled", "no_reuse", "an element of x was read up to 36 times (a tiled kernel: 3)"),
+@cuda.jit(device=True)
+def stub(x, w, row, col):
+    raise NotImplementedError()
+
+
+@cuda.jit(device=True)
+def calls_the_library(x, w, row, col):
+    return projection.tile_matmul(x, w, row, col)
+
+
+@pytest.mark.parametrize("answer, diagnosis, says", [
+    (tiled(), "ok", "correct at every size tried ((T 1, d_model 5, d_out 3), (T 7, d_model 24, d_out 20, bias), "
+                    "(T 18, d_model 17, d_out 33), (T 33, d_model 40, d_out 17, bias))"),
+    (tiled("no_first_barrier"), "race", "race on shared"),
+    (tiled("no_second_barrier"), "race", "race on shared"),
+    (tiled("barrier_inside_the_guard"), "divergent_barrier", "On a GPU that hangs the block"),
+    (tiled("unguarded"), "out_of_bounds", "global array 'x' has shape (1, 5)"),
+    (tiled("k_over_d_model"), "out_of_bounds", "shared array"),
+    (tiled("no_zero_fill"), "stale_tile", "which no thread ever wrote: it holds an old number"),
+    (tiled("untiled"), "no_reuse", "an element of x was read up to 4 times (a tiled kernel: 1)"),
+    (tiled("sum_restarted"), "wrong_values", "entries differ"),
+    (calls_the_library, "calls_given_code", "tile_matmul"),
+    (stub, "not_implemented", "not implemented yet"),
 ])
-def test_01_tiled_matmul(mistake, diagnosis, says):
-    result = verdict("01_tiled_matmul", tiled(mistake))
+def test_01_tiled_matmul(answer, diagnosis, says):
+    result = verdict("01_tiled_matmul", answer)
     assert (result.diagnosis, result.passed) == (diagnosis, diagnosis == "ok"), result.message
     assert says in result.message, result.message
 
 
-def test_01_the_library_kernels_against_the_tiled_exercise():
-    assert verdict("01_tiled_matmul", projection.projection_kernel_v2).passed
-    assert verdict("01_tiled_matmul", projection.projection_kernel_v1).diagnosis == "no_reuse"
+def test_a_tile_refilled_with_its_own_old_value_is_stale_too():
+    """x_tile keeps its slot's number past the edge (read, then written back): a read of a slot
+    not refreshed since its last step, named as such on the step it happens."""
+    @cuda.jit(device=True)
+    def keeps_old_values(x, w, row, col):
+        x_tile = cuda.shared.array((TILE, TILE), float32)
+        w_tile = cuda.shared.array((TILE, TILE), float32)
+        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        acc = float32(0.0)
+        for start in range(0, x.shape[1], TILE):
+            x_tile[ty, tx] = x[row, start + tx] if row < x.shape[0] and start + tx < x.shape[1] else x_tile[ty, tx]
+            w_tile[ty, tx] = w[start + ty, col] if start + ty < w.shape[0] and col < w.shape[1] else float32(0.0)
+            cuda.syncthreads()
+            for k in range(TILE):
+                acc += x_tile[ty, k] * w_tile[k, tx]
+            cuda.syncthreads()
+        return acc
+    assert verdict("01_tiled_matmul", keeps_old_values).diagnosis == "stale_tile"
+
+
+def test_the_read_ceilings_are_a_tiled_kernels_reads():
+    assert read_ceilings(18, 33) == (3, 2)
+    assert [read_ceilings(c.T, c.d_out) for c in TILED_CASES] == [(1, 1), (2, 1), (3, 2), (2, 3)]
+    assert verdict("01_tiled_matmul", tiled("untiled")).diagnosis == "no_reuse"

@@ -1,10 +1,11 @@
 """Q/K/V projection (notebook 01): out = x @ w (+ b), x (rows, d_model), w (d_model, d_out), b (d_out,)
-or empty (0,) for none, as matmul kernels (notebooks 01 and 09 tell how each works). The file:
+or empty (0,) for none, as matmul kernels (notebook 01 tells v1 and v2, the deep dive 01x v3 and
+v4). The file:
 
 - ``projection_kernel_v1``: one thread per output, x and w read from global memory.
-- ``load_tile_pair``, ``dot_tile_pair``, ``tile_matmul`` + ``projection_kernel_v2``: (TILE, TILE)
-  shared-memory tiles; ``tile_matmul`` is also weighted_sum's A @ V (one tiled matmul, not two).
-- ``store_output`` + ``projection_kernel_v3`` (notebook 10): 2 x 2 outputs per thread.
+- ``tile_matmul`` + ``projection_kernel_v2``: (TILE, TILE) shared-memory tiles (notebook 01's main
+  exercise is tile_matmul); ``tile_matmul`` is also weighted_sum's A @ V (one tiled matmul, not two).
+- ``store_output`` + ``projection_kernel_v3`` (notebook 01x): 2 x 2 outputs per thread.
 - ``load_tiles``, ``store_tiles``, ``load_fragment``, ``multiply_tile``, ``walk_d_model``,
   ``store_micro_tile`` + ``projection_kernel_v4``: CUTLASS-style 128 x 128 tiles, 8 x 8 outputs
   per thread, double-buffered; ``FAST``: its floors for the kernel report.
@@ -53,35 +54,6 @@ def projection_kernel_v1(x, w, b, out):
 
 
 @cuda.jit(device=True)
-def load_tile_pair(x, w, row, col, start, x_tile, w_tile):
-    """Thread (tx, ty) copies x[row, start + tx] into x_tile and w[start + ty, col] into w_tile.
-
-    Tiles: (TILE, TILE) float32 shared arrays. Past the edge of x or w it stores 0 (adds nothing
-    to a sum); threads outside the output load too, because their neighbours need the elements.
-    """
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    k = start + tx
-    if row < x.shape[0] and k < x.shape[1]:
-        x_tile[ty, tx] = x[row, k]
-    else:
-        x_tile[ty, tx] = 0.0
-    k = start + ty
-    if k < w.shape[0] and col < w.shape[1]:
-        w_tile[ty, tx] = w[k, col]
-    else:
-        w_tile[ty, tx] = 0.0
-
-
-@cuda.jit(device=True)
-def dot_tile_pair(x_tile, w_tile, acc):
-    """acc + x_tile[ty, :] . w_tile[:, tx]: TILE multiply-adds from shared memory, returned as float32."""
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    for j in range(TILE):
-        acc += x_tile[ty, j] * w_tile[j, tx]
-    return acc
-
-
-@cuda.jit(device=True)
 def tile_matmul(x, w, row, col):
     """x[row, :] . w[:, col] for thread (row, col) of a (TILE, TILE) block, computed with the whole block.
 
@@ -89,15 +61,19 @@ def tile_matmul(x, w, row, col):
     and v[h]). Returns the float32 sum. Every thread of the block must call it (it waits at
     barriers), also those whose (row, col) lies past the output's edge: they help load and get 0.
     """
-    x_tile = cuda.shared.array((TILE, TILE), float32)
-    w_tile = cuda.shared.array((TILE, TILE), float32)
+    x_tile = cuda.shared.array((TILE, TILE), float32)    # [row in the block, k in this step]
+    w_tile = cuda.shared.array((TILE, TILE), float32)    # [k in this step, column in the block]
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     acc = float32(0.0)
     for start in range(0, x.shape[1], TILE):    # walk along K one tile at a time
-        load_tile_pair(x, w, row, col, start, x_tile, w_tile)
-        cuda.syncthreads()                      # wait until the whole tile pair is loaded
-        acc = dot_tile_pair(x_tile, w_tile, acc)
-        cuda.syncthreads()                      # wait until everyone is done with the tiles
-                                                # before the next step overwrites them
+        k = start + tx                          # x's column this thread copies
+        x_tile[ty, tx] = x[row, k] if row < x.shape[0] and k < x.shape[1] else float32(0.0)
+        k = start + ty                          # w's row this thread copies
+        w_tile[ty, tx] = w[k, col] if k < w.shape[0] and col < w.shape[1] else float32(0.0)
+        cuda.syncthreads()                      # wait until both tiles are loaded
+        for j in range(TILE):                   # past an edge the tiles hold 0: adds nothing
+            acc += x_tile[ty, j] * w_tile[j, tx]
+        cuda.syncthreads()                      # wait until all have read them: the next step overwrites
     return acc
 
 
