@@ -68,12 +68,23 @@ def test_a_kvcache_holds_what_its_size_says():
 def test_chunk_partials_merged_with_log_sum_exp_equal_attention(rng, chunk):
     q = rng.standard_normal((3, 5)) * 10.0             # scores up to ~100: the max matters
     keys, values = rng.standard_normal((2, 3, 19, 5))
-    m, l, acc = kv_cache.chunk_partials(q, keys, values, chunk)
+    lse, o = kv_cache.chunk_partials(q, keys, values, chunk)
     n = math.ceil(19 / chunk)
-    assert m.shape == l.shape == (3, n) and acc.shape == (3, n, 5)
-    assert (l >= 1).all()                              # each chunk's max term is exp(0) = 1
+    assert lse.shape == (3, n) and o.shape == (3, n, 5)
+    s = np.einsum("hd,htd->ht", q, keys) / math.sqrt(5)
+    first = s[:, :chunk]                               # chunk 0's own softmax and log-sum-exp
+    assert np.allclose(lse[:, 0], np.log(np.exp(first).sum(axis=-1)), rtol=1e-12, atol=1e-12)
+    assert np.allclose(o[:, 0], reference.attention(q[:, None], keys[:, :chunk], values[:, :chunk])[:, 0])
+    out, lse_all = kv_cache.merge_partials(lse, o)
     want = reference.attention(q[:, None], keys, values)[:, 0]
-    assert np.allclose(kv_cache.merge_partials(m, l, acc), want, rtol=1e-12, atol=1e-13)   # both float64
+    assert np.allclose(out, want, rtol=1e-12, atol=1e-13)                  # both float64
+    assert np.allclose(lse_all, np.log(np.exp(s).sum(axis=-1)), rtol=1e-12, atol=1e-12)
+
+
+def test_the_merge_ignores_a_chunk_that_saw_no_key():
+    lse, o = np.array([[1.0, -np.inf]]), np.array([[[2.0, 3.0], [0.0, 0.0]]])
+    out, lse_all = kv_cache.merge_partials(lse, o)
+    assert np.array_equal(out, [[2.0, 3.0]]) and lse_all[0] == 1.0
 
 
 def test_numpy_decoding_token_by_token_equals_one_causal_pass(rng):
@@ -206,8 +217,7 @@ def launches(rng, n_head, length, d_k, capacity):
     v = np.full((n_head, capacity, d_k), np.nan, np.float32)
     k[:, :length], v[:, :length] = rng.standard_normal((2, n_head, length, d_k))
     chunks = kv_cache.n_chunks(length)
-    parts = (np.zeros((n_head, chunks), np.float32), np.zeros((n_head, chunks), np.float32),
-             np.zeros((n_head, chunks, d_k), np.float32))
+    parts = (np.zeros((n_head, chunks), np.float32), np.zeros((n_head, chunks, d_k), np.float32))   # lse_c, o_c
     return q, k, v, parts, np.zeros((n_head, d_k), np.float32)
 
 
@@ -217,7 +227,8 @@ def test_the_decode_kernels_have_no_race(rng):
     (grid, block), (merge_grid, merge_block) = kv_cache.decode_grid(n_head, d_k, length, 2)
     scale = np.float32(1 / math.sqrt(d_k))
     assert sanitizer.find_races(kv_cache.decode_kernel_v2, grid, block, q, k, v, length, scale, *parts) == []
-    assert sanitizer.find_races(kv_cache.decode_merge_kernel, merge_grid, merge_block, *parts, out) == []
+    lse = np.zeros(out.shape[0], np.float32)
+    assert sanitizer.find_races(kv_cache.decode_merge_kernel, merge_grid, merge_block, *parts, out, lse) == []
     assert np.allclose(out, reference.attention(q[:, None], k[:, :length], v[:, :length])[:, 0], rtol=1e-5, atol=1e-6)
     (grid, block), = kv_cache.decode_grid(n_head, d_k, length, 1)
     assert sanitizer.find_races(kv_cache.decode_kernel_v1, grid, block, q, k, v, length, scale, out) == []
@@ -233,7 +244,7 @@ def test_global_traffic_matches_the_formula(rng, length):
         "decode_kernel_v2": sanitizer.count_memory(kv_cache.decode_kernel_v2, grid, block,
                                                         q, k, v, length, scale, *parts),
         "decode_merge_kernel": sanitizer.count_memory(kv_cache.decode_merge_kernel, merge_grid,
-                                                      merge_block, *parts, out),
+                                                      merge_block, *parts, out, np.zeros(out.shape[0], np.float32)),
     }
     (grid, block), = kv_cache.decode_grid(n_head, d_k, length, 1)
     reports["decode_kernel_v1"] = sanitizer.count_memory(kv_cache.decode_kernel_v1, grid, block,

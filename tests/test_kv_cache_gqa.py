@@ -4,11 +4,9 @@ import math
 
 import numpy as np
 import pytest
-from numba import cuda
 
 from attention_lib import reference
 from attention_lib.measure import sanitizer
-from attention_lib.checks import EXERCISES, check, hint
 from attention_lib.platform.runtime import ANDREA_120M
 from attention_lib.stages import kv_cache
 from attention_lib.stages.kv_cache import KEYS_PER_CHUNK, KVCache
@@ -75,8 +73,7 @@ def host_launch(rng, n_head, n_kv_head, length, d_k, capacity):
     k, v = np.full((2, n_kv_head, capacity, d_k), np.nan, np.float32)
     k[:, :length], v[:, :length] = rng.standard_normal((2, n_kv_head, length, d_k))
     chunks = kv_cache.n_chunks(length)
-    parts = (np.zeros((n_head, chunks), np.float32), np.zeros((n_head, chunks), np.float32),
-             np.zeros((n_head, chunks, d_k), np.float32))
+    parts = (np.zeros((n_head, chunks), np.float32), np.zeros((n_head, chunks, d_k), np.float32))   # lse_c, o_c
     return q, k, v, parts, np.zeros((n_head, d_k), np.float32)
 
 
@@ -90,7 +87,7 @@ def counted_traffic(rng, n_kv_head, length, d_k=5):
         "decode_kernel_v2": sanitizer.count_memory(kv_cache.decode_kernel_v2, grid, block,
                                                         q, k, v, length, scale, *parts),
         "decode_merge_kernel": sanitizer.count_memory(kv_cache.decode_merge_kernel, merge_grid, merge_block,
-                                                      *parts, out),
+                                                      *parts, out, np.zeros(out.shape[0], np.float32)),
         "decode_kernel_v1": sanitizer.count_memory(kv_cache.decode_kernel_v1, grid_1, block_1,
                                                    q, k, v, length, scale, np.zeros_like(out)),
     }
@@ -119,7 +116,7 @@ def test_sharing_kv_heads_divides_the_cache_loads_by_the_group():
     for n_kv_head in (4, 2, 1):
         shared = kv_cache.decode_traffic(33, 4, 16, 2, n_kv_head)["decode_kernel_v2"]
         assert shared["k_cache"][0] * (4 // n_kv_head) == full["k_cache"][0] == 4 * 33 * 16
-        assert shared["q"] == full["q"] and shared["acc_part"] == full["acc_part"]   # per query head
+        assert shared["q"] == full["q"] and shared["o_part"] == full["o_part"]   # per query head
 
 
 def test_the_gqa_kernels_have_no_race(rng):
@@ -128,7 +125,8 @@ def test_the_gqa_kernels_have_no_race(rng):
     scale = np.float32(1 / math.sqrt(d_k))
     (grid, block), (merge_grid, merge_block) = kv_cache.decode_grid(N_HEAD, d_k, length, 2, n_kv_head)
     assert sanitizer.find_races(kv_cache.decode_kernel_v2, grid, block, q, k, v, length, scale, *parts) == []
-    assert sanitizer.find_races(kv_cache.decode_merge_kernel, merge_grid, merge_block, *parts, out) == []
+    lse = np.zeros(out.shape[0], np.float32)
+    assert sanitizer.find_races(kv_cache.decode_merge_kernel, merge_grid, merge_block, *parts, out, lse) == []
     assert np.allclose(out, gqa_reference(q, k[:, :length], v[:, :length]), rtol=1e-5, atol=1e-6)
     (grid, block), = kv_cache.decode_grid(N_HEAD, d_k, length, 1, n_kv_head)
     assert sanitizer.find_races(kv_cache.decode_kernel_v1, grid, block, q, k, v, length, scale, out) == []
@@ -243,76 +241,6 @@ def test_bad_gqa_layer_arguments_name_the_argument(gqa_layer, change, says):
     args = dict(w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, n_head=4, n_kv_head=2) | change
     with pytest.raises(ValueError, match=f"^{says}$"):
         kv_cache.generate_layer_outputs(x, **args)
-
-
-# --- The exercise: the kv head of a query head ------------------------------------------------------
-
-@cuda.jit
-def kv_head_solution(kv_of, n_kv_head):
-    h = cuda.grid(1)
-    if h < kv_of.shape[0]:
-        kv_of[h] = h // (kv_of.shape[0] // n_kv_head)
-
-
-@cuda.jit
-def kv_head_interleaved(kv_of, n_kv_head):
-    h = cuda.grid(1)
-    if h < kv_of.shape[0]:
-        kv_of[h] = h % n_kv_head
-
-
-@cuda.jit
-def kv_head_divided_by_n_kv_head(kv_of, n_kv_head):
-    h = cuda.grid(1)
-    if h < kv_of.shape[0]:
-        kv_of[h] = h // n_kv_head
-
-
-@cuda.jit
-def kv_head_multiplied_by_group(kv_of, n_kv_head):
-    h = cuda.grid(1)
-    if h < kv_of.shape[0]:
-        kv_of[h] = h * (kv_of.shape[0] // n_kv_head)
-
-
-@cuda.jit
-def kv_head_true_division(kv_of, n_kv_head):
-    h = cuda.grid(1)
-    if h < kv_of.shape[0]:
-        kv_of[h] = h / (kv_of.shape[0] / n_kv_head)
-
-
-@cuda.jit
-def kv_head_unguarded(kv_of, n_kv_head):
-    h = cuda.grid(1)
-    kv_of[h] = h // (kv_of.shape[0] // n_kv_head)
-
-
-def test_the_kv_head_solution_passes():
-    result = check("09_kv_head", kv_head_solution, verbose=False)
-    assert result.passed and result.diagnosis == "ok"
-
-
-@pytest.mark.parametrize("answer, diagnosis, says", [
-    (kv_head_interleaved, "heads_interleaved", "dealt out in turn (0, 1, 0, 1, 0, ...)"),
-    (kv_head_divided_by_n_kv_head, "divided_by_n_kv_head", "n_head // n_kv_head = 4, not by the number of kv heads, 2"),
-    (kv_head_multiplied_by_group, "multiplied_by_group", "got kv head h * 4"),
-    (kv_head_true_division, "not_whole_number", "query head 1 got kv head 0.25"),
-    (kv_head_unguarded, "out_of_bounds", ""),
-])
-def test_kv_head_mistakes_get_their_diagnosis(answer, diagnosis, says):
-    result = check("09_kv_head", answer, verbose=False)
-    assert not result.passed and result.diagnosis == diagnosis, result
-    assert says in result.message and "\n" not in str(result)
-
-
-def test_the_kv_head_hints_name_the_idea_and_give_no_code(capsys):
-    hints = EXERCISES["09_kv_head"].hints
-    assert len(hints) >= 2
-    hint("09_kv_head", 2)
-    assert capsys.readouterr().out.startswith(f"09_kv_head, hint 2 of {len(hints)}: where")
-    for text in hints:                 # no code: no assignment, no indexing, no operator of the answer
-        assert not any(token in text for token in ("=", "[", "cuda.", "//", "%")), text
 
 
 def test_version_1_refuses_a_group_larger_than_a_block():

@@ -1,4 +1,4 @@
-"""Notebook 06: head split and merge kernels, the multi-head layer, the W_O sum, the exercise."""
+"""Notebook 06: head split and merge kernels, the heads read in place, the multi-head layer, the W_O sum."""
 
 import attention_lib
 import numpy as np
@@ -6,7 +6,6 @@ import pytest
 from attention_lib import reference
 from attention_lib.measure import sanitizer
 from attention_lib.stages import multihead
-from attention_lib.checks import check
 from numba import cuda
 
 # (shape of x, n_head): one element and one head; fewer positions than a block with 3 heads of
@@ -258,66 +257,6 @@ def test_layer_names_the_bias_with_the_wrong_shape(good, rng, name):
 
 def test_layer_refuses_a_non_boolean_causal(good):
     raises_one_line(TypeError, "causal must be True or False, got str", **{**good, "causal": "yes"})
-
-
-# --- The exercise: planted mistakes get their diagnosis ---------------------------------------
-
-@cuda.jit
-def split_interleaved(x, out):
-    """The typical mistake: head h takes every n_head-th column (x.reshape(T, d_k, n_head))."""
-    c, t = cuda.grid(2)
-    bh = cuda.blockIdx.z
-    n_head, d_k = out.shape[1], out.shape[3]
-    b, h = bh // n_head, bh % n_head
-    if t < out.shape[2] and c < d_k:
-        out[b, h, t, c] = x[b, t, c * n_head + h]
-
-
-@cuda.jit
-def split_without_guard(x, out):
-    c, t = cuda.grid(2)
-    bh = cuda.blockIdx.z
-    n_head, d_k = out.shape[1], out.shape[3]
-    out[bh // n_head, bh % n_head, t, c] = x[bh // n_head, t, (bh % n_head) * d_k + c]
-
-
-@cuda.jit
-def split_first_sequence_only(x, out):
-    """Forgets the batch: every grid layer is taken for a head of sequence 0."""
-    c, t = cuda.grid(2)
-    h = cuda.blockIdx.z
-    n_head, d_k = out.shape[1], out.shape[3]
-    if t < out.shape[2] and c < d_k and h < n_head:
-        out[0, h, t, c] = x[0, t, h * d_k + c]
-
-
-@cuda.jit
-def split_stub(x, out):
-    raise NotImplementedError()
-
-
-@pytest.mark.parametrize("answer, diagnosis", [
-    (multihead.split_heads_kernel, "ok"),
-    (split_interleaved, "heads_interleaved"),
-    (split_without_guard, "out_of_bounds"),
-    (split_first_sequence_only, "wrong_values"),
-    (split_stub, "not_implemented"),
-    (lambda x, out: None, "not_a_kernel"),
-], ids=["library", "interleaved", "no_guard", "batch_ignored", "stub", "plain_function"])
-def test_exercise_diagnoses(answer, diagnosis):
-    result = check("06_split_heads", answer, verbose=False)
-    assert result.diagnosis == diagnosis, result.message
-    assert result.passed == (diagnosis == "ok")
-
-
-def test_the_interleaved_diagnosis_says_what_a_head_is():
-    message = check("06_split_heads", split_interleaved, verbose=False).message
-    assert "h * d_k + c" in message and "every n_head-th column" in message
-
-
-def test_the_batch_mistake_reports_unwritten_entries():
-    message = check("06_split_heads", split_first_sequence_only, verbose=False).message
-    assert "never written" in message and "B 2" in message
 
 
 @pytest.mark.parametrize("kernel", [multihead.split_heads_kernel, multihead.merge_heads_kernel],

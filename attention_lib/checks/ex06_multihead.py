@@ -1,23 +1,42 @@
-"""Notebook 06's exercise: the head-split kernel, out[b, h, t, c] = x[b, t, h*d_k + c].
+"""Notebook 06's exercises: the head-split kernel (warm-up), then every head's scores read in place
+from the fused projection, grouped-query attention included (main).
 
-The answer has split_heads_kernel's signature ``(x, out)``, x (B, T, d_model) and out
-(B, n_head, T, d_k) float32, and is launched on the library's grid (``multihead.head_grid``:
-x along c, y along t, z along b * n_head + h). A split is a copy, so the values must be exact.
-Besides the engine's diagnoses:
+Warm-up, ``06_split_heads``: split_heads_kernel's signature ``(x, out)``, x (B, T, d_model) and out
+(B, n_head, T, d_k) float32, out[b, h, t, c] = x[b, t, h*d_k + c], launched on the library's grid
+(``multihead.head_grid``: x along c, y along t, z along b * n_head + h). A split is a copy, so the
+values must be exact. Besides the engine's diagnoses:
 
-- ``heads_interleaved``: head h got columns h, h + n_head, h + 2 n_head, ... instead of the
-  block h*d_k .. (h+1)*d_k - 1, the result of reshaping the model axis to (d_k, n_head) instead
-  of (n_head, d_k) (``x.reshape(T, d_k, n_head)`` in NumPy, ``x[b, t, c * n_head + h]`` in a kernel).
+- ``heads_interleaved``: head h got columns h, h + n_head, h + 2 n_head, ... instead of the block
+  h*d_k .. (h+1)*d_k - 1, the result of reshaping the model axis to (d_k, n_head) instead of
+  (n_head, d_k) (``x.reshape(T, d_k, n_head)`` in NumPy, ``x[b, t, c * n_head + h]`` in a kernel).
+(Which grid layer copies which (sequence, head) does not matter here: the output is indexed by
+both, so any one-to-one reading of z is right.)
+
+Main, ``06_qkv_scores``: qkv_scores_kernel's signature ``(qkv, n_head, n_kv_head, inv_sqrt_dk,
+causal, s)``: s[b * n_head + h, i, j] = (Q_h[i] . K_g[j]) * inv_sqrt_dk with g = h // (n_head //
+n_kv_head), -inf where causal and j > i, every head read in place from qkv (B, T, (n_head + 2
+n_kv_head) d_k) = [Q heads | K heads | V heads], launched on scores.score_grid(B * n_head, T, T).
+Besides the engine's diagnoses (and those of the causal mask and the scale):
+
+- ``kv_head_not_shared``: query head h read K/V head h, as if every query head had its own;
+- ``kv_head_interleaved``: query head h read K/V head h % n_kv_head (heads dealt out in turn);
+- ``wrong_k_block``: K read from another block of columns: Q's (the n_head heads of Q not skipped)
+  or V's;
+- ``wrong_head_width``: d_k worked out from a wrong head count (3 n_head, or n_head, heads in qkv);
+- ``view_past_the_end``: one head's view of qkv is narrower than the other (it starts too far right, or d_k
+  came out too large), so tile_dot reads past it;
+- ``grid_layer_order``: the grid layer z read as h * B + b: the scores land in another head's place.
 """
 
+import math
 from typing import NamedTuple
 
 import numpy as np
 from numba import cuda
 
 from attention_lib import reference
-from attention_lib.stages import multihead
-from attention_lib.checks.engine import Exercise, output_array, read_output, register
+from attention_lib.stages import multihead, scores
+from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register
 
 
 class Case(NamedTuple):
@@ -32,6 +51,13 @@ class Case(NamedTuple):
         return f"(B {self.B}, T {self.T}, n_head {self.n_head}, d_k {self.d_k})"
 
 
+def _guarded_input(array, guard):
+    """A device copy of `array` followed by `guard` zeros, and the view of its first array.size
+    entries: an unguarded read just past the end stays inside the allocation on a GPU."""
+    full = cuda.to_device(np.concatenate([array.ravel(), np.zeros(guard, np.float32)]))
+    return full[:array.size].reshape(array.shape)
+
+
 def _run_split(kernel, case, rng, launch):
     B, T, n_head, d_k = case
     d_model = n_head * d_k
@@ -41,15 +67,14 @@ def _run_split(kernel, case, rng, launch):
     # fewer than ty rows (of d_model in x, of d_k in out) plus tx columns past the end. On a GPU
     # the reads stay inside the allocation and the writes are caught; on the simulator the index
     # is caught first.
-    d_x_full = cuda.to_device(np.concatenate([x.ravel(), np.zeros(ty * (d_model + 1) + tx, np.float32)]))
-    d_x = d_x_full[:x.size].reshape(B, T, d_model)                # (B, T, d_model) view
+    d_x = _guarded_input(x, ty * (d_model + 1) + tx)               # (B, T, d_model)
     full, out = output_array((B, n_head, T, d_k), guard=ty * (d_k + 1) + tx)
     grid, block = multihead.head_grid(B * n_head, T, d_k)
     launch(kernel, grid, block, d_x, out)
     return read_output(full, out), reference.split_heads(x, n_head), x, n_head
 
 
-def _diagnose(got, expected, x, n_head):
+def _diagnose_split(got, expected, x, n_head):
     """Name the interleaved split; None for any other mistake (the engine shows where)."""
     B, T, d_model = x.shape
     d_k = d_model // n_head
@@ -57,8 +82,8 @@ def _diagnose(got, expected, x, n_head):
     if np.array_equal(got, interleaved):
         return "heads_interleaved", (
             f"head h got columns h, h + {n_head}, h + {2 * n_head}, ... (every n_head-th column); "
-            f"a head is a contiguous block: head h holds columns h*d_k .. h*d_k + d_k - 1, "
-            f"so read x[b, t, h * d_k + c] (the model axis is (n_head, d_k), not (d_k, n_head))")
+            f"a head is a contiguous block: head h holds the h-th run of d_k = {d_k} columns "
+            "(the model axis is (n_head, d_k), not (d_k, n_head))")
     return None
 
 
@@ -72,93 +97,160 @@ register(Exercise(
     # Every case after the first has several heads, so an interleaved split differs from the right one.
     cases=[Case(1, 1, 1, 1), Case(1, 7, 3, 5), Case(2, 17, 4, 6), Case(1, 5, 2, 20)],
     hint=("one thread per output element: the grid's x and y cover a head's components and positions, its "
-          "z axis every (sequence, head) pair; head h owns the h-th block of d_k columns of x"),
+          "z axis every (sequence, head) pair; head h owns the h-th run of d_k consecutive columns of x"),
     more_hints=("where answers go wrong: taking a head's columns one every n_head (the wrong reshape order), "
-                "splitting the z index into sequence and head the wrong way round, and threads of the edge "
-                "blocks that fall outside the output",),
+                "splitting the grid layer into a sequence and a head that do not cover every pair once, and "
+                "threads of the edge blocks that fall outside the output",),
     rtol=0.0,   # a split moves values, it computes none: every entry must be exact
     atol=0.0,
-    diagnose=_diagnose,
-    diagnoses=('heads_interleaved',),
+    diagnose=_diagnose_split,
+    diagnoses=("heads_interleaved",),
+    solution=multihead.split_heads_kernel,
+    forbidden=(multihead.split_heads, multihead.launch_heads),
 ))
 
 
-# --- The main exercise: the three splits of the fused projection in one launch -------------------
-# launch_layer splits Q, K and V out of the fused projection's (B, T, 3 * d_model) result with
-# three launches of split_heads_kernel on strided views. The answer does all three at once:
-# signature ``(qkv, out)``, qkv (B, T, 3 * d_model) = [Q | K | V] along the last axis, out
-# (3, B, n_head, T, d_k), out[p, b, h, t, c] = qkv[b, t, p * d_model + h * d_k + c] (p = 0, 1, 2
-# for Q, K, V), launched on head_grid(3 * B * n_head, T, d_k): grid layer z = (p * B + b) * n_head + h.
-# Besides the engine's diagnoses:
-#
-# - ``heads_interleaved``: within each part, head h took every n_head-th column;
-# - ``parts_not_offset``: the part p was not used to offset the column (Q three times);
-# - ``qkv_per_head_layout``: read the per-head layout [q_h | k_h | v_h] (column h * 3 d_k + p * d_k + c)
-#   that some checkpoints use, not the [Q | K | V] layout of the fused projection.
+# --- The main exercise: every head's scores, read in place from the fused projection ---------------
 
-def _expected_qkv(qkv, n_head, column):
-    """out (3, B, n_head, T, d_k) with out[p, b, h, t, c] = qkv[b, t, column(p, h, c)]."""
-    B, T, width = qkv.shape
-    d_k = width // (3 * n_head)
-    p, h, c = np.meshgrid(np.arange(3), np.arange(n_head), np.arange(d_k), indexing="ij")
-    picked = qkv[:, :, column(p, h, c, d_k, n_head)]                  # (B, T, 3, n_head, d_k)
-    return picked.transpose(2, 0, 3, 1, 4)
+class ScoreCase(NamedTuple):
+    """One size tried: qkv (B, T, (n_head + 2 n_kv_head) d_k); causal or not."""
+
+    B: int
+    T: int
+    n_head: int
+    n_kv_head: int
+    d_k: int
+    causal: bool
+
+    def __str__(self):
+        return (f"(B {self.B}, T {self.T}, n_head {self.n_head}, n_kv_head {self.n_kv_head}, d_k {self.d_k}, "
+                f"{'causal' if self.causal else 'not causal'})")
 
 
-def _fused_layout(p, h, c, d_k, n_head):
-    return p * n_head * d_k + h * d_k + c
+def _emulated_scores(qkv, n_head, n_kv_head, scale, causal, d_k, q_col, k_col, layer=None):
+    """Scores as a kernel computes them that takes head h's Q columns at q_col(h) and its K columns at
+    k_col(h), d_k wide (both views as NumPy slices them, cut at qkv's last column), float64
+    (B * n_head, T, T); None when the K view is narrower than the Q view (tile_dot would read past
+    it). layer(z, B) -> (b, h), default z = b * n_head + h."""
+    B, T, _ = qkv.shape
+    out = np.empty((B * n_head, T, T))
+    for z in range(B * n_head):
+        b, h = layer(z, B) if layer else divmod(z, n_head)
+        q = qkv[b, :, q_col(h):q_col(h) + d_k].astype(np.float64)
+        k = qkv[b, :, k_col(h):k_col(h) + d_k].astype(np.float64)
+        if k.shape[1] < q.shape[1]:
+            return None
+        out[z] = q @ k[:, :q.shape[1]].T * scale
+    return np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, out) if causal else out
 
 
-def _run_split_qkv(kernel, case, rng, launch):
-    B, T, n_head, d_k = case
-    d_model = n_head * d_k
-    qkv = rng.standard_normal((B, T, 3 * d_model)).astype(np.float32)
-    tx, ty = multihead.BLOCK
-    # Guard zones as for the plain split: an unguarded thread reaches fewer than ty rows plus tx
-    # columns past the end of either array.
-    d_in_full = cuda.to_device(np.concatenate([qkv.ravel(), np.zeros(ty * (3 * d_model + 1) + tx, np.float32)]))
-    d_in = d_in_full[:qkv.size].reshape(B, T, 3 * d_model)
-    full, out = output_array((3, B, n_head, T, d_k), guard=ty * (d_k + 1) + tx)
-    grid, block = multihead.head_grid(3 * B * n_head, T, d_k)
-    launch(kernel, grid, block, d_in, out)
-    return read_output(full, out), _expected_qkv(qkv, n_head, _fused_layout), qkv, n_head
+def _head_candidates(n_head, n_kv_head, width):
+    """(code, message, d_k, q_col, k_col, layer): the layouts the usual mistakes read."""
+    d_k, group = width // (n_head + 2 * n_kv_head), n_head // n_kv_head
+    right_q = lambda h, d=d_k: h * d                                        # noqa: E731
+    right_k = lambda h, d=d_k: (n_head + h // group) * d                    # noqa: E731
+    shared = ("query head h read K/V head h, as if every query head had its own; with grouped-query "
+              f"attention the {n_head} query heads share {n_kv_head} K/V heads in groups of {group}")
+    out = [("kv_head_not_shared", shared, d_k, right_q, lambda h: (n_head + h) * d_k, None),
+           ("kv_head_interleaved", f"query head h read K/V head h % n_kv_head: the heads dealt out in turn; a K/V "
+            f"head serves {group} neighbouring query heads, the group h // {group}", d_k, right_q,
+            lambda h: (n_head + h % n_kv_head) * d_k, None),
+           ("wrong_k_block", "K was read inside Q's columns: in qkv the K heads start after the "
+            f"n_head = {n_head} heads of Q", d_k, right_q, lambda h: (h // group) * d_k, None),
+           ("wrong_k_block", "K was read from the query head's own columns: in qkv the K heads start "
+            f"after the n_head = {n_head} heads of Q", d_k, right_q, right_q, None),
+           ("wrong_k_block", f"K was read from V's columns: in qkv the n_kv_head = {n_kv_head} heads of K come "
+            f"right after Q's {n_head}, then V's", d_k, right_q, lambda h: (n_head + n_kv_head + h // group) * d_k,
+            None)]
+    for heads in (3 * n_head, n_head):
+        d = width // heads
+        if d != d_k and d > 0:
+            out.append(("wrong_head_width", f"the head width came out as {d}, not {d_k}: qkv holds n_head + "
+                        f"2 n_kv_head = {n_head + 2 * n_kv_head} heads of d_k side by side, not {heads}",
+                        d, lambda h, d=d: h * d, lambda h, d=d: (n_head + h // group) * d, None))
+    out.append(("grid_layer_order", "the grid layer z was read as h * B + b: the launch numbers the layers "
+                "sequence by sequence, z = b * n_head + h", d_k, right_q, right_k, lambda z, B: (z % B, z // B)))
+    return out
 
 
-def _diagnose_split_qkv(got, expected, qkv, n_head):
-    alternatives = [
-        ("heads_interleaved", lambda p, h, c, d_k, n: p * n * d_k + c * n + h,
-         "within Q, K and V head h got every n_head-th column; head h is the contiguous block of d_k "
-         "columns that starts at h * d_k inside its part"),
-        ("parts_not_offset", lambda p, h, c, d_k, n: h * d_k + c,
-         "the three parts all came from the first d_model columns (Q): part p starts p * d_model columns "
-         "further along the last axis"),
-        ("qkv_per_head_layout", lambda p, h, c, d_k, n: h * 3 * d_k + p * d_k + c,
-         "the columns were read as [q_h | k_h | v_h] head by head; the fused projection's layout is "
-         "[Q | K | V], each part d_model wide and holding every head"),
-    ]
-    for code, column, message in alternatives:
-        if np.array_equal(got, _expected_qkv(qkv, n_head, column)):
+def _run_qkv_scores(kernel, case, rng, launch):
+    B, T, n_head, n_kv_head, d_k, causal = case
+    width = (n_head + 2 * n_kv_head) * d_k
+    qkv = rng.standard_normal((B, T, width)).astype(np.float32)
+    scale = np.float32(1 / math.sqrt(d_k))
+    tile = scores.TILE
+    d_qkv = _guarded_input(qkv, tile * (width + 1) + width)      # a read past a view stays in memory
+    full, s = output_array((B * n_head, T, T), guard=tile * (T + 1) + tile)
+    grid, block = scores.score_grid(B * n_head, T, T)
+    expected = _emulated_scores(qkv, n_head, n_kv_head, scale, causal, d_k, lambda h: h * d_k,
+                                lambda h: (n_head + h // (n_head // n_kv_head)) * d_k)
+    try:
+        launch(kernel, grid, block, d_qkv, n_head, n_kv_head, scale, causal, s)
+    except IndexError as error:
+        if "'qkv'" not in str(error):
+            raise                                   # the scores' own guard: the engine says so
+        # Not a missing guard: a view of qkv is narrower than the other (it starts too far right,
+        # or the head width is too large), and tile_dot reads the Q view's width from both.
+        raise Diagnosed("view_past_the_end", (
+            f"a head's view of qkv has fewer columns than the other: it starts too close to the last of qkv's "
+            f"{width} columns, or d_k came out too large; qkv holds Q's {n_head} heads, then K's {n_kv_head}, then "
+            f"V's {n_kv_head}, each d_k = {d_k} wide, and K/V head g of n_kv_head starts after Q's")) from None
+    return read_output(full, s), expected, qkv, case
+
+
+def _diagnose_qkv_scores(got, expected, qkv, case):
+    B, T, n_head, n_kv_head, d_k, causal = case
+    scale = 1 / math.sqrt(d_k)
+    close = dict(rtol=1e-4, atol=1e-4, equal_nan=True)
+    for code, message, d, q_col, k_col, layer in _head_candidates(n_head, n_kv_head, qkv.shape[2]):
+        candidate = _emulated_scores(qkv, n_head, n_kv_head, scale, causal, d, q_col, k_col, layer)
+        if candidate is not None and np.allclose(got, candidate, **close):
             return code, message
+    visible = np.isfinite(expected)
+    for factor, code, message in ((math.sqrt(d_k), "missing_scale", f"the scores were not multiplied by "
+                                   f"inv_sqrt_dk = 1/sqrt({d_k})"),
+                                  (1 / math.sqrt(d_k), "scaled_by_d_k", "the scores were multiplied by "
+                                   "inv_sqrt_dk twice: divided by d_k, not by sqrt(d_k)")):
+        if np.allclose(got[visible], expected[visible] * factor, rtol=1e-4, atol=1e-4):
+            return code, message
+    if causal:
+        raw = _emulated_scores(qkv, n_head, n_kv_head, scale, False, d_k, lambda h: h * d_k,
+                               lambda h: (n_head + h // (n_head // n_kv_head)) * d_k)
+        i, j = np.indices((T, T))
+        tile = scores.TILE
+        skipped = j // tile > i // tile                  # the given code's tiles right of the diagonal
+        for masked, code, message in ((skipped, "mask_not_applied", "inside the tiles on the diagonal the "
+                                       "scores with j > i were kept: when causal, key j after query i gets -inf"),
+                                      (skipped | (j >= i), "mask_includes_diagonal", "the score of a position "
+                                       "with itself (j = i) was masked too: only keys after the query are")):
+            if np.allclose(got, np.where(masked, -np.inf, raw), **close):
+                return code, message
     return None
 
 
 register(Exercise(
-    exercise_id="06_split_qkv",
-    title="out[p, b, h, t, c] = qkv[b, t, p*d_model + h*d_k + c]: Q, K and V split in one launch",
+    exercise_id="06_qkv_scores",
+    title="every head's scores read in place from the fused projection, query head h with K/V head h // group",
     kind="kernel",
-    run=_run_split_qkv,
-    # One element of each part first; then sizes that are no multiple of the 16 x 16 block, a
-    # batch of 2 (the grid's z then mixes part, sequence and head), and a head two blocks wide.
-    cases=[Case(1, 1, 1, 1), Case(1, 7, 3, 5), Case(2, 17, 4, 6), Case(1, 5, 2, 20)],
-    describe_case=str,
-    hint=("one thread per output element, as in the plain split; the grid's z axis now carries three "
-          "things, the part (Q, K or V), the sequence and the head, and the column of the fused result "
-          "adds one offset per thing"),
-    more_hints=("where answers go wrong: recovering part, sequence and head from the grid layer in a "
-                "different order than the launch built it, forgetting the part's offset of d_model columns, "
-                "and threads of the edge blocks that fall outside the output",),
-    rtol=0.0,   # a split moves values, it computes none: every entry must be exact
-    atol=0.0,
-    diagnose=_diagnose_split_qkv,
-    diagnoses=("heads_interleaved", "parts_not_offset", "qkv_per_head_layout"),
+    run=_run_qkv_scores,
+    # One score; a batch of 2 with 4 query heads on 2 K/V heads, T 7 (less than a tile), d_k 5;
+    # one sequence without GQA and not causal, T 17 (a partial second tile); multi-query attention
+    # (one K/V head) at T 18, so that a tile right of the diagonal is skipped; 3 query heads on one
+    # K/V head with heads of 20, two steps of tile_dot along d_k. Small: every case is race-checked.
+    cases=[ScoreCase(1, 1, 1, 1, 1, True), ScoreCase(2, 7, 4, 2, 5, True), ScoreCase(1, 17, 2, 2, 6, False),
+           ScoreCase(1, 18, 2, 1, 3, True), ScoreCase(1, 9, 3, 1, 20, True)],
+    hint=("a head is a run of d_k columns of qkv; take the query head's run and its K/V head's run as views "
+          "(no copy) and hand them to the tiled dot product, with the sequence as its leading index"),
+    more_hints=("where answers go wrong: giving each query head its own K/V head or dealing them out in turn "
+                "instead of in groups of neighbours, forgetting that K's heads come after all of Q's, and working "
+                "out d_k from a head count other than n_head + 2 n_kv_head",),
+    rtol=1e-4,  # float32 dot products of up to 20 terms against float64, scores of order 1
+    atol=1e-4,
+    diagnose=_diagnose_qkv_scores,
+    diagnoses=("kv_head_not_shared", "kv_head_interleaved", "wrong_k_block", "wrong_head_width",
+               "view_past_the_end", "grid_layer_order", "missing_scale", "scaled_by_d_k", "mask_not_applied",
+               "mask_includes_diagonal"),
+    solution=multihead.qkv_scores_kernel,
+    forbidden=(multihead.launch_layer, multihead.multi_head_attention, multihead.split_heads,
+               multihead.split_heads_kernel, scores.scores_kernel_v2),
 ))

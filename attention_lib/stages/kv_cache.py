@@ -3,15 +3,17 @@
 
 - Grouped-query attention throughout: the cache holds n_kv_head heads of K and V; query head h
   reads kv head h // (n_head // n_kv_head) (n_kv_head = n_head: plain, 1: multi-query).
-- NumPy: ``chunk_partials`` and ``merge_partials`` (one query, chunk by chunk, merged with
-  log-sum-exp); ``decode_layer_numpy``, the reference of a whole layer decoded token by token.
+- NumPy: ``chunk_partials`` (one query, chunk by chunk: each chunk's log-sum-exp and normalised
+  output) and ``merge_partials`` (their log-sum-exp merge); ``decode_layer_numpy``, the reference
+  of a whole layer decoded token by token.
 - ``KVCache``: K and V of the kv heads of one layer of one sequence, preallocated on the device
   as (n_kv_head, capacity, d_k) arrays; ``append`` fills them from the front.
 - Kernels, each staging a kv head's keys and values in shared memory once for every query head
   of its group: ``decode_kernel_v1`` (a block per kv head, a thread per query head) and, version
   2, ``decode_kernel_v2`` (split-K: a block per chunk of KEYS_PER_CHUNK positions and kv head,
-  partial (m, l, acc)) + ``decode_merge_kernel``; their device functions (``row_dot``, which the
-  backward reuses, ``online_step``, ...).
+  writing each chunk's log-sum-exp and normalised output) + ``decode_merge_kernel`` (their
+  log-sum-exp merge); their device functions (``row_dot``, which the backward reuses,
+  ``online_step``, ``max_and_sum_exp``, ``weighted_value``, ...).
 - ``KERNELS``, ``decode_grid``; the launcher ``decode_step(q, cache, version=2, kernel=None,
   merge_kernel=None)``.
 - A layer with a cache on the device: ``qkv_heads``, ``prefill``, ``decode_layer_step``,
@@ -36,13 +38,15 @@ from attention_lib.platform.validation import as_float32, positive_int, require,
 
 # Cached positions per chunk of the split-K kernel, and threads per block (one position each);
 # also the tile of positions kernel 1 stages at a time. On a GPU 32 (one warp): a chunk's keys
-# and values staged in shared memory, 2 x 32 x 129 float32, take 33,024 bytes, and 64 positions
-# would pass the 48 KB a block may hold statically. ANDREA-120M's T = 1024 is 32 chunks per
-# head, 12 kv heads x 32 = 384 blocks for one sequence, 2.9 per SM of an H200's 132: 2 or 3
-# warps of an SM's 64 (3 to 5 % occupancy, from the grid). A fixed chunk keeps the kernel
-# simple; production split-decoding picks the number of splits from batch x heads and the SM
-# count. On the simulator 8: ANDREA-sim's T = 32 is 4 chunks, of fewer threads to simulate.
-KEYS_PER_CHUNK = 8 if SIMULATOR_SHAPES else 32
+# and values staged in shared memory, 2 x 32 x 129 float32, take 33,024 bytes (33,152 with the
+# chunk's 32 scores), and 64 positions would pass the 48 KB a block may hold statically.
+# ANDREA-120M's T = 1024 is 32 chunks per head, 12 kv heads x 32 = 384 blocks for one
+# sequence, 2.9 per SM of an H200's 132: 2 or 3 warps of an SM's 64 (3 to 5 % occupancy, from
+# the grid). A fixed chunk keeps the kernel simple; production split-decoding picks the number
+# of splits from batch x heads and the SM count. On the simulator 8: ANDREA-sim's T = 32 is 4
+# chunks, of fewer threads to simulate.
+KEYS_PER_CHUNK_GPU = 32
+KEYS_PER_CHUNK = 8 if SIMULATOR_SHAPES else KEYS_PER_CHUNK_GPU
 # Largest head width the kernels accept: q is staged in arrays of MAX_D float32, whose size
 # must be known when compiling (the same limit as flash.MAX_D).
 MAX_D = 128
@@ -65,34 +69,36 @@ PROJECTION_VERSION = projection.layer_version()
 def chunk_partials(q, keys, values, chunk=KEYS_PER_CHUNK):
     """What each chunk of the cache contributes to one query's attention, in float64.
 
-    q: (..., d_k) one query per head; keys: (..., T, d_k); values: (..., T, d_v)
-    -> (m, l, acc): m (..., n_chunks) the largest scaled score in each chunk, l (..., n_chunks)
-    the sum of exp(s - m) over the chunk, acc (..., n_chunks, d_v) the sum of exp(s - m) * v;
-    n_chunks = ceil(T / chunk), the last chunk possibly shorter. Every chunk is independent.
+    q: (..., d_k) one query per head; keys: (..., T, d_k); values: (..., T, d_v) -> (lse, o): lse
+    (..., n_chunks) each chunk's log-sum-exp m + log l (m its largest scaled score, l the sum of
+    exp(s - m)), o (..., n_chunks, d_v) its own output, sum of exp(s - m) * v over l. n_chunks =
+    ceil(T / chunk), the last chunk possibly shorter; every chunk independent of the others.
     """
     q, keys, values = (np.asarray(a, dtype=np.float64) for a in (q, keys, values))
     s = np.einsum("...d,...td->...t", q, keys) / math.sqrt(q.shape[-1])   # (..., T) scores
-    ms, ls, accs = [], [], []
+    lses, outputs = [], []
     for start in range(0, s.shape[-1], chunk):
         s_c = s[..., start:start + chunk]                          # (..., <= chunk)
-        m_c = s_c.max(axis=-1)                                     # (...)
-        p = np.exp(s_c - m_c[..., None])                           # every term <= 1
-        ms.append(m_c)
-        ls.append(p.sum(axis=-1))
-        accs.append(np.einsum("...t,...td->...d", p, values[..., start:start + chunk, :]))
-    return np.stack(ms, -1), np.stack(ls, -1), np.stack(accs, -2)
+        m = s_c.max(axis=-1)                                       # (...)
+        p = np.exp(s_c - m[..., None])                             # every term <= 1
+        l = p.sum(axis=-1)                                         # >= 1: the max contributes exp(0)
+        lses.append(m + np.log(l))
+        outputs.append(np.einsum("...t,...td->...d", p, values[..., start:start + chunk, :]) / l[..., None])
+    return np.stack(lses, -1), np.stack(outputs, -2)
 
 
-def merge_partials(m, l, acc):
-    """Combine the chunks' partials into the attention output (log-sum-exp merge).
+def merge_partials(lse, o):
+    """Merge the chunks' (LSE_c, o_c) into the attention output and its log-sum-exp, in float64.
 
-    m, l: (..., n_chunks); acc: (..., n_chunks, d_v) -> (..., d_v) float64. Chunk c's terms
-    were computed against its own max m_c; against the overall max M = max_c m_c each of them
-    is exp(m_c - M) times smaller, so out = sum_c exp(m_c - M) acc_c / sum_c exp(m_c - M) l_c.
+    lse: (..., n_chunks); o: (..., n_chunks, d_v) -> (out (..., d_v), lse (...)). Chunk c holds
+    the share exp(LSE_c - LSE) of the softmax's denominator; with M = max_c LSE_c every weight
+    exp(LSE_c - M) is <= 1 (one is 1), and dividing by their sum gives the shares.
     """
-    m, l, acc = (np.asarray(a, dtype=np.float64) for a in (m, l, acc))
-    weight = np.exp(m - m.max(axis=-1, keepdims=True))            # (..., n_chunks), each <= 1
-    return (weight[..., None] * acc).sum(axis=-2) / (weight * l).sum(axis=-1)[..., None]
+    lse, o = np.asarray(lse, np.float64), np.asarray(o, np.float64)
+    big = lse.max(axis=-1, keepdims=True)                          # M, (..., 1)
+    weight = np.exp(lse - big)                                     # (..., n_chunks), each <= 1
+    total = weight.sum(axis=-1)                                    # (...), >= 1
+    return (weight[..., None] * o).sum(axis=-2) / total[..., None], big[..., 0] + np.log(total)
 
 
 def decode_layer_numpy(x, w_q, w_k, w_v, w_o, n_head, n_kv_head=None):
@@ -241,8 +247,8 @@ def stage_query(q_row, acc, q, h, scale):
 
 @cuda.jit(device=True)
 def row_dot(row, tile, r, width):
-    """row . tile[r]: a thread's own row (local memory) against row r of a shared tile, float32;
-    here the scaled query against a staged key, its score (notebook 11's backward reuses it)."""
+    """row . tile[r]: a row (a thread's local array, or a row in main memory) against row r of a
+    shared tile, float32: a query against a staged key (notebook 11's backward reuses it)."""
     acc = np.float32(0.0)
     for c in range(width):
         acc += row[c] * tile[r, c]
@@ -302,106 +308,79 @@ def decode_kernel_v1(q, k_cache, v_cache, length, scale, out):
 
 
 @cuda.jit(device=True)
-def stage_scaled_query(q_s, q, h, scale, tid):
-    """q_s = q[h] * scale in shared memory, the block's threads taking components tid, tid + KEYS_PER_CHUNK, ..."""
-    for e in range(tid, q.shape[1], KEYS_PER_CHUNK):
-        q_s[e] = q[h, e] * scale                          # the scale, folded into q once
+def max_and_sum_exp(s_chunk, n_keys):
+    """(m, l) of the chunk's first n_keys scores: m their largest, l the sum of exp(s - m), float32.
 
-
-@cuda.jit(device=True)
-def score_chunk(s_chunk, q_s, k_s, n_keys, d_k, tid):
-    """s_chunk[tid] = q_s . k_s[tid, :]: thread tid scores one staged key of the chunk."""
-    if tid < n_keys:
-        s = np.float32(0.0)
-        for e in range(d_k):
-            s += q_s[e] * k_s[tid, e]                     # rows of 129 floats: 32 banks, no conflict
-        s_chunk[tid] = s
-
-
-@cuda.jit(device=True)
-def score_head(s_chunk, q_s, q, h, scale, k_s, n_keys, tid):
-    """Steps 1 and 2 for query head h: q[h] * scale staged, then each thread scores its key."""
-    stage_scaled_query(q_s, q, h, scale, tid)
-    cuda.syncthreads()                                    # wait: the chunk and q[h] are staged
-    score_chunk(s_chunk, q_s, k_s, n_keys, q.shape[1], tid)
-
-
-@cuda.jit(device=True)
-def weigh_chunk(p_chunk, s_chunk, n_keys, tid):
-    """p_chunk[tid] = exp(s_chunk[tid] - m); returns m, the chunk's largest score.
-
-    Every thread finds the same m by reading all the chunk's scores (one shared-memory
-    broadcast per score): KEYS_PER_CHUNK reads, but no tree of barriers.
+    Every thread that calls it reads every score, all of them the same address at the same time.
     """
     m = np.float32(-math.inf)
     for t in range(n_keys):
         m = max(m, s_chunk[t])
-    if tid < n_keys:
-        p_chunk[tid] = math.exp(s_chunk[tid] - m)         # <= 1, exactly 1 at the max
-    return m
+    l = np.float32(0.0)
+    for t in range(n_keys):
+        l += math.exp(s_chunk[t] - m)            # <= 1 each, exactly 1 at the max: l >= 1
+    return m, l
 
 
 @cuda.jit(device=True)
-def chunk_output(acc_part, p_chunk, v_s, h, c, n_keys, d_k, tid):
-    """acc_part[h, c, e] = sum_t p_chunk[t] * v_s[t, e] for e = tid, tid + KEYS_PER_CHUNK, ..."""
-    for e in range(tid, d_k, KEYS_PER_CHUNK):             # one output component per thread
-        acc = np.float32(0.0)
-        for t in range(n_keys):
-            acc += p_chunk[t] * v_s[t, e]                 # threads side by side: banks side by side
-        acc_part[h, c, e] = acc
-
-
-@cuda.jit(device=True)
-def chunk_stats(m_part, l_part, p_chunk, h, c, m, n_keys, tid):
-    """Thread 0 writes the chunk's m and l = sum of its weights; the others do nothing."""
-    if tid == 0:
-        l = np.float32(0.0)
-        for t in range(n_keys):
-            l += p_chunk[t]
-        m_part[h, c] = m
-        l_part[h, c] = l
+def weighted_value(s_chunk, v_s, n_keys, m, e):
+    """sum over the chunk's n_keys positions t of exp(s_chunk[t] - m) * v_s[t, e], float32: one
+    component of the chunk's unnormalised output (each call recomputes the weights it needs)."""
+    acc = np.float32(0.0)
+    for t in range(n_keys):
+        acc += math.exp(s_chunk[t] - m) * v_s[t, e]   # neighbouring threads read neighbouring e
+    return acc
 
 
 @cuda.jit
-def decode_kernel_v2(q, k_cache, v_cache, length, scale, m_part, l_part, acc_part):
-    """Split-K decoding, step 1: block (c, g) attends kv head g's query heads to chunk c, staged once.
+def decode_kernel_v2(q, k_cache, v_cache, length, scale, lse_part, o_part):
+    """Split-K decoding, step 1: block (c, g) attends the query heads of kv head g to chunk c of the
+    cache, staged once for all of them; thread tid owns position c * KEYS_PER_CHUNK + tid.
 
-    Writes m_part, l_part (n_head, n_chunks), acc_part (n_head, n_chunks, d_k); the rest as decode_kernel_v1."""
-    k_s = cuda.shared.array(TILE_SHAPE, np.float32)       # the chunk's keys
-    v_s = cuda.shared.array(TILE_SHAPE, np.float32)       # and values
-    q_s = cuda.shared.array(MAX_D, np.float32)          # q[h] * scale, read by every thread
-    s_chunk = cuda.shared.array(KEYS_PER_CHUNK, np.float32)   # the chunk's scores
-    p_chunk = cuda.shared.array(KEYS_PER_CHUNK, np.float32)   # exp(score - chunk max)
+    q: (n_head, d_k); k_cache, v_cache: (n_kv_head, capacity, d_k); length: filled positions;
+    scale: 1/sqrt(d_k); writes lse_part (n_head, n_chunks), the chunk's log-sum-exp m + log l,
+    and o_part (n_head, n_chunks, d_k), its normalised output; float32. Grid: (n_chunks,
+    n_kv_head) blocks of KEYS_PER_CHUNK threads. Two barriers per query head.
+    """
+    k_s = cuda.shared.array(TILE_SHAPE, np.float32)         # the chunk's keys, one position per row
+    v_s = cuda.shared.array(TILE_SHAPE, np.float32)         # and its values
+    s_chunk = cuda.shared.array(KEYS_PER_CHUNK, np.float32)   # the chunk's scores against q[h]
     c, g, tid, group = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x, q.shape[0] // k_cache.shape[0]
     n_keys = stage_tile(k_s, v_s, k_cache, v_cache, g, c * KEYS_PER_CHUNK, length, tid, KEYS_PER_CHUNK)
-    for h in range(g * group, (g + 1) * group):           # the query heads with h // group = g
-        score_head(s_chunk, q_s, q, h, scale, k_s, n_keys, tid)
-        cuda.syncthreads()                                # wait: every score of the chunk is in
-        m = weigh_chunk(p_chunk, s_chunk, n_keys, tid)
-        cuda.syncthreads()                                # wait: every weight of the chunk is in
-        chunk_output(acc_part, p_chunk, v_s, h, c, n_keys, q.shape[1], tid)
-        chunk_stats(m_part, l_part, p_chunk, h, c, m, n_keys, tid)
+    for h in range(g * group, (g + 1) * group):          # the query heads that read kv head g
+        cuda.syncthreads()                               # wait: the chunk is staged, the last head's scores read
+        if tid < n_keys:                                 # the last chunk may hold fewer keys than threads
+            s_chunk[tid] = scale * row_dot(q[h], k_s, tid, q.shape[1])   # every thread reads all of q[h]
+        cuda.syncthreads()                               # wait: every score of the chunk is in
+        m, l = max_and_sum_exp(s_chunk, n_keys)          # the same (m, l) in every thread
+        for e in range(tid, q.shape[1], KEYS_PER_CHUNK):   # output components tid, tid + KEYS_PER_CHUNK, ...
+            o_part[h, c, e] = weighted_value(s_chunk, v_s, n_keys, m, e) / l
+        if tid == 0:                                     # one thread per chunk and head
+            lse_part[h, c] = m + math.log(l)
 
 
 @cuda.jit
-def decode_merge_kernel(m_part, l_part, acc_part, out):
-    """Split-K decoding, step 2: out[h, e] = sum_c w_c acc_part[h, c, e] / sum_c w_c l_part[h, c].
+def decode_merge_kernel(lse_part, o_part, out, lse):
+    """Split-K decoding, step 2: the chunks' (LSE_c, o_c) merged with log-sum-exp, one thread per
+    output component: out[h, e] = sum_c w_c o_part[h, c, e] / sum_c w_c, w_c = exp(LSE_c - M),
+    M = max_c LSE_c; lse[h] = M + log sum_c w_c, the whole row's log-sum-exp.
 
-    w_c = exp(m_part[h, c] - max_c m_part[h, c]); m_part, l_part: (n_head, n_chunks); acc_part:
-    (n_head, n_chunks, d_k); out: (n_head, d_k). Grid: x over e, y over heads (MERGE_BLOCK).
+    lse_part: (n_head, n_chunks); o_part: (n_head, n_chunks, d_k); out: (n_head, d_k) and lse:
+    (n_head,), written; float32. Grid: x over e, y over heads, blocks of MERGE_BLOCK.
     """
-    e, h = cuda.grid(2)
-    if h >= out.shape[0] or e >= out.shape[1]:          # edge blocks hang past the output
-        return
-    m = np.float32(-math.inf)
-    for c in range(m_part.shape[1]):                    # over the head's chunks
-        m = max(m, m_part[h, c])
-    l, o = np.float32(0.0), np.float32(0.0)
-    for c in range(m_part.shape[1]):
-        w = math.exp(m_part[h, c] - m)                  # chunk c was summed against m_c, not m
-        l += w * l_part[h, c]
-        o += w * acc_part[h, c, e]
-    out[h, e] = o / l                                   # l >= 1: the chunk holding m gives >= 1
+    e, h = cuda.grid(2)                          # x along the output's components, y along the heads
+    if h < out.shape[0] and e < out.shape[1]:    # edge blocks hang past the output
+        big = np.float32(-math.inf)
+        for c in range(lse_part.shape[1]):
+            big = max(big, lse_part[h, c])       # M, the largest LSE_c
+        total, acc = np.float32(0.0), np.float32(0.0)
+        for c in range(lse_part.shape[1]):
+            w = math.exp(lse_part[h, c] - big)   # <= 1, exactly 1 for the largest: no overflow
+            total += w
+            acc += w * o_part[h, c, e]
+        out[h, e] = acc / total                  # the shares w / total sum to 1
+        if e == 0:                               # one thread per head writes its log-sum-exp
+            lse[h] = big + math.log(total)
 
 
 # --- Launchers -------------------------------------------------------------------------------
@@ -475,12 +454,12 @@ def decode_step(q, cache, version=2, kernel=None, merge_kernel=None):
         kernel[grid, block](d_q, cache.k_device, cache.v_device, length, scale, out)
     else:
         chunks = n_chunks(length)
-        m_part = cuda.device_array((n_head, chunks), np.float32)
-        l_part = cuda.device_array((n_head, chunks), np.float32)
-        acc_part = cuda.device_array((n_head, chunks, d_k), np.float32)
-        kernel[grid, block](d_q, cache.k_device, cache.v_device, length, scale, m_part, l_part, acc_part)
+        lse_part = cuda.device_array((n_head, chunks), np.float32)       # each chunk's log-sum-exp
+        o_part = cuda.device_array((n_head, chunks, d_k), np.float32)    # and its normalised output
+        kernel[grid, block](d_q, cache.k_device, cache.v_device, length, scale, lse_part, o_part)
         (grid, block), = merge
-        (merge_kernel or decode_merge_kernel)[grid, block](m_part, l_part, acc_part, out)
+        lse = cuda.device_array(n_head, np.float32)                      # the row's: kept by a backward
+        (merge_kernel or decode_merge_kernel)[grid, block](lse_part, o_part, out, lse)
     out = out.copy_to_host()                                      # (n_head, d_k)
     if library_kernels:
         require_finite_result("decode_step", out, "q or the cached keys and values")
@@ -609,8 +588,9 @@ def decode_traffic(length, n_head, d_k, version=2, n_kv_head=None):
 
     -> {kernel name: {array: (loads, stores)}}, totals over the launch; n_kv_head None: n_head.
     Both versions read every filled key and value of the n_kv_head heads exactly once, whatever
-    the group, and no unfilled slot. Version 2 also reads q once per chunk, and writes the
-    partials (n_head * n_chunks * (d_k + 2) numbers) that the merge reads back.
+    the group, and no unfilled slot. Version 1 reads q once; in version 2 the thread of every
+    filled position reads its query head's whole q (all at the same address at once), and the
+    partials (n_head * n_chunks * (d_k + 1) numbers) are written, then read back by the merge.
     """
     n_kv_head = n_head if n_kv_head is None else n_kv_head
     filled = n_kv_head * length * d_k                    # shared by the group: read once
@@ -619,15 +599,14 @@ def decode_traffic(length, n_head, d_k, version=2, n_kv_head=None):
                                      "v_cache": (filled, 0), "out": (0, n_head * d_k)}}
     chunks = n_chunks(length)
     return {
-        "decode_kernel_v2": {"q": (n_head * d_k * chunks, 0), "k_cache": (filled, 0),
-                                  "v_cache": (filled, 0), "m_part": (0, n_head * chunks),
-                                  "l_part": (0, n_head * chunks),
-                                  "acc_part": (0, n_head * chunks * d_k)},
-        # Each of the n_head * d_k merge threads reads its head's m twice (max, then weights),
-        # its l once, and its own component of every chunk's acc.
-        "decode_merge_kernel": {"m_part": (2 * n_head * d_k * chunks, 0),
-                                "l_part": (n_head * d_k * chunks, 0),
-                                "acc_part": (n_head * chunks * d_k, 0), "out": (0, n_head * d_k)},
+        "decode_kernel_v2": {"q": (n_head * length * d_k, 0), "k_cache": (filled, 0),
+                             "v_cache": (filled, 0), "lse_part": (0, n_head * chunks),
+                             "o_part": (0, n_head * chunks * d_k)},
+        # Each of the n_head * d_k merge threads reads its head's LSE_c twice (the max, then the
+        # weights) and its own component of every chunk's o; thread e = 0 writes the head's lse.
+        "decode_merge_kernel": {"lse_part": (2 * n_head * d_k * chunks, 0),
+                                "o_part": (n_head * chunks * d_k, 0), "out": (0, n_head * d_k),
+                                "lse": (0, n_head)},
     }
 
 

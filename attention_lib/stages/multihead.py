@@ -12,6 +12,13 @@ references are ``reference.split_heads``, ``reference.merge_heads`` and
   Both run on the same grid: x along c (within a head), y along t, z along (batch, head), so
   every head of every sequence is in one launch and neighbouring threads touch neighbouring
   addresses on both sides of the copy.
+- ``qkv_scores_kernel`` and ``qkv_weighted_sum_kernel``: the layer's attention without those
+  copies, as production kernels do it. The scores of every head are read in place from the fused
+  projection (B, T, (n_head + 2 n_kv_head) d_k) through views of its columns, query head h with
+  key/value head h // (n_head / n_kv_head) (grouped-query attention); the weighted sum reads V
+  the same way and writes each head's output straight into its columns of the merged (B, T,
+  d_model). Both are the tiled kernels of notebooks 02 and 05 (``scores.tile_dot``,
+  ``projection.tile_matmul``), causal tiles skipped.
 - ``head_partial_outputs``: the output projection as a sum over heads (NumPy, float64):
   concat(heads) @ W_O = sum_h head_h @ W_O[h*d_k:(h+1)*d_k, :]. When the heads live on
   different GPUs (tensor parallelism) each GPU computes its part of that sum, and adding the
@@ -19,8 +26,8 @@ references are ``reference.split_heads``, ``reference.merge_heads`` and
 - Launchers ``split_heads(x, n_head, kernel=None)``, ``merge_heads(heads, kernel=None)`` and
   the whole layer, ``multi_head_attention(x, w_q, w_k, w_v, w_o, n_head, ...)``, which
   validates, copies x and the weights in and the output back; ``launch_layer`` runs the
-  layer's launches on device arrays in between (fused QKV projection, three splits,
-  ``attention.launch_attention`` for all heads, one merge, the W_O projection).
+  layer's five launches on device arrays in between (the fused QKV projection, the scores of
+  every head, the softmax, the weighted sum into the merged layout, the W_O projection).
 """
 
 import math
@@ -29,6 +36,8 @@ import numpy as np
 from numba import cuda
 
 from attention_lib.stages import attention, projection, scores, softmax, weighted_sum
+from attention_lib.stages.projection import tile_matmul
+from attention_lib.stages.scores import tile_dot
 from attention_lib.platform.launch import ceil_div, check_grid, check_simulator_budget
 from attention_lib.platform.validation import as_float32, head_counts, require, require_finite_result, weight
 
@@ -103,6 +112,53 @@ def merge_heads_kernel(heads, out):
         out[b, t, h * d_k + c] = heads[b, h, t, c]
 
 
+@cuda.jit
+def qkv_scores_kernel(qkv, n_head, n_kv_head, inv_sqrt_dk, causal, s):
+    """Every head's scores read in place from the fused projection, no split copy:
+    s[b * n_head + h, i, j] = (Q_h[i] . K_g[j]) * inv_sqrt_dk with g = h // (n_head // n_kv_head),
+    -inf where causal and j > i.
+
+    qkv: (B, T, (n_head + 2 n_kv_head) d_k) float32, [Q heads | K heads | V heads] along the last
+    axis; s: (B * n_head, T, T) float32, written; inv_sqrt_dk: float32; causal: bool. Grid and
+    block: scores_kernel_v2's on (B * n_head, T, T), x over keys j, y over queries i, z over
+    b * n_head + h. A head is a view of qkv's columns: its strides are qkv's, nothing is copied.
+    """
+    j, i = cuda.grid(2)                          # x: key j, y: query i
+    z, T = cuda.blockIdx.z, s.shape[1]           # grid layer z = b * n_head + h
+    if causal and cuda.blockIdx.x > cuda.blockIdx.y:   # a tile right of the diagonal: all masked
+        if i < T and j < T:
+            s[z, i, j] = -math.inf
+        return                                   # the whole block leaves: no barrier waits
+    b, h = z // n_head, z % n_head
+    d_k = qkv.shape[2] // (n_head + 2 * n_kv_head)   # qkv holds n_head + 2 n_kv_head heads side by side
+    q_col, k_col = h * d_k, (n_head + h // (n_head // n_kv_head)) * d_k   # K's heads follow Q's
+    acc = tile_dot(qkv[:, :, q_col:q_col + d_k], qkv[:, :, k_col:k_col + d_k], b, i, j)   # every thread
+    if i < T and j < T:                          # edge blocks hang past T
+        s[z, i, j] = np.float32(-math.inf) if causal and j > i else acc * inv_sqrt_dk
+
+
+@cuda.jit
+def qkv_weighted_sum_kernel(a, qkv, n_head, n_kv_head, causal, out):
+    """Every head's output written straight into the merged layout, V read in place, no copy:
+    out[b, i, h * d_k + c] = sum_j a[b * n_head + h, i, j] * V_g[j, c], g = h // (n_head // n_kv_head).
+
+    a: (B * n_head, T, T) float32 weights, 0 above the diagonal when causal; qkv: as
+    qkv_scores_kernel's; out: (B, T, n_head * d_k) float32, written. Grid and block:
+    weighted_sum_grid(B * n_head, T, d_k). Causal: a block stops at its last query's last key.
+    """
+    col, row = cuda.grid(2)                      # col: a component c, row: a query i
+    z, T = cuda.blockIdx.z, a.shape[1]
+    b, h = z // n_head, z % n_head
+    d_k = qkv.shape[2] // (n_head + 2 * n_kv_head)
+    v_col = (n_head + n_kv_head + h // (n_head // n_kv_head)) * d_k   # V's heads follow K's
+    k_end = T
+    if causal:                                   # keys past the block's last query weigh 0
+        k_end = min((cuda.blockIdx.y + 1) * projection.TILE, T)
+    acc = tile_matmul(a[z, :, :k_end], qkv[b, :k_end, v_col:v_col + d_k], row, col)   # every thread
+    if row < T and col < d_k:
+        out[b, row, h * d_k + col] = acc         # head h's columns of the merged output
+
+
 # --- Launchers ---------------------------------------------------------------------------
 
 def head_grid(bh, T, d_k):
@@ -164,47 +220,25 @@ def merge_heads(heads, kernel=None):
     return d_out.copy_to_host().reshape(*lead, T, n_head * d_k)             # (..., T, d_model)
 
 
-def project_and_split(x, w_qkv, b_qkv, n_head, n_kv_head):
-    """x (B, T, d_model) -> Q (B * n_head, T, d_k), K and V (B * n_kv_head, T, d_k) as device
-    arrays, from one fused projection; w_qkv: (d_model, (n_head + 2 n_kv_head) d_k)."""
-    (B, T, d_model), d_k, width = x.shape, x.shape[2] // n_head, w_qkv.shape[1]
-    qkv = cuda.device_array((B * T, width), np.float32)
-    rows = x.reshape(B * T, d_model)                               # (B * T, d_model): positions as rows
-    projection.launch_version(PROJECTION_VERSION, rows, w_qkv, b_qkv, qkv)   # one fused matmul
-    qkv = qkv.reshape(B, T, width)                                 # (B, T, width) = [Q | K | V]
-    heads, start = [], 0
-    for count in (n_head, n_kv_head, n_kv_head):                   # Q, K, V: column blocks of qkv
-        part = qkv[:, :, start:start + count * d_k]                # (B, T, count * d_k), a strided view
-        split = cuda.device_array((B, count, T, d_k), np.float32)
-        launch_heads(split_heads_kernel, part, split, split.shape)
-        heads.append(split.reshape(B * count, T, d_k))             # (B * count, T, d_k)
-        start += count * d_k
-    return heads
-
-
-def merge_and_project(out, w_o, b_o, B, n_head):
-    """The heads' outputs (B * n_head, T, d_k) -> merged, times W_O plus b_o: (B, T, d_model)."""
-    _, T, d_k = out.shape
-    merged = cuda.device_array((B, T, n_head * d_k), np.float32)
-    launch_heads(merge_heads_kernel, out.reshape(B, n_head, T, d_k), merged, (B, n_head, T, d_k))
-    result = cuda.device_array((B * T, n_head * d_k), np.float32)
-    projection.launch_version(PROJECTION_VERSION, merged.reshape(B * T, n_head * d_k), w_o, b_o, result)
-    return result.reshape(B, T, n_head * d_k)
-
-
 def launch_layer(x, w_qkv, b_qkv, w_o, b_o, n_head, causal, n_kv_head=None):
-    """The whole layer on device arrays; no checks (multi_head_attention makes them).
-
-    x: (B, T, d_model); w_qkv: (d_model, d_model + 2 n_kv_head d_k) = [W_Q | W_K | W_V]; b_qkv:
-    of its width, or (0,) for no bias; w_o: (d_model, d_model); b_o: (d_model,) or (0,); all
-    float32; n_kv_head: key/value heads (None: n_head) -> a new device array (B, T, d_model)
-    float32. Nothing comes back to the host in between.
-    """
+    """The whole layer on device arrays in five launches, no checks (multi_head_attention makes them):
+    x (B, T, d_model), w_qkv (d_model, (n_head + 2 n_kv_head) d_k) = [W_Q | W_K | W_V], b_qkv of its width or
+    (0,), w_o, b_o alike -> new (B, T, d_model); float32. Heads are read in place, never split or merged."""
     n_kv_head = n_head if n_kv_head is None else n_kv_head
-    q, k, v = project_and_split(x, w_qkv, b_qkv, n_head, n_kv_head)   # (B * n_head or B * n_kv_head, T, d_k)
-    k, v = (attention.share_kv_heads(a, q.shape[0]) for a in (k, v))  # (B * n_head, T, d_k): K/V head per group
-    out = attention.launch_attention(q, k, v, causal)              # (B * n_head, T, d_k), one batch of heads
-    return merge_and_project(out, w_o, b_o, x.shape[0], n_head)
+    (B, T, d_model), width = x.shape, w_qkv.shape[1]
+    qkv = cuda.device_array((B * T, width), np.float32)           # [Q | K | V] of every position
+    projection.launch_version(PROJECTION_VERSION, x.reshape(B * T, d_model), w_qkv, b_qkv, qkv)
+    qkv = qkv.reshape(B, T, width)
+    s = cuda.device_array((B * n_head, T, T), np.float32)         # every head's scores
+    grid, block = scores.score_grid(B * n_head, T, T)
+    qkv_scores_kernel[grid, block](qkv, n_head, n_kv_head, scores.scale_factor(d_model // n_head), causal, s)
+    a = attention.launch_row_softmax(s)                           # (B * n_head, T, T) weights
+    merged = cuda.device_array((B * T, d_model), np.float32)      # the heads side by side
+    grid, block = weighted_sum.weighted_sum_grid(B * n_head, T, d_model // n_head)
+    qkv_weighted_sum_kernel[grid, block](a, qkv, n_head, n_kv_head, causal, merged.reshape(B, T, d_model))
+    out = cuda.device_array((B * T, d_model), np.float32)
+    projection.launch_version(PROJECTION_VERSION, merged, w_o, b_o, out)   # W_O (+ b_O)
+    return out.reshape(B, T, d_model)
 
 
 def layer_threads(B, T, d_model, n_head, n_kv_head=None):
@@ -214,13 +248,11 @@ def layer_threads(B, T, d_model, n_head, n_kv_head=None):
     projections = sum(math.prod(grid) * math.prod(block) for grid, block in
                       (projection.projection_grid_of(PROJECTION_VERSION, B * T, (n_head + 2 * n_kv_head) * d_k),
                        projection.projection_grid_of(PROJECTION_VERSION, B * T, d_model)))
-    copies = ((2 * n_head + 2 * n_kv_head) * B * math.prod(head_grid(1, T, d_k)[0])   # Q, K, V splits, 1 merge
-              * math.prod(BLOCK))
     bh = B * n_head
     heads = (math.prod(scores.score_grid(bh, T, T)[0]) * scores.TILE ** 2
              + math.prod(softmax.softmax_grid(bh * T, attention.SOFTMAX_VERSION))
              + math.prod(weighted_sum.weighted_sum_grid(bh, T, d_k)[0]) * weighted_sum.TILE ** 2)
-    return projections + copies + heads
+    return projections + heads
 
 
 def _layer_weights(arrays, d_model, n_head, n_kv_head):
