@@ -1,4 +1,4 @@
-"""Train notebook 11's toy model and write its weights into the package.
+"""Train the toy model of notebook 11x (the backward's deep dive) and write its weights into the package.
 
     python scripts/train_toy_model.py        -> attention_lib/stages/data/toy_heads.npz
 

@@ -1,6 +1,7 @@
 """The backward pass (attention_lib/stages/backward.py): NumPy against finite differences, the
-naive and fused kernels against NumPy (and PyTorch's autograd where installed), the traffic
-counted, bad input refused, and the exercise's planted slips named."""
+naive and fused kernels against NumPy (and PyTorch's autograd where installed), with and without a
+sliding window (the forward's conventions: FlashAttention's window_size=(window - 1, 0)), the
+traffic counted, bad input refused. The exercises' planted slips are in test_exercises_11.py."""
 
 import math
 import os
@@ -10,10 +11,8 @@ import attention_lib
 import numpy as np
 import pytest
 from attention_lib import reference
-from attention_lib.checks import check
 from attention_lib.measure import traffic
 from attention_lib.stages import backward
-from numba import cuda
 
 
 def _inputs(rng, lead, t_q, t_k, d_k, d_v):
@@ -158,21 +157,26 @@ def test_the_fused_backward_stores_nothing_t_by_t_and_moves_less(rng):
     assert footprint["naive"] == 4 * (6 * 19 * 19 + 19 * 4 + 19) and footprint["fused"] == 4 * 19
 
 
-@pytest.mark.parametrize("t_q, t_k, skips", [(33, 33, True), (19, 23, False)])
-def test_the_fused_kernels_read_what_their_tile_map_says(rng, t_q, t_k, skips):
+@pytest.mark.parametrize("t_q, t_k, window, skips", [(33, 33, None, True), (19, 23, None, False),
+                                                     (50, 50, 7, True), (40, 45, 20, True)])
+def test_the_fused_kernels_read_what_their_tile_map_says(rng, t_q, t_k, window, skips):
     q, k, v, d_out = (a.astype(np.float32) for a in _inputs(rng, (1,), t_q, t_k, 3, 2))
-    out = reference.attention(q, k, v).astype(np.float32)
-    lse = backward.log_sum_exp(q, k).astype(np.float32)
-    reports, _ = traffic.count_backward_fused(q, k, v, out, lse, d_out)
-    visits = backward.fused_tile_visits(t_q, t_k)
+    out = reference.attention(q, k, v, window=window).astype(np.float32)
+    lse = backward.log_sum_exp(q, k, window=window).astype(np.float32)
+    reports, grads = traffic.count_backward_fused(q, k, v, out, lse, d_out, window=window)
+    _assert_close(grads, backward.backward(q, k, v, d_out, window=window))
+    visits = backward.fused_tile_visits(t_q, t_k, window=window)
     rows = np.minimum(backward.BLOCK_Q, t_q - backward.BLOCK_Q * np.arange(visits["dkdv"].shape[0]))
     # The dK/dV pass reads a query tile's rows once for every key block that visits it.
     assert int(reports["dK, dV"].loads("q").sum()) == int((visits["dkdv"] * rows[:, None]).sum()) * 3
-    # The dQ pass reads K tile by tile up to each query block's last visible key, as the forward.
+    # The dQ pass reads K tile by tile over each query block's band of keys, as the forward.
     from attention_lib.stages import flash
-    assert int(reports["dQ"].loads("k").sum()) == flash.flash_traffic(t_q, t_k, 3, block_q=backward.BLOCK_Q)["k"]
-    # Causal tiles wholly above the diagonal are skipped (19 against 23: none is whole).
+    assert int(reports["dQ"].loads("k").sum()) == flash.flash_traffic(t_q, t_k, 3, block_q=backward.BLOCK_Q,
+                                                                      window=window)["k"]
+    # Tiles holding no visible pair are skipped (19 against 23: none is whole); a window skips tiles
+    # below the band too, so both maps are bands of the same tiles.
     assert (not visits["dkdv"].all()) == skips and (not visits["dq"].all()) == skips
+    assert np.array_equal(visits["dkdv"], visits["dq"])
 
 
 def test_flop_counts_and_the_dq_strategies():
@@ -184,74 +188,108 @@ def test_flop_counts_and_the_dq_strategies():
     costs = backward.dq_strategies(64, 64, 16)
     assert costs["second pass"]["atomic adds"] == 0 and costs["atomics"]["atomic adds"] > 0
     assert costs["second pass"]["extra multiply-adds"] == 3 * costs["atomics"]["extra multiply-adds"]
+    # At the GPU's tiles of 32 a causal head of 1024 visits 32 * 33 / 2 query tiles in the dK/dV
+    # pass, each adding 32 x d_k partial dQ entries; tiles of 16 visit 64 * 65 / 2 of 16 x d_k.
+    gpu = backward.dq_strategies(1024, 1024, 64, block_q=backward.BLOCK_GPU, block_k=backward.BLOCK_GPU)
+    assert gpu["atomics"]["atomic adds"] == 32 * 33 // 2 * 32 * 64
+    small = backward.dq_strategies(1024, 1024, 64, block_q=16, block_k=16)
+    assert small["atomics"]["atomic adds"] == 64 * 65 // 2 * 16 * 64
+    # A window of 128 keeps 128 * 1024 - 127 * 128 / 2 pairs of the 1024 * 1025 / 2.
+    assert backward.visible_pairs(1024, 1024, window=128) == 128 * 1024 - 127 * 128 // 2
 
 
-# --- The exercise ------------------------------------------------------------------------------
+# --- Sliding windows: the forward's conventions ---------------------------------------------
 
-@cuda.jit
-def forgets_p_on_the_row_sum(p, dp, d_rows, scale, d_raw):
-    j, i = cuda.grid(2)
-    h = cuda.blockIdx.z
-    if i < p.shape[1] and j < p.shape[2]:
-        d_raw[h, i, j] = scale * (p[h, i, j] * dp[h, i, j] - d_rows[h, i])
-
-
-@cuda.jit
-def no_row_sum(p, dp, d_rows, scale, d_raw):
-    j, i = cuda.grid(2)
-    h = cuda.blockIdx.z
-    if i < p.shape[1] and j < p.shape[2]:
-        d_raw[h, i, j] = scale * p[h, i, j] * dp[h, i, j]
+def flash_attention_window_mask(t_q, t_k, left, right):
+    """FlashAttention's window_size=(left, right) as its documentation defines it, the queries
+    aligned to the last positions (bottom-right, as this library): query i at position
+    i + T_k - T_q sees keys j with position - left <= j <= position + right (-1: unbounded)."""
+    position = np.arange(t_q)[:, None] + (t_k - t_q)
+    j = np.arange(t_k)[None, :]
+    return ((left < 0) | (j >= position - left)) & ((right < 0) | (j <= position + right))
 
 
-@cuda.jit
-def reads_p_transposed(p, dp, d_rows, scale, d_raw):
-    j, i = cuda.grid(2)
-    h = cuda.blockIdx.z
-    if i < p.shape[1] and j < p.shape[2]:
-        d_raw[h, i, j] = scale * p[h, j, i] * (dp[h, i, j] - d_rows[h, i])
+@pytest.mark.parametrize("t_q, t_k, window", [(6, 6, 1), (7, 7, 3), (5, 8, 3), (8, 5, 2), (7, 7, 7), (7, 7, 30)])
+def test_the_library_window_is_flash_attentions_w_minus_one_on_the_left(t_q, t_k, window):
+    assert np.array_equal(reference.causal_mask(t_q, t_k, window), flash_attention_window_mask(t_q, t_k, window - 1, 0))
+    if window < t_k:                             # (W, 0) sees one key more: the off-by-one of a port
+        assert not np.array_equal(reference.causal_mask(t_q, t_k, window),
+                                  flash_attention_window_mask(t_q, t_k, window, 0))
 
 
-@cuda.jit
-def no_scale(p, dp, d_rows, scale, d_raw):
-    j, i = cuda.grid(2)
-    h = cuda.blockIdx.z
-    if i < p.shape[1] and j < p.shape[2]:
-        d_raw[h, i, j] = p[h, i, j] * (dp[h, i, j] - d_rows[h, i])
+@pytest.mark.parametrize("t_q, t_k, window", [(5, 5, 2), (4, 7, 3), (7, 4, 2), (6, 6, 1)])
+def test_windowed_gradients_equal_finite_differences(rng, t_q, t_k, window):
+    q, k, v, d_out = _inputs(rng, (), t_q, t_k, 3, 2)
+    grads = backward.backward(q, k, v, d_out, window=window)
+    loops = backward.backward_loops(q, k, v, d_out, window=window)
+    args = [q, k, v]
+    for n, grad in enumerate(grads):
+        def loss(x, n=n):                       # the forward's own window, in the reference
+            inputs = args[:n] + [x] + args[n + 1:]
+            return float(np.sum(reference.attention(*inputs, causal=True, window=window) * d_out))
+        numeric = backward.numerical_gradient(loss, args[n].copy())
+        assert np.allclose(grad, numeric, rtol=1e-7, atol=1e-8), float(np.abs(grad - numeric).max())
+        assert np.allclose(loops[n], grad, rtol=1e-12, atol=1e-12)
 
 
-@cuda.jit
-def scale_twice(p, dp, d_rows, scale, d_raw):
-    j, i = cuda.grid(2)
-    h = cuda.blockIdx.z
-    if i < p.shape[1] and j < p.shape[2]:
-        d_raw[h, i, j] = scale * scale * p[h, i, j] * (dp[h, i, j] - d_rows[h, i])
+def test_a_window_of_one_and_a_window_past_the_context(rng):
+    q, k, v, d_out = _inputs(rng, (2,), 6, 6, 3, 2)
+    dq, dk, dv = backward.backward(q, k, v, d_out, window=1)     # each query sees itself alone: P = 1
+    assert np.allclose(dq, 0, atol=1e-12) and np.allclose(dk, 0, atol=1e-12) and np.allclose(dv, d_out)
+    for got, want in zip(backward.backward(q, k, v, d_out, window=6), backward.backward(q, k, v, d_out)):
+        assert np.allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
-@cuda.jit
-def no_guard(p, dp, d_rows, scale, d_raw):
-    j, i = cuda.grid(2)
-    h = cuda.blockIdx.z
-    d_raw[h, i, j] = scale * p[h, i, j] * (dp[h, i, j] - d_rows[h, i])
-
-
-def test_the_library_kernel_passes_the_exercise():
-    assert check("11_score_grad", backward.score_grad_kernel, verbose=False).passed
-
-
-@pytest.mark.parametrize("answer, diagnosis", [
-    (forgets_p_on_the_row_sum, "gradient_to_masked_keys"),
-    (no_row_sum, "missing_row_sum"),
-    (reads_p_transposed, "transposed_p"),
-    (no_scale, "missing_scale"),
-    (scale_twice, "scale_applied_twice"),
-    (no_guard, "out_of_bounds"),
+@pytest.mark.parametrize("lead, k_heads, t_q, t_k, window", [
+    ((1,), 1, 33, 33, 5),                        # three tiles, each key block's band a few queries deep
+    ((2,), 2, 19, 23, 9),                        # queries the last 19 of 23 positions
+    ((1, 4), 2, 40, 40, 16),                     # shared K/V heads (group 2), a window of one tile
+    ((1,), 1, 23, 9, 3),                         # 14 queries see no key
 ])
-def test_planted_slips_in_the_exercise_are_named(answer, diagnosis):
-    result = check("11_score_grad", answer, verbose=False)
-    assert not result.passed and result.diagnosis == diagnosis, str(result)
-    assert "\n" not in str(result)
+def test_windowed_kernels_equal_numpy_from_the_fused_forward(rng, lead, k_heads, t_q, t_k, window):
+    q = rng.standard_normal((*lead, t_q, 5))
+    k, v = rng.standard_normal((*lead[:-1], k_heads, t_k, 5)), rng.standard_normal((*lead[:-1], k_heads, t_k, 4))
+    d_out = rng.standard_normal((*lead, t_q, 4))
+    out, lse = attention_lib.flash_attention(q, k, v, window=window, return_lse=True)
+    assert np.allclose(lse, backward.log_sum_exp(q, k, window=window), rtol=1e-5, atol=1e-5)
+    want = backward.backward(q, k, v, d_out, window=window)
+    _assert_close(attention_lib.flash_attention_backward(q, k, v, out, lse, d_out, window=window), want)
+    _assert_close(attention_lib.attention_backward(q, k, v, d_out, window=window), want)
 
+
+def test_the_windowed_backward_equals_pytorch_autograd_with_flash_attentions_window(rng):
+    torch = pytest.importorskip("torch")
+    q, k, v, d_out = _inputs(rng, (2,), 9, 12, 4, 3)
+    tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    visible = torch.tensor(flash_attention_window_mask(9, 12, 3, 0))    # window_size=(3, 0): window=4
+    out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=visible)
+    out.backward(torch.tensor(d_out))
+    lse = backward.log_sum_exp(q, k, window=4)
+    got = attention_lib.flash_attention_backward(q, k, v, out.detach().numpy(), lse, d_out, window=4)
+    _assert_close(got, (tq.grad.numpy(), tk.grad.numpy(), tv.grad.numpy()))
+
+
+def test_a_bad_window_is_refused_in_one_line(rng):
+    q, k, v, d_out = _inputs(rng, (1,), 5, 5, 3, 2)
+    out, lse = reference.attention(q, k, v), backward.log_sum_exp(q, k)
+    fused = attention_lib.flash_attention_backward
+    _one_line(lambda: fused(q, k, v, out, lse, d_out, causal=False, window=3), "window 3 needs causal=True")
+    _one_line(lambda: attention_lib.attention_backward(q, k, v, d_out, window=0), "window must be None or an int >= 1")
+    _one_line(lambda: fused(q, k, v, out, lse, d_out, window=2.5), "window", "2.5")
+    with pytest.raises(ValueError, match="needs causal=True"):
+        backward.backward(q, k, v, d_out, causal=False, window=2)
+
+
+def test_the_naive_backward_counts_the_windows_mask(rng):
+    q, k, v, d_out = (a.astype(np.float32) for a in _inputs(rng, (1,), 17, 17, 4, 4))
+    naive, grads = traffic.count_backward_naive(q, k, v, d_out, window=4)
+    _assert_close(grads, backward.backward(q, k, v, d_out, window=4))
+    # mask_kernel writes -inf where a key is masked, the future or older than the window, and reads nothing
+    assert naive["window"].total("stores") == 17 * 17 - int(reference.causal_mask(17, 17, 4).sum())
+    assert naive["window"].total("loads") == 0
+
+
+# --- Refusing what does not match ------------------------------------------------------------
 
 def test_a_lse_that_does_not_match_the_forward_is_caught(rng):
     q, k, v, d_out = _inputs(rng, (1,), 5, 5, 3, 2)

@@ -1,27 +1,43 @@
-"""Notebook 11's exercise: the kernel of the softmax's backward, dS from P, dP and the row sums.
+"""Notebook 11's exercises: the softmax's backward as a kernel (warm-up), and the fused dK/dV tile (main).
 
-The answer is a kernel with ``backward.score_grad_kernel``'s signature ``(p, dp, d_rows, scale,
-d_raw)``: p, dp (BH, T_q, T_k) float32, the weights and their gradient; d_rows (BH, T_q), the row
-sums D_i = rowsum(dO o O)_i; scale 1/sqrt(d_k); it writes d_raw (BH, T_q, T_k) =
-scale * P o (dP - D), one thread per entry, on the scores' grid (x over keys j, y over queries i,
-z over heads h). The inputs are those of a real head (causal cases have P = 0 above the
-diagonal). Besides the engine's diagnoses, a wrong answer is compared with the usual slips:
+``11_score_grad`` (warm-up): a kernel with ``backward.score_grad_kernel``'s signature ``(p, dp,
+d_rows, scale, d_raw)``: p, dp (BH, T_q, T_k) float32, the weights and their gradient; d_rows
+(BH, T_q), the row sums D_i = rowsum(dO o O)_i; scale 1/sqrt(d_k); it writes d_raw (BH, T_q,
+T_k) = scale * P o (dP - D), one thread per entry, on the scores' grid (x over keys j, y over
+queries i, z over heads h). The inputs are those of a real head (causal cases have P = 0 above
+the diagonal). Besides the engine's diagnoses, a wrong answer is compared with the usual slips:
 
 - ``gradient_to_masked_keys``: an entry where P = 0 (a key the query cannot see) got a nonzero
   gradient: the row-sum term was not multiplied by P (P o dP - D);
 - ``missing_row_sum``: scale * P o dP, the softmax's Jacobian reduced to its diagonal;
 - ``transposed_p``: P read at [j, i] instead of [i, j] (the cases with T_q = T_k);
 - ``missing_scale``: P o (dP - D), the 1/sqrt(d_k) forgotten;
-- ``scale_applied_twice``: scale^2 * P o (dP - D).
+- ``scale_applied_twice``: scale^2 * P o (dP - D);
+- ``scale_inverted``: P o (dP - D) / scale, multiplied by sqrt(d_k) instead of divided;
+- ``scale_on_one_term``: P o (scale dP - D) or P o (dP - scale D), the scale inside the bracket.
+
+``11_dkdv_tile`` (main): a ``@cuda.jit(device=True)`` function with ``backward.dkdv_tile``'s
+contract, ``(q_tile, do_tile, stats, rows_from, rows_to, k_row, v_row, dk_acc, dv_acc, scale,
+d_k, d_v)``: for the queries in rows rows_from .. rows_to - 1 of the shared tiles, recompute
+S_ij, then P_ij = exp(S_ij - lse_i) from the forward's log-sum-exp (stats[0]) and dS_ij = P_ij
+(dP_ij - D_i) (stats[1]), and add P_ij dO_i to dv_acc and dS_ij Q_i to dk_acc. The check
+compiles the library's dK/dV kernel around it (``backward.dkdv_kernel_with``), launches it on
+real heads (causal, a sliding window, shared K/V heads, rows that see no key) and compares dK
+and dV (concatenated on the last axis) with the NumPy backward. Besides the engine's diagnoses:
+``lse_not_subtracted``, ``scores_not_scaled``, ``lse_and_d_swapped``, ``missing_row_sum``,
+``row_sum_not_weighted``, ``dv_weighted_by_ds``, ``dk_weighted_by_p``, ``p_and_ds_swapped``,
+``dk_scaled_twice``, ``mask_ignored`` (the loop started at row 0, not rows_from).
 """
 
+import math
+import warnings
 from typing import NamedTuple
 
 import numpy as np
 
 from attention_lib import reference
 from attention_lib.checks.engine import Exercise, host_output, register
-from attention_lib.stages import scores
+from attention_lib.stages import backward, scores
 
 
 class Case(NamedTuple):
@@ -64,9 +80,17 @@ def _diagnose(got, expected, p, dp, d_rows, scale):
     wrong += [("missing_scale", p * (dp - d),
                f"the result was not multiplied by scale = 1/sqrt(d_k) = {scale:.4g}"),
               ("scale_applied_twice", scale * scale * p * (dp - d),
-               f"the scale 1/sqrt(d_k) = {scale:.4g} was applied twice")]
+               f"the scale 1/sqrt(d_k) = {scale:.4g} was applied twice"),
+              ("scale_inverted", p * (dp - d) / scale,
+               f"the result was divided by scale = {scale:.4g} (multiplied by sqrt(d_k)): the scores were "
+               "multiplied by 1/sqrt(d_k), so their gradient is multiplied by it too"),
+              ("scale_on_one_term", p * (scale * dp - d),
+               "the scale multiplies dP but not D: it belongs outside the bracket, on the whole P (dP - D)"),
+              ("scale_on_one_term", p * (dp - scale * d),
+               "the scale multiplies D but not dP: it belongs outside the bracket, on the whole P (dP - D)")]
     for code, candidate, message in wrong:
-        if np.allclose(got, candidate, rtol=1e-4, atol=1e-5):
+        if not np.allclose(candidate, expected, rtol=1e-4, atol=1e-5) and np.allclose(got, candidate, rtol=1e-4,
+                                                                                      atol=1e-5):
             return code, message
     masked = p == 0
     if np.any(np.abs(got[masked]) > 1e-6):
@@ -89,10 +113,164 @@ register(Exercise(
     hint=("each thread owns one entry (i, j) of one head; the softmax's Jacobian turns dP into dS by "
           "subtracting the row's weighted mean of dP (the row sum D), everything weighted by P; and the "
           "scores were scaled"),
+    more_hints=("where answers go wrong: subtracting D without the factor P (then keys the query cannot see "
+                "get a gradient), putting the scale inside the bracket on one term only, and the threads of "
+                "the edge blocks that fall outside the matrix",),
     # One float32 multiply and subtraction against float64: errors around 1e-7.
     rtol=1e-5,
     atol=1e-6,
     diagnose=_diagnose,
     diagnoses=("gradient_to_masked_keys", "missing_row_sum", "transposed_p", "missing_scale",
-               "scale_applied_twice"),
+               "scale_applied_twice", "scale_inverted", "scale_on_one_term"),
+    solution=backward.score_grad_kernel,
+    forbidden=(backward.attention_backward, backward.launch_naive_backward),
 ))
+
+
+# --- 11_dkdv_tile (main): the fused dK/dV pass's tile ------------------------------------------
+
+class TileCase(NamedTuple):
+    """One launch of the dK/dV kernel around the answer: BH query heads on BH_kv key/value heads,
+    T_q queries against T_k keys, widths d_k and d_v, causal or not, a sliding window (0: none)."""
+
+    BH: int
+    BH_kv: int
+    T_q: int
+    T_k: int
+    d_k: int
+    d_v: int
+    causal: bool
+    window: int = 0
+
+    def __str__(self):
+        heads = f"BH {self.BH}" if self.BH == self.BH_kv else f"BH {self.BH} on BH_kv {self.BH_kv}"
+        return (f"({heads}, T_q {self.T_q}, T_k {self.T_k}, d_k {self.d_k}, d_v {self.d_v}, "
+                f"{'causal' if self.causal else 'not causal'}{f', window {self.window}' if self.window else ''})")
+
+
+def _inputs(case, rng):
+    q = rng.standard_normal((case.BH, case.T_q, case.d_k))
+    k = rng.standard_normal((case.BH_kv, case.T_k, case.d_k))
+    v = rng.standard_normal((case.BH_kv, case.T_k, case.d_v))
+    d_out = rng.standard_normal((case.BH, case.T_q, case.d_v))
+    return q, k, v, d_out
+
+
+def _run_tile(tile, case, rng, launch):
+    q, k, v, d_out = _inputs(case, rng)
+    window = case.window or None
+    out = reference.attention(q, k, v, case.causal, window)                  # (BH, T_q, d_v)
+    lse = backward.log_sum_exp(q, k, case.causal, window)                    # (BH, T_q), -inf: no key
+    d_rows = np.sum(d_out * out, axis=-1)                                    # (BH, T_q)
+    dk, dv = host_output(k.shape), host_output(v.shape)                      # copied back by the launch
+    grid, block = backward.fused_grids(case.BH, case.T_q, case.T_k, case.BH_kv)["dkdv"]
+    f32 = [a.astype(np.float32) for a in (q, k, v, d_out, lse, d_rows)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)     # a wrong answer's overflows: said once
+        launch(backward.dkdv_kernel_with(tile), grid, block, *f32, scores.scale_factor(case.d_k), case.causal,
+               np.int32(case.window), dk, dv)
+    _, want_dk, want_dv = backward.backward(q, k, v, d_out, case.causal, window)
+    return (np.concatenate([dk, dv], axis=-1), np.concatenate([want_dk, want_dv], axis=-1),
+            q, k, v, d_out, case.causal, window)
+
+
+def _folded_from_row_zero(t_q, t_k, causal, window):
+    """(T_q, T_k) bool: the pairs a tile loop from row 0 (not rows_from) folds: every query of the
+    tiles its key's block walks, up to the last query that sees the key."""
+    folded = np.zeros((t_q, t_k), bool)
+    for j in range(t_k):
+        j0 = j - j % backward.BLOCK_K
+        first = backward._queries_seeing(j0, t_q, t_k, causal, window)[0]
+        end = backward._queries_seeing(j, t_q, t_k, causal, window)[1]
+        folded[first - first % backward.BLOCK_Q:end, j] = True
+    return folded
+
+
+def _variant(q, k, v, d_out, causal, window, mistake=None):
+    """dK and dV (concatenated on the last axis) of the dK/dV pass with one of the usual mistakes
+    (None: right), float64; pairs folded per `visible` (the mask, or what a loop from row 0 folds)."""
+    k_all, v_all = reference.share_kv_heads(k, q), reference.share_kv_heads(v, q)   # (BH, T_k, d)
+    (t_q, d_k), t_k = q.shape[1:], k.shape[1]
+    scale = 1.0 / math.sqrt(d_k)
+    visible = reference.causal_mask(t_q, t_k, window) if causal else np.ones((t_q, t_k), bool)
+    if mistake == "mask_ignored":
+        visible = _folded_from_row_zero(t_q, t_k, causal, window)
+    raw = q @ np.swapaxes(k_all, -1, -2)                                   # (BH, T_q, T_k), unscaled
+    lse = backward.log_sum_exp(q, k, causal, window)[..., None]            # (BH, T_q, 1)
+    d_i = np.sum(d_out * reference.attention(q, k, v, causal, window), axis=-1, keepdims=True)
+    dp = d_out @ np.swapaxes(v_all, -1, -2)
+    s = raw if mistake == "scores_not_scaled" else raw * scale
+    shift, minus = {"lse_not_subtracted": (0.0, d_i), "lse_and_d_swapped": (d_i, lse)}.get(mistake, (lse, d_i))
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = np.where(visible, np.exp(s - shift), 0.0)
+        ds = np.where(visible, {"missing_row_sum": p * dp,
+                                "row_sum_not_weighted": p * dp - d_i}.get(mistake, p * (dp - minus)), 0.0)
+    dv_weights = ds if mistake in ("dv_weighted_by_ds", "p_and_ds_swapped") else p
+    dk_weights = p if mistake in ("dk_weighted_by_p", "p_and_ds_swapped") else ds
+    dk = np.swapaxes(dk_weights, -1, -2) @ q * scale * (scale if mistake == "dk_scaled_twice" else 1.0)
+    dv = np.swapaxes(dv_weights, -1, -2) @ d_out
+    return np.concatenate([backward.fold_kv_heads(dk, k.shape), backward.fold_kv_heads(dv, v.shape)], axis=-1)
+
+
+TILE_MISTAKES = {
+    "lse_not_subtracted": "P_ij is exp(S_ij) without the log-sum-exp: the weights are not normalised; "
+                          "subtract the query's lse (stats[0]) from the score before the exponential",
+    "scores_not_scaled": "the recomputed score was not multiplied by scale: the forward's lse is the "
+                         "log-sum-exp of the scaled scores, q . k / sqrt(d_k)",
+    "lse_and_d_swapped": "the two rows of stats were read the other way round: stats[0] holds the lse, "
+                         "stats[1] the row sum D",
+    "missing_row_sum": "dS_ij is P_ij dP_ij: the row sum D (stats[1]) was not subtracted, so dK misses "
+                       "the softmax's off-diagonal part",
+    "row_sum_not_weighted": "dS_ij came out as P_ij dP_ij - D_i: the row sum belongs inside the factor P, "
+                            "P_ij (dP_ij - D_i)",
+    "dv_weighted_by_ds": "dV took dS_ij dO_i: the output is P V, so dV_j sums P_ij dO_i",
+    "dk_weighted_by_p": "dK took P_ij Q_i: the scores' gradient is dS, so dK_j sums dS_ij Q_i",
+    "p_and_ds_swapped": "P and dS swapped places: dV_j sums P_ij dO_i and dK_j sums dS_ij Q_i",
+    "dk_scaled_twice": "dK came out scaled twice: the kernel multiplies the sum by scale once, at the end",
+    "mask_ignored": "queries that cannot see key j were folded in: loop over the rows from rows_from, "
+                    "the first query of the tile that sees the key, not from row 0",
+}
+
+
+def _diagnose_tile(got, expected, q, k, v, d_out, causal, window):
+    for code, message in TILE_MISTAKES.items():
+        wrong = _variant(q, k, v, d_out, causal, window, code)
+        seen = np.isfinite(wrong)
+        if (seen.any() and not np.allclose(wrong[seen], expected[seen], rtol=1e-4, atol=1e-5)
+                and np.allclose(got[seen], wrong[seen], rtol=1e-3, atol=1e-4)):
+            return code, message
+    if not np.isfinite(got).all():
+        where = tuple(int(i) for i in np.argwhere(~np.isfinite(got))[0])
+        return "wrong_values", (f"dK or dV is {got[where]} at {where}: exp of a score without the lse subtracted "
+                                "overflows, and an lse of -inf belongs to a query that sees no key (never in "
+                                "rows_from .. rows_to - 1)")
+    return None
+
+
+register(Exercise(
+    exercise_id="11_dkdv_tile",
+    title="dkdv_tile: recompute P_ij from the log-sum-exp and fold a tile of queries into key j's dK and dV",
+    kind="device function",
+    run=_run_tile,
+    # One pair (P = 1, dS = 0); queries the last 19 of 23 positions, partial tiles both ways; three
+    # query tiles under a sliding window of 5; two query heads on one K/V head, not causal; 14 of 23
+    # queries that see no key (lse -inf).
+    cases=[TileCase(1, 1, 1, 1, 1, 1, True), TileCase(2, 2, 19, 23, 7, 5, True),
+           TileCase(1, 1, 33, 33, 4, 6, True, 5), TileCase(2, 1, 17, 17, 5, 3, False),
+           TileCase(1, 1, 23, 9, 3, 3, True)],
+    hint=("for each query of the tile that sees key j: its score with the key, the weight P_ij rebuilt from "
+          "that score and the query's log-sum-exp (no pass over the row), then dS_ij from P_ij, dP_ij and the "
+          "row sum D_i; P weights the query's dO into dV, dS weights its q into dK"),
+    more_hints=("where answers go wrong: a score without the scale (the forward's lse is of scaled scores), "
+                "the two rows of stats read the other way round, D subtracted outside the factor P, and P and "
+                "dS swapped between dV and dK",),
+    # float32 scores, exp and sums of up to 33 terms against float64: errors around 1e-6.
+    rtol=1e-4,
+    atol=5e-5,
+    diagnose=_diagnose_tile,
+    diagnoses=tuple(TILE_MISTAKES),
+    solution=backward.dkdv_tile,
+    forbidden=(backward.dq_tile, backward.flash_backward_dkdv_kernel, backward.launch_fused_backward,
+               backward.flash_attention_backward),
+))
+

@@ -6,31 +6,42 @@ dS K scale, dK = dS^T Q scale) and says why dQ takes a second pass rather than a
   leading axes, float64), ``fold_kv_heads``, ``log_sum_exp``, ``numerical_gradient`` (central
   finite differences).
 - Naive kernels: ``row_dot_kernel`` (D), ``transpose_kernel``, ``score_grad_kernel`` (dS, the
-  exercise's), ``group_sum_kernel`` (a shared K/V head's gradient); ``launch_naive_backward``
-  stores P from the forward's own kernels, then one launch per gradient;
-  ``launch_grouped_naive_backward`` for shared K/V heads.
+  warm-up exercise's), ``group_sum_kernel`` (a shared K/V head's gradient); ``launch_weights``
+  (P from the forward's own kernels, with the window's mask), ``launch_naive_backward`` (one
+  launch per gradient), ``launch_grouped_naive_backward`` for shared K/V heads.
 - Fused kernels, FlashAttention-2-style, nothing T_q x T_k stored: ``flash_backward_dkdv_kernel``
-  (a block per BLOCK_K keys walks the query tiles, recomputing P from the forward's log-sum-exp)
-  and ``flash_backward_dq_kernel`` (the second pass, a block per BLOCK_Q queries); causal tiles
-  without a visible pair are skipped; ``launch_fused_backward``.
-- Costs: ``footprint``, ``backward_flops``, ``dq_strategies`` (the traffic of both backwards,
-  counted by the sanitizer: ``measure.traffic.count_backward_naive`` and ``count_backward_fused``).
-- Launchers: ``attention_backward(q, k, v, d_out, causal=True)`` (naive) and
-  ``flash_attention_backward(q, k, v, out, lse, d_out, causal=True)`` (fused).
+  (a block per BLOCK_K keys walks the query tiles that see them; its ``dkdv_tile``, the main
+  exercise's, recomputes P from the forward's log-sum-exp and folds each pair into the key's
+  accumulators) and ``flash_backward_dq_kernel`` (the second pass, a block per BLOCK_Q queries,
+  ``dq_tile``); tiles holding no visible pair are never loaded (causal, sliding window);
+  ``dkdv_kernel_with`` (the kernel around another tile function), ``launch_fused_backward``.
+- Costs: ``visible_pairs``, ``fused_tile_visits``, ``backward_flops``, ``dq_strategies``,
+  ``footprint`` (the traffic of both backwards is counted by the sanitizer:
+  ``measure.traffic.count_backward_naive`` and ``count_backward_fused``).
+- Launchers: ``attention_backward(q, k, v, d_out, causal=True, window=None)`` (naive) and
+  ``flash_attention_backward(q, k, v, out, lse, d_out, causal=True, window=None)`` (fused).
+
+Sliding windows: ``window=W`` as in the forward (``flash_attention(..., window=W)``, the mask of
+``reference.causal_mask``): query i sees its own position and the W - 1 before it. In
+FlashAttention's ``window_size=(left, right)`` (keys i - left .. i + right, the queries aligned
+to the last positions as here) that is ``(W - 1, 0)``, not ``(W, 0)``: a port that passes W as
+``left`` lets every query see one key more.
 
 Grouped-query attention: k and v may have fewer heads than q (axis -3), as in the forward. A
 key/value head's gradient sums what each query head of its group gives it: the naive backward
 adds per-head gradients (``group_sum_kernel``), the fused dK/dV pass walks the query tiles of
-every head of the group in one block, so the sum stays in its registers.
+every head of the group in one block, so the sum stays in its accumulators.
 """
 
+import functools
 import math
+import types
 
 import numpy as np
 from numba import cuda
 
 from attention_lib import reference
-from attention_lib.stages import attention, flash, mask, scores, softmax, weighted_sum
+from attention_lib.stages import attention, flash, mask, scores, weighted_sum
 from attention_lib.platform.launch import ceil_div, check_simulator_budget
 from attention_lib.platform.runtime import SIMULATOR_SHAPES
 from attention_lib.stages.kv_cache import row_dot   # a row . a shared tile's row: decoding's key score
@@ -49,11 +60,11 @@ ROWS_PER_BLOCK = 32
 
 # --- NumPy ---------------------------------------------------------------------------------
 
-def backward_loops(q, k, v, d_out, causal=True):
+def backward_loops(q, k, v, d_out, causal=True, window=None):
     """The gradients of one head, entry by entry, as derived; float64. q: (T_q, d_k); k: (T_k, d_k);
     v: (T_k, d_v); d_out: (T_q, d_v) -> (dq, dk, dv), shapes of q, k, v. Python loops: small sizes."""
     q, k, v, d_out = (np.asarray(a, dtype=np.float64) for a in (q, k, v, d_out))
-    p = reference.attention_weights(q, k, causal)           # (T_q, T_k)
+    p = reference.attention_weights(q, k, causal, window)   # (T_q, T_k)
     o = p @ v                                               # (T_q, d_v)
     (t_q, d_k), t_k = q.shape, k.shape[0]
     scale = 1.0 / math.sqrt(d_k)
@@ -69,15 +80,16 @@ def backward_loops(q, k, v, d_out, causal=True):
     return dq, dk, dv
 
 
-def backward(q, k, v, d_out, causal=True):
+def backward(q, k, v, d_out, causal=True, window=None):
     """The gradients of attention, vectorised; float64. q: (..., T_q, d_k); k: (..., T_k, d_k);
     v: (..., T_k, d_v); d_out: (..., T_q, d_v), the loss's gradient with respect to attention's
-    output -> (dq, dk, dv), shapes of q, k, v. k and v may have fewer heads on axis -3
-    (grouped-query attention): a K/V head's gradient sums its query heads' (fold_kv_heads)."""
+    output -> (dq, dk, dv), shapes of q, k, v. window: a sliding window (causal only), as
+    reference.attention takes it. k and v may have fewer heads on axis -3 (grouped-query
+    attention): a K/V head's gradient sums its query heads' (fold_kv_heads)."""
     q, k_heads, v_heads, d_out = (np.asarray(a, dtype=np.float64) for a in (q, k, v, d_out))
     k, v = reference.share_kv_heads(k_heads, q), reference.share_kv_heads(v_heads, q)  # (..., H, T_k, d)
     scale = 1.0 / math.sqrt(q.shape[-1])
-    p = reference.attention_weights(q, k, causal)           # (..., T_q, T_k)
+    p = reference.attention_weights(q, k, causal, window)   # (..., T_q, T_k)
     o = p @ v                                               # (..., T_q, d_v)
     dv = np.swapaxes(p, -1, -2) @ d_out                     # (..., T_k, d_v)
     dp = d_out @ np.swapaxes(v, -1, -2)                     # (..., T_q, T_k)
@@ -97,16 +109,18 @@ def fold_kv_heads(grad, shape):
     return grad.reshape(*shape[:-2], group, *shape[-2:]).sum(axis=-3)   # (..., H_kv, group, T_k, d)
 
 
-def log_sum_exp(q, k, causal=True):
-    """The forward's per-row statistic lse_i = log sum_j exp(S_ij); float64.
+def log_sum_exp(q, k, causal=True, window=None):
+    """The forward's per-row statistic lse_i = log sum_j exp(S_ij) over the keys query i sees;
+    float64.
 
     q: (..., T_q, d_k); k: (..., T_k, d_k) -> (..., T_q). P_ij = exp(S_ij - lse_i), so the
     backward rebuilds any entry of P from S and one number per row. A row that sees no key
     gets -inf (log of an empty sum).
     """
+    window = reference.check_window(window, causal)
     s = reference.scores(q, reference.share_kv_heads(k, q))  # (..., T_q, T_k), scaled
     if causal:
-        s = reference.apply_causal_mask(s)
+        s = reference.apply_causal_mask(s, window)
     top = np.max(s, axis=-1)
     shift = np.where(np.isneginf(top), 0.0, top)
     with np.errstate(divide="ignore"):                      # log(0) = -inf for a row with no key
@@ -210,12 +224,23 @@ def transposed(a):
     return a_t
 
 
-def launch_naive_backward(q, k, v, d_out, causal, dq, dk, dv, kernel=None):
+def launch_weights(q, k, causal, window=None):
+    """P = softmax(mask(q k^T / sqrt(d_k))) on device arrays, by the forward's stage kernels (notebook
+    05's pipeline); with a sliding window, notebook 03's mask_kernel also hides the keys older than
+    the window before the softmax. q (BH, T_q, d_k), k (BH, T_k, d_k) -> a new (BH, T_q, T_k) array."""
+    if not window:
+        return attention.launch_weights(q, k, causal)
+    s = attention.launch_masked_scores(q, k, causal)        # (BH, T_q, T_k), the future -inf
+    mask.launch_mask(mask.mask_kernel, s, window)           # and the keys before the window
+    return attention.launch_row_softmax(s)
+
+
+def launch_naive_backward(q, k, v, d_out, causal, dq, dk, dv, kernel=None, window=None):
     """The backward from the stage kernels, P stored: device arrays q (BH, T_q, d_k),
     k (BH, T_k, d_k), v (BH, T_k, d_v), d_out (BH, T_q, d_v); dq, dk, dv written (shapes of q,
     k, v). kernel: replaces score_grad_kernel (same signature and grid). No checks here."""
     (bh, t_q, d_k), t_k = q.shape, k.shape[1]
-    p = attention.launch_weights(q, k, causal)              # (BH, T_q, T_k), stored
+    p = launch_weights(q, k, causal, window)                # (BH, T_q, T_k), stored
     out = cuda.device_array(d_out.shape, np.float32)
     weighted_sum.launch_weighted_sum(p, v, out)             # O = P V, for the row sums
     d_rows = cuda.device_array((bh, t_q), np.float32)
@@ -231,13 +256,13 @@ def launch_naive_backward(q, k, v, d_out, causal, dq, dk, dv, kernel=None):
     weighted_sum.launch_weighted_sum(transposed(d_raw), q, dk)         # dK = dS^T Q * scale
 
 
-def launch_grouped_naive_backward(q, k, v, d_out, causal, dq, dk, dv, kernel=None):
+def launch_grouped_naive_backward(q, k, v, d_out, causal, dq, dk, dv, kernel=None, window=None):
     """launch_naive_backward with k and v of BH_kv < BH heads (grouped-query attention): the stage
     kernels work on copies of each K/V head for its query heads (attention.share_kv_heads), then
     group_sum_kernel adds the copies' dK and dV into each K/V head's."""
     per_head = [cuda.device_array((q.shape[0], *a.shape[1:]), np.float32) for a in (dk, dv)]   # (BH, T_k, d)
     shared_k, shared_v = (attention.share_kv_heads(a, q.shape[0]) for a in (k, v))
-    launch_naive_backward(q, shared_k, shared_v, d_out, causal, dq, *per_head, kernel)
+    launch_naive_backward(q, shared_k, shared_v, d_out, causal, dq, *per_head, kernel, window)
     for summed, grad in zip((dk, dv), per_head):
         group_sum_kernel[group_sum_grid(*summed.shape)](grad, summed)
 
@@ -284,21 +309,27 @@ def load_key_tiles(k, v, g, k0, n, k_tile, v_tile):
 
 
 @cuda.jit(device=True)
-def recompute_pair(s, lse_i, dp, d_i):
-    """(P_ij, dS_ij) from the score S_ij, the row's log-sum-exp, dP_ij and the row sum D_i:
-    P_ij = exp(S_ij - lse_i) needs no pass over the row, because lse_i was saved by the forward."""
-    p = math.exp(s - lse_i)
-    return p, p * (dp - d_i)
+def queries_seeing(j, t_q, t_k, causal, window):
+    """(first, end): the queries first .. end - 1 that see key j, the mirror of flash's first_key
+    and visible_keys (the queries are the last T_q positions; window 0: none); (0, 0) for a
+    thread past the last key. Query i sees j when j <= i + (T_k - T_q) < j + window."""
+    if j >= t_k:
+        return 0, 0
+    if not causal:
+        return 0, t_q
+    first = max(0, j - (t_k - t_q))
+    if window == 0:
+        return first, t_q
+    return first, max(first, min(t_q, j - (t_k - t_q) + window))
 
 
 @cuda.jit(device=True)
-def first_query_tile(j0, t_q, t_k, causal):
-    """The first query tile (a multiple of BLOCK_Q) holding a query that sees key j0: with the
-    queries the last T_q positions, query i sees j0 when i >= j0 - (T_k - T_q)."""
-    if not causal:
-        return 0
-    first = max(0, j0 - (t_k - t_q))
-    return first - first % BLOCK_Q
+def keys_seen(i, t_q, t_k, causal, window):
+    """(first, end): the keys first .. end - 1 query i sees (flash.first_key, flash.visible_keys);
+    (0, 0) for a thread past the last query."""
+    if i >= t_q:
+        return 0, 0
+    return flash.first_key(i, t_q, t_k, window), flash.visible_keys(i, t_q, t_k, causal)
 
 
 @cuda.jit(device=True)
@@ -327,6 +358,14 @@ def start_rows(a, b, h, r, a_row, b_row, acc_a, acc_b):
 
 
 @cuda.jit(device=True)
+def row_stats(lse, d_rows, h, i):
+    """(lse[h, i], d_rows[h, i]) of a thread's query; zeros past the last query (it folds no key)."""
+    if i < lse.shape[1]:
+        return lse[h, i], d_rows[h, i]
+    return np.float32(0.0), np.float32(0.0)
+
+
+@cuda.jit(device=True)
 def store_row(dst, h, r, acc, factor):
     """dst[h, r] = acc[0:width] * factor, for a thread that owns row r (r < dst.shape[1])."""
     if r < dst.shape[1]:
@@ -335,84 +374,110 @@ def store_row(dst, h, r, acc, factor):
 
 
 @cuda.jit(device=True)
-def dkdv_tile(q_tile, do_tile, stats, i0, j, k_row, v_row, dk_acc, dv_acc, scale, causal, q, v):
-    """Fold the tile of queries from i0 into key j's dK and dV accumulators (q and v for sizes)."""
-    (t_q, d_k), (t_k, d_v) = q.shape[1:], v.shape[1:]
-    if j >= t_k:                                            # a thread past the last key: nothing to add
-        return
-    n = min(BLOCK_Q, t_q - i0)
-    for r in range(n):
-        if causal and j > i0 + r + (t_k - t_q):             # query i0 + r cannot see key j
-            continue
-        s = row_dot(k_row, q_tile, r, d_k) * scale
-        p, ds = recompute_pair(s, stats[0, r], row_dot(v_row, do_tile, r, d_v), stats[1, r])
+def store_rows(dk, dv, g, j, dk_acc, dv_acc, scale):
+    """Key j's gradients of K/V head g: dk[g, j] = scale * dk_acc (dK = scale * sum_i dS_ij Q_i) and
+    dv[g, j] = dv_acc, for a thread that owns a key."""
+    store_row(dk, g, j, dk_acc, scale)
+    store_row(dv, g, j, dv_acc, np.float32(1.0))
+
+
+@cuda.jit(device=True)
+def dkdv_tile(q_tile, do_tile, stats, rows_from, rows_to, k_row, v_row, dk_acc, dv_acc, scale, d_k, d_v):
+    """Fold the queries in rows rows_from .. rows_to - 1 of the shared tiles (those that see this
+    thread's key j) into key j's accumulators: dv_acc += P_ij dO_i, dk_acc += dS_ij Q_i.
+
+    q_tile, do_tile: shared (BLOCK_Q, MAX_D) float32, row r holding a query's q and dO; stats:
+    shared (2, BLOCK_Q) float32, stats[0, r] the query's log-sum-exp from the forward, stats[1, r]
+    its row sum D; k_row, v_row: (MAX_D,) float32, key j's k and v; dk_acc, dv_acc: (MAX_D,)
+    float32, its sums so far (dK unscaled: the kernel multiplies by scale once at the end);
+    scale: float32, 1/sqrt(d_k); d_k, d_v: the widths in use.
+    """
+    for r in range(rows_from, rows_to):
+        s = row_dot(k_row, q_tile, r, d_k) * scale          # S_ij, recomputed: one dot product
+        p = math.exp(s - stats[0, r])                       # P_ij = exp(S_ij - lse_i): no pass over the row
+        ds = p * (row_dot(v_row, do_tile, r, d_v) - stats[1, r])   # dS_ij = P_ij (dP_ij - D_i)
         for c in range(d_v):
             dv_acc[c] += p * do_tile[r, c]                  # dV_j += P_ij dO_i
         for c in range(d_k):
-            dk_acc[c] += ds * q_tile[r, c]                  # dK_j += dS_ij Q_i (scaled at the end)
+            dk_acc[c] += ds * q_tile[r, c]                  # dK_j += dS_ij Q_i
+
+
+@cuda.jit(device=True)
+def query_ranges(j, j0, t_q, t_k, causal, window):
+    """(first, end, start, stop): the queries first .. end - 1 that see key j, and the query tiles
+    its block (keys from j0) walks, from start (a multiple of BLOCK_Q: the tile holding the first
+    query that sees key j0) to stop (the last query that sees its last key), the same in all the
+    block's threads, so that all reach the same barriers."""
+    first, end = queries_seeing(j, t_q, t_k, causal, window)
+    block_first = queries_seeing(j0, t_q, t_k, causal, window)[0]
+    stop = queries_seeing(min(j0 + BLOCK_K, t_k) - 1, t_q, t_k, causal, window)[1]
+    return first, end, block_first - block_first % BLOCK_Q, stop
 
 
 @cuda.jit
-def flash_backward_dkdv_kernel(q, k, v, d_out, lse, d_rows, scale, causal, dk, dv):
-    """dk, dv (BH_kv, T_k, d) written from q, d_out (BH, T_q, d), k, v (BH_kv, T_k, d), lse and
-    d_rows (BH, T_q), float32; scale 1/sqrt(d_k). Block (x, g): BLOCK_K keys of K/V head g, a thread each."""
+def flash_backward_dkdv_kernel(q, k, v, d_out, lse, d_rows, scale, causal, window, dk, dv):
+    """dk, dv (BH_kv, T_k, d) from q, d_out (BH, T_q, d), k, v (BH_kv, T_k, d), lse, d_rows (BH, T_q); window int32."""
     q_tile = cuda.shared.array((BLOCK_Q, MAX_D), np.float32)   # the tile's queries
     do_tile = cuda.shared.array((BLOCK_Q, MAX_D), np.float32)  # and their output gradients
     stats = cuda.shared.array((2, BLOCK_Q), np.float32)        # and their lse (row 0) and D (row 1)
     k_row, v_row = cuda.local.array(MAX_D, np.float32), cuda.local.array(MAX_D, np.float32)
     dk_acc, dv_acc = cuda.local.array(MAX_D, np.float32), cuda.local.array(MAX_D, np.float32)
-    g, j0, j = cuda.blockIdx.y, cuda.blockIdx.x * BLOCK_K, cuda.blockIdx.x * BLOCK_K + cuda.threadIdx.x
-    group = q.shape[0] // k.shape[0]
+    g, j0 = cuda.blockIdx.y, cuda.blockIdx.x * BLOCK_K          # block (x, g): BLOCK_K keys of K/V head g
+    j, group = j0 + cuda.threadIdx.x, q.shape[0] // k.shape[0]  # a thread per key; query heads per K/V head
     start_rows(k, v, g, j, k_row, v_row, dk_acc, dv_acc)
+    first, end, start, stop = query_ranges(j, j0, q.shape[1], k.shape[1], causal, window)
     for h in range(g * group, (g + 1) * group):                # the query heads that read K/V head g
-        for i0 in range(first_query_tile(j0, q.shape[1], k.shape[1], causal), q.shape[1], BLOCK_Q):
+        for i0 in range(start, stop, BLOCK_Q):
             load_query_tiles(q, d_out, lse, d_rows, h, i0, q_tile, do_tile, stats)   # and waits
-            dkdv_tile(q_tile, do_tile, stats, i0, j, k_row, v_row, dk_acc, dv_acc, scale, causal, q, v)
+            dkdv_tile(q_tile, do_tile, stats, max(first - i0, 0), min(end - i0, BLOCK_Q), k_row, v_row,
+                      dk_acc, dv_acc, scale, q.shape[2], v.shape[2])
             cuda.syncthreads()                                 # wait: all are done with them before the next copy
-    store_row(dk, g, j, dk_acc, scale)                         # dK = scale * sum_i dS_ij Q_i, over the group
-    store_row(dv, g, j, dv_acc, np.float32(1.0))
+    store_rows(dk, dv, g, j, dk_acc, dv_acc, scale)
+
+
+@functools.lru_cache(maxsize=None)
+def dkdv_kernel_with(tile):
+    """flash_backward_dkdv_kernel compiled with `tile` (a device function with dkdv_tile's
+    contract) in dkdv_tile's place: the library's kernel around an exercise's answer."""
+    if tile is dkdv_tile:
+        return flash_backward_dkdv_kernel
+    fn = flash_backward_dkdv_kernel.py_func
+    return cuda.jit(types.FunctionType(fn.__code__, {**fn.__globals__, "dkdv_tile": tile}, fn.__name__))
 
 
 @cuda.jit(device=True)
-def key_range(i, q0, t_q, t_k, causal):
-    """(keys query i sees, 0 for a thread past T_q; keys its block needs, up to the block's last
-    query's last visible key: the same in every thread, so all reach the same barriers)."""
-    last = min(q0 + BLOCK_Q, t_q) - 1
-    mine = flash.visible_keys(i, t_q, t_k, causal) if i < t_q else 0
-    return mine, flash.visible_keys(last, t_q, t_k, causal)
-
-
-@cuda.jit(device=True)
-def dq_tile(k_tile, v_tile, n, q_row, do_row, lse, d_rows, h, i, dq_acc, scale, k, v):
-    """Fold the first n keys of a shared tile (those query i sees; none when n <= 0) into its dQ
-    accumulator (k and v for sizes)."""
-    if n <= 0:
-        return
-    d_k, d_v = k.shape[2], v.shape[2]
-    lse_i, d_i = lse[h, i], d_rows[h, i]
-    for r in range(n):
-        s = row_dot(q_row, k_tile, r, d_k) * scale
-        p, ds = recompute_pair(s, lse_i, row_dot(do_row, v_tile, r, d_v), d_i)
+def dq_tile(k_tile, v_tile, keys_from, keys_to, q_row, do_row, lse_i, d_i, dq_acc, scale, d_k, d_v):
+    """Fold the keys in rows keys_from .. keys_to - 1 of the shared tiles (those query i sees) into
+    its dQ accumulator: dkdv_tile's recompute, seen from the query (dQ scaled at the end)."""
+    for r in range(keys_from, keys_to):
+        s = row_dot(q_row, k_tile, r, d_k) * scale          # S_ij again
+        p = math.exp(s - lse_i)
+        ds = p * (row_dot(do_row, v_tile, r, d_v) - d_i)
         for c in range(d_k):
-            dq_acc[c] += ds * k_tile[r, c]                  # dQ_i += dS_ij K_j (scaled at the end)
+            dq_acc[c] += ds * k_tile[r, c]                  # dQ_i += dS_ij K_j
 
 
 @cuda.jit
-def flash_backward_dq_kernel(q, k, v, d_out, lse, d_rows, scale, causal, dq):
+def flash_backward_dq_kernel(q, k, v, d_out, lse, d_rows, scale, causal, window, dq):
     """dq (BH, T_q, d_k) float32, written; the other arguments as flash_backward_dkdv_kernel's.
-    Block (x, h): BLOCK_Q queries of head h, a thread each, over the K/V head h // group's tiles."""
+    Block (x, h): BLOCK_Q queries of head h, a thread each, over the key tiles of K/V head
+    h // group they see (the forward's band: flash.block_band)."""
     k_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)   # the current tile of keys
     v_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)   # and of their values
     q_row, do_row = cuda.local.array(MAX_D, np.float32), cuda.local.array(MAX_D, np.float32)
     dq_acc = cuda.local.array(MAX_D, np.float32)
-    h, q0, i = cuda.blockIdx.y, cuda.blockIdx.x * BLOCK_Q, cuda.blockIdx.x * BLOCK_Q + cuda.threadIdx.x
+    (t_q, d_k), (t_k, d_v) = q.shape[1:], v.shape[1:]
+    h, q0 = cuda.blockIdx.y, cuda.blockIdx.x * BLOCK_Q
+    i = q0 + cuda.threadIdx.x                                  # this thread's query
     start_rows(q, d_out, h, i, q_row, do_row, dq_acc, dq_acc)  # one accumulator: dQ
-    my_keys, block_keys = key_range(i, q0, q.shape[1], k.shape[1], causal)
+    first, end = keys_seen(i, t_q, t_k, causal, window)
+    lse_i, d_i = row_stats(lse, d_rows, h, i)
+    start, stop = flash.block_band(q0, min(q0 + BLOCK_Q, t_q) - 1, t_q, t_k, causal, window, BLOCK_K)[:2]
     g = h // (q.shape[0] // k.shape[0])                        # the K/V head query head h reads
-    for k0 in range(0, block_keys, BLOCK_K):
-        load_key_tiles(k, v, g, k0, min(BLOCK_K, block_keys - k0), k_tile, v_tile)   # and waits
-        dq_tile(k_tile, v_tile, min(BLOCK_K, my_keys - k0), q_row, do_row, lse, d_rows, h, i, dq_acc,
-                scale, k, v)
+    for k0 in range(start, stop, BLOCK_K):
+        load_key_tiles(k, v, g, k0, min(BLOCK_K, stop - k0), k_tile, v_tile)   # and waits
+        dq_tile(k_tile, v_tile, max(first - k0, 0), min(end - k0, BLOCK_K), q_row, do_row, lse_i, d_i,
+                dq_acc, scale, d_k, d_v)
         cuda.syncthreads()                                     # wait: all are done with them before the next copy
     store_row(dq, h, i, dq_acc, scale)                         # dQ = scale * sum_j dS_ij K_j
 
@@ -424,69 +489,80 @@ def fused_grids(bh, t_q, t_k, bh_kv=None):
     return {"dkdv": ((ceil_div(t_k, BLOCK_K), bh_kv), BLOCK_K), "dq": ((ceil_div(t_q, BLOCK_Q), bh), BLOCK_Q)}
 
 
-def launch_fused_backward(q, k, v, out, lse, d_out, causal, dq, dk, dv):
+def launch_fused_backward(q, k, v, out, lse, d_out, causal, dq, dk, dv, window=None, dkdv_kernel=None):
     """The fused backward on device arrays (shapes as the kernels', k and v with BH or fewer
-    heads); dq, dk, dv written."""
+    heads; window None or an int); dq, dk, dv written. dkdv_kernel: replaces the dK/dV kernel
+    (same signature and grid)."""
     bh, t_q, d_k = q.shape
     d_rows = cuda.device_array((bh, t_q), np.float32)
     row_dot_kernel[row_grid(bh, t_q)](d_out, out, d_rows)   # D = rowsum(dO o O): T_q numbers
     grids, scale = fused_grids(bh, t_q, k.shape[1], k.shape[0]), scores.scale_factor(d_k)
-    flash_backward_dkdv_kernel[grids["dkdv"]](q, k, v, d_out, lse, d_rows, scale, bool(causal), dk, dv)
-    flash_backward_dq_kernel[grids["dq"]](q, k, v, d_out, lse, d_rows, scale, bool(causal), dq)
+    window = np.int32(window or 0)
+    (dkdv_kernel or flash_backward_dkdv_kernel)[grids["dkdv"]](q, k, v, d_out, lse, d_rows, scale, bool(causal),
+                                                               window, dk, dv)
+    flash_backward_dq_kernel[grids["dq"]](q, k, v, d_out, lse, d_rows, scale, bool(causal), window, dq)
 
 
 # --- Costs -----------------------------------------------------------------------------------
 
-def _visible(i, t_q, t_k, causal):
-    """Keys query i sees (flash.visible_keys, on the host)."""
-    return t_k if not causal else max(0, min(t_k, i + (t_k - t_q) + 1))
+def _queries_seeing(j, t_q, t_k, causal, window):
+    """queries_seeing on the host: (first, end) of the queries that see key j (window None: none)."""
+    if not causal:
+        return 0, t_q
+    first = max(0, j - (t_k - t_q))
+    return first, t_q if window is None else max(first, min(t_q, j - (t_k - t_q) + window))
 
 
-def visible_pairs(t_q, t_k, causal=True):
+def visible_pairs(t_q, t_k, causal=True, window=None):
     """(query, key) pairs of one head that are not masked."""
-    return int(reference.causal_mask(t_q, t_k).sum()) if causal else t_q * t_k
+    return int(reference.causal_mask(t_q, t_k, window).sum()) if causal else t_q * t_k
 
 
-def fused_tile_visits(t_q, t_k, causal=True):
-    """(query tile, key tile) pairs of one head that the fused kernels visit: {"dkdv", "dq"},
-    each a boolean (ceil(T_q / BLOCK_Q), ceil(T_k / BLOCK_K)) map (True: the tile is computed)."""
-    n_qt, n_kt = ceil_div(t_q, BLOCK_Q), ceil_div(t_k, BLOCK_K)
+def fused_tile_visits(t_q, t_k, causal=True, window=None, block_q=BLOCK_Q, block_k=BLOCK_K):
+    """(query tile, key tile) pairs of one head that the fused kernels visit with tiles of
+    block_q queries and block_k keys (default: this configuration's): {"dkdv", "dq"}, each a
+    boolean (ceil(T_q / block_q), ceil(T_k / block_k)) map (True: the tile is computed)."""
+    n_qt, n_kt = ceil_div(t_q, block_q), ceil_div(t_k, block_k)
     dkdv, dq = np.zeros((n_qt, n_kt), bool), np.zeros((n_qt, n_kt), bool)
-    for kt in range(n_kt):
-        first = 0 if not causal else max(0, kt * BLOCK_K - (t_k - t_q))
-        dkdv[first // BLOCK_Q:, kt] = True
-    for qt in range(n_qt):
-        last = min((qt + 1) * BLOCK_Q, t_q) - 1
-        dq[qt, :ceil_div(_visible(last, t_q, t_k, causal), BLOCK_K)] = True
+    for kt in range(n_kt):                  # the dK/dV pass: a key block walks the queries that see it
+        first = _queries_seeing(kt * block_k, t_q, t_k, causal, window)[0]
+        end = _queries_seeing(min((kt + 1) * block_k, t_k) - 1, t_q, t_k, causal, window)[1]
+        for i0 in range(first - first % block_q, end, block_q):
+            dkdv[i0 // block_q, kt] = True
+    for qt in range(n_qt):                  # the dQ pass: a query block walks its band of keys
+        last = min((qt + 1) * block_q, t_q) - 1
+        start = mask.first_visible(qt * block_q, t_q, t_k, window) // block_k
+        dq[qt, start:ceil_div(mask.visible_count(last, t_q, t_k, causal), block_k)] = True
     return {"dkdv": dkdv, "dq": dq}
 
 
-def backward_flops(t_q, t_k, d_k, d_v=None, causal=True):
+def backward_flops(t_q, t_k, d_k, d_v=None, causal=True, window=None):
     """Floating-point operations of one head's backward, 2 per multiply-add, over the visible
     pairs: {"given P": the four products dV, dP, dQ, dK; "fused": the same plus S recomputed in
     both passes and dP in the dQ pass; "fused, dQ by atomics": S recomputed once}."""
     d_v = d_k if d_v is None else d_v
-    pairs = visible_pairs(t_q, t_k, causal)
+    pairs = visible_pairs(t_q, t_k, causal, window)
     given_p = 2 * pairs * (d_v + d_v + d_k + d_k)           # dV, dP, dQ, dK
     return {"given P": given_p,
             "fused": given_p + 2 * pairs * (d_k + d_k + d_v),
             "fused, dQ by atomics": given_p + 2 * pairs * d_k}
 
 
-def dq_strategies(t_q, t_k, d_k, d_v=None, causal=True):
-    """What each way of summing dQ over key blocks costs, for one head: {strategy: {...}}.
+def dq_strategies(t_q, t_k, d_k, d_v=None, causal=True, window=None, block_q=BLOCK_Q, block_k=BLOCK_K):
+    """What each way of summing dQ over key blocks costs, for one head, with tiles of block_q
+    queries and block_k keys (at ANDREA-120M pass the GPU's, BLOCK_GPU): {strategy: {...}}.
 
-    "second pass" (this library): extra multiply-adds (S and dP again), K and V re-read per
-    query tile, dQ stored once. "atomics": every visited tile of the dK/dV pass adds its partial
-    dQ (BLOCK_Q x d_k) into main memory with one atomic add per element.
+    "second pass" (this library): extra multiply-adds (S and dP again), dQ stored once.
+    "atomics": every query tile the dK/dV pass visits adds its partial dQ (block_q x d_k) into
+    main memory with one atomic add per element.
     """
     d_v = d_k if d_v is None else d_v
-    visits = fused_tile_visits(t_q, t_k, causal)
-    pairs = visible_pairs(t_q, t_k, causal)
+    visits = fused_tile_visits(t_q, t_k, causal, window, block_q, block_k)
+    pairs = visible_pairs(t_q, t_k, causal, window)
     return {
         "second pass": {"extra multiply-adds": pairs * (d_k + d_v + d_k), "atomic adds": 0,
                         "dq stores": t_q * d_k},
-        "atomics": {"extra multiply-adds": pairs * d_k, "atomic adds": int(visits["dkdv"].sum()) * BLOCK_Q * d_k,
+        "atomics": {"extra multiply-adds": pairs * d_k, "atomic adds": int(visits["dkdv"].sum()) * block_q * d_k,
                     "dq stores": 0},
     }
 
@@ -500,12 +576,13 @@ def footprint(bh, t_q, t_k, d_v):
 
 # --- Launchers -------------------------------------------------------------------------------
 
-def _flatten(what, q, k, v, d_out, causal, extra=()):
-    """Validate q, k, v, d_out (and `extra`: (name, array, hint, shape, allow_neg_inf) tuples);
-    returns (q3, k3, v3, d_out3, [extra3...], lead), each flattened to (BH, ...) float32. The
-    simulator budget counts a thread per query and per key and the multiply-adds of the fused
-    backward's two passes."""
+def _flatten(what, q, k, v, d_out, causal, window, extra=()):
+    """Validate q, k, v, d_out, the window (and `extra`: (name, array, hint, shape, allow_neg_inf)
+    tuples); returns (q3, k3, v3, d_out3, [extra3...], lead), each flattened to (BH, ...) float32.
+    The simulator budget counts a thread per query and per key and the multiply-adds of the
+    fused backward's two passes."""
     q3, k3, v3, lead = attention._flatten(q, k, v, causal, what, share_kv=True)
+    window = reference.check_window(window, causal)
     (bh, t_q, d_k), (t_k, d_v) = q3.shape, v3.shape[1:]
     require(max(d_k, d_v) <= MAX_D, f"q and v must have d_k, d_v <= {MAX_D} (MAX_D); got d_k {d_k}, d_v {d_v}")
     d_out = as_float32("d_out", d_out, "(..., T_q, d_v)", min_ndim=2)
@@ -516,7 +593,7 @@ def _flatten(what, q, k, v, d_out, causal, extra=()):
         array = as_float32(name, array, hint, min_ndim=1, allow_neg_inf=neg_inf)
         require(array.shape == (*lead, *shape), f"{name} must have shape {(*lead, *shape)}; got shape {array.shape}")
         flat.append(array.reshape(bh, *shape))
-    madds = bh * visible_pairs(t_q, t_k, causal) * (3 * d_k + 3 * d_v)
+    madds = bh * visible_pairs(t_q, t_k, causal, window) * (3 * d_k + 3 * d_v)
     check_simulator_budget(what, bh * (t_q + t_k), madds)
     return (q3, k3, v3, d_out.reshape(bh, t_q, d_v), *flat, lead)
 
@@ -531,36 +608,40 @@ def _results(what, dq, dk, dv, lead, lead_kv):
     return grads
 
 
-def attention_backward(q, k, v, d_out, causal=True, kernel=None):
+def attention_backward(q, k, v, d_out, causal=True, window=None, kernel=None):
     """The gradients of attention(q, k, v, causal) for the output gradient d_out, on the device,
     with the stage kernels (the weights P are computed and stored, T_q x T_k per head).
 
     q: (..., T_q, d_k); k: (..., T_k, d_k); v: (..., T_k, d_v); d_out: (..., T_q, d_v), float,
     the same leading axes, or k and v with fewer heads on axis -3 (grouped-query attention, as
-    attention takes them) -> (dq, dk, dv) float32 with the shapes of q, k, v. kernel: replaces
-    score_grad_kernel (same signature and grid).
+    attention takes them) -> (dq, dk, dv) float32 with the shapes of q, k, v. window: a sliding
+    window as flash_attention's (causal only; FlashAttention's window_size=(window - 1, 0)), or
+    None. kernel: replaces score_grad_kernel (same signature and grid).
     """
-    q3, k3, v3, do3, lead = _flatten("attention_backward", q, k, v, d_out, causal)
+    q3, k3, v3, do3, lead = _flatten("attention_backward", q, k, v, d_out, causal, window)
     dq, dk, dv = (cuda.device_array(a.shape, np.float32) for a in (q3, k3, v3))
     launch = launch_naive_backward if k3.shape[0] == q3.shape[0] else launch_grouped_naive_backward
-    launch(*(cuda.to_device(a) for a in (q3, k3, v3, do3)), causal, dq, dk, dv, kernel)
+    launch(*(cuda.to_device(a) for a in (q3, k3, v3, do3)), causal, dq, dk, dv, kernel, window)
     return _results("attention_backward", dq, dk, dv, lead, np.shape(k)[:-2])
 
 
-def flash_attention_backward(q, k, v, out, lse, d_out, causal=True):
-    """The gradients of flash_attention(q, k, v, causal), fused: nothing T_q x T_k is stored.
+def flash_attention_backward(q, k, v, out, lse, d_out, causal=True, window=None):
+    """The gradients of flash_attention(q, k, v, causal, window=window), fused: nothing
+    T_q x T_k is stored.
 
     q: (..., T_q, d_k); k: (..., T_k, d_k); v: (..., T_k, d_v); out: (..., T_q, d_v), the
     forward's output; lse: (..., T_q), the forward's log-sum-exp of each row of scaled scores
     (-inf for a row that sees no key); d_out: (..., T_q, d_v); float, the same leading axes (k
     and v may have fewer heads on axis -3, as flash_attention takes them) -> (dq, dk, dv) float32
-    with the shapes of q, k, v.
+    with the shapes of q, k, v. window: the forward's sliding window (causal only), or None:
+    query i sees keys i + (T_k - T_q) - window < j <= i + (T_k - T_q), its own position and the
+    window - 1 before it; FlashAttention's window_size=(window - 1, 0), not (window, 0).
     """
     require(isinstance(causal, (bool, np.bool_)), f"causal must be True or False, got {causal!r}")
     t_q, d_v = np.shape(d_out)[-2:] if np.ndim(d_out) >= 2 else (None, None)
     q3, k3, v3, do3, out3, lse3, lead = _flatten(
-        "flash_attention_backward", q, k, v, d_out, causal,
+        "flash_attention_backward", q, k, v, d_out, causal, window,
         extra=(("out", out, "(..., T_q, d_v)", (t_q, d_v), False), ("lse", lse, "(..., T_q)", (t_q,), True)))
     dq, dk, dv = (cuda.device_array(a.shape, np.float32) for a in (q3, k3, v3))
-    launch_fused_backward(*(cuda.to_device(a) for a in (q3, k3, v3, out3, lse3, do3)), causal, dq, dk, dv)
+    launch_fused_backward(*(cuda.to_device(a) for a in (q3, k3, v3, out3, lse3, do3)), causal, dq, dk, dv, window)
     return _results("flash_attention_backward", dq, dk, dv, lead, np.shape(k)[:-2])

@@ -1,4 +1,5 @@
-"""A trained toy model (notebook 11): a two-layer, attention-only transformer that learns induction.
+"""A trained toy model (notebook 11x, the backward's deep dive): a two-layer, attention-only transformer
+that learns induction.
 
 The task: each sequence holds a segment of L distinct random tokens, the same segment again, then
 filler; L changes from sequence to sequence. In the repeat, the next token is the one that

@@ -1,0 +1,112 @@
+"""Registers or local memory (notebook 10): unscaled scores out[i, j] = q[i] . k[j], one thread per
+query row, its row of q kept in a ``cuda.local.array`` so that q is read from main memory once per
+row instead of once per key.
+
+Where that array lives is the compiler's choice, which the kernel report shows (no GPU needed):
+registers have no addresses, so an array can live in registers only if every index into it is
+known when the kernel is compiled, which loops over a module-level constant give once the
+compiler has unrolled them. Indexed by a bound only the launch knows (``q.shape[1]``), it stays
+in local memory: per-thread device memory (DRAM, cached in L1 and L2), one load per use.
+
+- NumPy reference: ``attention_lib.reference.scores(q, k, scale=False)``.
+- ``row_scores_kernel_v1``: the loops bounded by ``q.shape[1]``: the array in local memory (the
+  exercise's given kernel).
+- ``row_scores_kernel_v2``: the loops bounded by D: the array in registers (the exercise's
+  solution). Each multiply-add still loads its element of k from main memory: that is what a
+  tile of k in shared memory (notebooks 02 and 07) saves.
+- ``KERNELS``, ``row_scores_grid``, ``launch_row_scores``, ``row_scores(q, k, version=2)``;
+  ``row_scores_traffic``: global loads and stores, as ``sanitizer.count_memory`` counts them.
+"""
+
+import numpy as np
+from numba import cuda, float32
+
+from attention_lib.platform.launch import ceil_div, check_grid, check_simulator_budget, check_version
+from attention_lib.platform.validation import as_float32, require
+
+# The head width: a module-level constant, so that a loop over it has a bound the compiler knows
+# (ANDREA-120M's d_k on both backends: the rows are short enough for the simulator).
+D = 64
+# Query rows (threads) per block: one warp.
+ROWS_PER_BLOCK = 32
+
+
+# --- Kernels -----------------------------------------------------------------------------
+
+@cuda.jit
+def row_scores_kernel_v1(q, k, out):
+    """out[i, j] = q[i] . k[j]; q (T_q, D), k (T_k, D), out (T_q, T_k) float32; thread i = row i."""
+    i = cuda.grid(1)
+    if i >= q.shape[0]:
+        return
+    q_row = cuda.local.array(D, float32)
+    for c in range(q.shape[1]):
+        q_row[c] = q[i, c]
+    for j in range(k.shape[0]):
+        acc = float32(0.0)
+        for c in range(q.shape[1]):
+            acc += q_row[c] * k[j, c]
+        out[i, j] = acc
+
+
+@cuda.jit
+def row_scores_kernel_v2(q, k, out):
+    """out[i, j] = q[i] . k[j]; q (T_q, D), k (T_k, D), out (T_q, T_k) float32; thread i = row i."""
+    i = cuda.grid(1)
+    if i >= q.shape[0]:
+        return
+    q_row = cuda.local.array(D, float32)    # this thread's row of q: in registers, if every index is known
+    for c in range(D):                  # a bound the compiler knows: the loop unrolls, indices are constants
+        q_row[c] = q[i, c]
+    for j in range(k.shape[0]):
+        acc = float32(0.0)
+        for c in range(D):
+            acc += q_row[c] * k[j, c]
+        out[i, j] = acc
+
+
+KERNELS = {1: row_scores_kernel_v1, 2: row_scores_kernel_v2}
+
+
+# --- Launchers ---------------------------------------------------------------------------
+
+def row_scores_grid(t_q):
+    """(grid, block): one thread per query row, ROWS_PER_BLOCK to a block."""
+    return ceil_div(t_q, ROWS_PER_BLOCK), ROWS_PER_BLOCK
+
+
+def launch_row_scores(kernel, q, k, out):
+    """One launch on device arrays q (T_q, D), k (T_k, D) -> out (T_q, T_k) float32, written."""
+    kernel[row_scores_grid(q.shape[0])](q, k, out)
+
+
+def row_scores(q, k, version=2, kernel=None):
+    """q k^T, unscaled, one thread per query row: q (T_q, D), k (T_k, D) float -> (T_q, T_k)
+    float32. The kernels are compiled for D = 64 columns; other widths are refused (a kernel
+    looping over D would read past a narrower row). kernel: any with the version's signature."""
+    check_version(version, KERNELS)
+    q = as_float32("q", q, f"(T_q, {D})", min_ndim=2)
+    k = as_float32("k", k, f"(T_k, {D})", min_ndim=2)
+    require(q.ndim == 2 and q.shape[1] == D, f"q must have shape (T_q, {D}) (D, the compiled width); got {q.shape}")
+    require(k.ndim == 2 and k.shape[1] == D, f"k must have shape (T_k, {D}) (D, the compiled width); got {k.shape}")
+    grid, block = row_scores_grid(q.shape[0])
+    check_grid("row_scores", (grid,), x="q's T_q in blocks of 32 rows")
+    check_simulator_budget("row_scores", grid * block, q.shape[0] * k.shape[0] * D)
+    out = cuda.device_array((q.shape[0], k.shape[0]), np.float32)
+    launch_row_scores(KERNELS[version] if kernel is None else kernel, cuda.to_device(q), cuda.to_device(k), out)
+    return out.copy_to_host()
+
+
+# --- Costs -------------------------------------------------------------------------------
+
+def row_scores_traffic(t_q, t_k):
+    """Global accesses of either kernel, in float32 elements: {"q": loads, "k": loads, "out":
+    stores}. q is read once per row (the local array holds it); every multiply-add reads its
+    element of k, so k is read once per query row: T_q times."""
+    return {"q": t_q * D, "k": t_q * t_k * D, "out": t_q * t_k}
+
+
+def row_scores_flops(t_q, t_k):
+    """2 FLOPs per multiply-add."""
+    return 2 * t_q * t_k * D
+
