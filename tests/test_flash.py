@@ -1,6 +1,6 @@
-"""Notebook 07: the online softmax with an output accumulator, the fused attention kernels against
-the reference and the pipeline, tile skipping, memory traffic (formulas = counts), barriers,
-bad input and the exercise."""
+"""Notebooks 07 and 08: the online softmax with an output accumulator, the fused attention kernels
+against the reference and the pipeline, tile skipping, memory traffic (formulas = counts), barriers
+and warp shuffles, bad input. The exercises' tests are in test_exercises_07.py and _08.py."""
 
 import inspect
 import linecache
@@ -16,9 +16,6 @@ from attention_lib import reference
 from attention_lib.measure import sanitizer, traffic
 from attention_lib.platform.simulator import BarrierError
 from attention_lib.stages import attention, flash, softmax
-from attention_lib.checks import check
-from attention_lib.stages.flash import MICRO_D, MICRO_M, MICRO_N, NEG_INF
-from numba import cuda
 
 
 def qkv(rng, lead, t_q, t_k, d_k, d_v=None):
@@ -276,9 +273,14 @@ def test_the_mutants_remove_every_barrier_of_the_source():
     assert inspect.getsource(flash.v2_stage_queries.py_func).count(BARRIER) == 2
     assert inspect.getsource(flash.v2_key_tile.py_func).count(BARRIER) == 2
     assert all(BARRIER not in inspect.getsource(p.py_func) for p in (
-        flash.flash_attention_kernel_v2, flash.v2_stage_rows, flash.v2_score_tile, flash.v2_fold_tile))
+        flash.flash_attention_kernel_v2, flash.v2_stage_rows, flash.v2_score_tile, flash.v2_scale_row,
+        flash.v2_add_row))
     assert inspect.getsource(flash.v3_key_tile.py_func).count(BARRIER) == 3
-    assert all(BARRIER not in inspect.getsource(p.py_func) for p in flash.V3_PARTS if p is not flash.v3_key_tile)
+    others = [p for p in flash.V3_PARTS + flash.V3_GROUPED_PARTS + tuple(flash.V3_GROUPED_SWAPS.values())
+              if p is not flash.v3_key_tile]
+    assert all(BARRIER not in inspect.getsource(p.py_func) for p in others)
+    assert BARRIER not in inspect.getsource(flash.flash_attention_kernel_v3.py_func)
+    assert BARRIER not in inspect.getsource(flash.v3_grouped_kernel)
 
 
 @pytest.fixture
@@ -391,187 +393,3 @@ def test_the_simulator_budget_refuses_huge_launches():
     big = np.zeros((12, 1024, 64), np.float32)                 # one layer's 12 heads at ANDREA-120M
     with pytest.raises(ValueError, match=r"^flash_attention: .* CUDA threads would take about"):
         flash.flash_attention(big, big, big)
-
-
-# --- The exercise: planted mistakes --------------------------------------------------------
-
-def without_rescale(m, l, acc, s_block, v_block):
-    m_new = max(m, s_block.max())
-    p = np.exp(s_block - m_new)
-    return m_new, l + p.sum(), acc + p @ v_block
-
-
-def rescales_l_only(m, l, acc, s_block, v_block):
-    m_new = max(m, s_block.max())
-    p = np.exp(s_block - m_new)
-    return m_new, l * np.exp(m - m_new) + p.sum(), acc + p @ v_block
-
-
-def inverted_rescale(m, l, acc, s_block, v_block):
-    m_new = max(m, s_block.max())
-    p = np.exp(s_block - m_new)
-    with np.errstate(invalid="ignore", over="ignore"):
-        return m_new, l * np.exp(m_new - m) + p.sum(), acc * np.exp(m_new - m) + p @ v_block
-
-
-def normalises_acc(m, l, acc, s_block, v_block):
-    m, l, acc = flash.online_update(m, l, acc, s_block, v_block)
-    return m, l, acc / l
-
-
-def forgets_the_max(m, l, acc, s_block, v_block):
-    with np.errstate(over="ignore", invalid="ignore"):
-        p = np.exp(s_block)
-    return max(m, s_block.max()), l + p.sum(), acc + p @ v_block
-
-
-def stub(m, l, acc, s_block, v_block):
-    raise NotImplementedError()
-
-
-def test_the_library_update_passes_the_exercise(capsys):
-    result = check("07_online_softmax", flash.online_update)
-    assert result.passed and result.diagnosis == "ok"
-    assert capsys.readouterr().out.startswith("✔ 07_online_softmax [ok]")
-
-
-@pytest.mark.parametrize("answer, diagnosis, says", [
-    (without_rescale, "online_softmax_no_rescale", "l and acc were not rescaled"),
-    (rescales_l_only, "online_softmax_no_rescale", "acc was not rescaled"),
-    (inverted_rescale, "wrong_values", "exp(m_new - m_old) overflows"),
-    (normalises_acc, "wrong_values", "not divided by l"),
-    (forgets_the_max, "wrong_values", "l is"),
-    (lambda m, l, acc, s_block, v_block: (m, l), "raised_error", "got a tuple of 2"),
-    (lambda m, l, acc, s_block, v_block: (s_block.max(), l, np.append(acc, 0.0)), "raised_error",
-     "acc must keep shape (1,)"),
-    (stub, "not_implemented", "Hint"),
-])
-def test_planted_mistakes_get_their_diagnosis(answer, diagnosis, says):
-    result = check("07_online_softmax", answer, verbose=False)
-    assert not result.passed
-    assert (result.diagnosis, says in result.message) == (diagnosis, True), result.message
-    assert "\n" not in str(result)
-
-
-# --- The optional kernel exercise: planted mistakes ------------------------------------------
-
-# The guard, the scaled query and the division by l are given (flash.v1_start_row and
-# flash.write_row, put around the answer by the check): the mistakes are the walk's own.
-NO_RESCALE, SCALED_AGAIN, MISSES_OWN_KEY, NO_MASK, IGNORES_OFFSET, IGNORES_WINDOW = range(1, 7)
-
-
-def walk_with_mistake(mistake):
-    """flash.v1_walk_keys with one typical mistake planted (an int, compiled in)."""
-    @cuda.jit(device=True)
-    def planted(q_row, acc, k, v, h, i, t_q, causal, window):
-        t_k, d_k, d_v = k.shape[1], k.shape[2], v.shape[2]
-        m, l = np.float32(-math.inf), np.float32(0.0)
-        n = flash.visible_keys(i, t_q, t_k, causal)
-        first = 0 if mistake == IGNORES_WINDOW else flash.first_key(i, t_q, t_k, window)
-        if mistake == MISSES_OWN_KEY:
-            n -= 1
-        elif mistake == NO_MASK:
-            n = t_k
-        elif mistake == IGNORES_OFFSET and causal:
-            n = min(i + 1, t_k)
-        for j in range(first, n):
-            s = np.float32(0.0)
-            for c in range(d_k):
-                s += q_row[c] * k[h, j, c]
-            if mistake == SCALED_AGAIN:
-                s /= math.sqrt(d_k)
-            m_new = max(m, s)
-            rescale = np.float32(1.0) if mistake == NO_RESCALE else math.exp(m - m_new)
-            p = math.exp(s - m_new)
-            l = l * rescale + p
-            for c in range(d_v):
-                acc[c] = acc[c] * rescale + p * v[h, j, c]
-            m = m_new
-        return m, l
-    return planted
-
-
-@cuda.jit(device=True)
-def walk_stub(q_row, acc, k, v, h, i, t_q, causal, window):
-    raise NotImplementedError()
-
-
-def test_the_library_walk_passes_the_kernel_exercise(capsys):
-    result = check("07_flash_inner", flash.v1_walk_keys)
-    assert result.passed and result.diagnosis == "ok"
-    assert capsys.readouterr().out.startswith("✔ 07_flash_inner [ok]")
-
-
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")          # 0 / 0 in a planted division
-@pytest.mark.parametrize("mistake, diagnosis, says", [
-    (NO_RESCALE, "online_softmax_no_rescale", "not rescaled"),
-    (SCALED_AGAIN, "scaled_by_d_k", "divided by d_k"),
-    (MISSES_OWN_KEY, "mask_includes_diagonal", "missed its own key"),
-    (NO_MASK, "mask_not_applied", "every query saw every key"),
-    (IGNORES_OFFSET, "mask_ignores_offset", "the last T_q positions"),
-    (IGNORES_WINDOW, "mask_ignores_window", "with a window of 4"),
-])
-def test_planted_walk_mistakes_get_their_diagnosis(mistake, diagnosis, says):
-    result = check("07_flash_inner", walk_with_mistake(mistake), verbose=False)
-    assert not result.passed
-    assert (result.diagnosis, says in result.message) == (diagnosis, True), result.message
-    assert "\n" not in str(result)
-
-
-def test_the_kernel_exercise_stub_is_not_implemented():
-    assert check("07_flash_inner", walk_stub, verbose=False).diagnosis == "not_implemented"
-
-
-# --- The main exercise: v3's online update, planted mistakes --------------------------------
-
-def planted_update(mistake):
-    """flash.v3_online_update with one typical mistake (a string, compiled in)."""
-    @cuda.jit(device=True)
-    def update(s, m, l, o, tile_max):
-        for a in range(MICRO_M):
-            m_new = max(m[a], tile_max[a])
-            shift = m_new if m_new != NEG_INF else np.float32(0.0)
-            rescale = math.exp2(m[a] - shift)
-            if mistake == "natural_exp":
-                rescale = math.exp(m[a] - shift)
-            if mistake not in ("no_rescale", "o_only"):
-                l[a] *= rescale
-            for e in range(MICRO_D):
-                if mistake not in ("no_rescale", "l_only"):
-                    o[a * MICRO_D + e] *= rescale
-            for b in range(MICRO_N):
-                p = math.exp(s[a * MICRO_N + b] - shift) if mistake == "natural_exp" else \
-                    math.exp2(s[a * MICRO_N + b] - shift)
-                s[a * MICRO_N + b] = p
-                l[a] += p
-            if mistake != "max_kept":
-                m[a] = m_new
-    return update
-
-
-@cuda.jit(device=True)
-def update_stub(s, m, l, o, tile_max):
-    raise NotImplementedError()
-
-
-def test_the_library_update_passes_the_main_exercise():
-    result = check("07_online_update", flash.v3_online_update, verbose=False)
-    assert result.passed and result.diagnosis == "ok", result.message
-
-
-@pytest.mark.parametrize("mistake, diagnosis, says", [
-    ("no_rescale", "online_softmax_no_rescale", "neither l nor o was rescaled"),
-    ("l_only", "rescale_l_only", "o was not"),
-    ("o_only", "rescale_o_only", "l was not"),
-    ("max_kept", "max_not_updated", "never stored"),
-    ("natural_exp", "natural_exp", "exp2, not exp"),
-])
-def test_planted_update_mistakes_get_their_diagnosis(mistake, diagnosis, says):
-    result = check("07_online_update", planted_update(mistake), verbose=False)
-    assert not result.passed
-    assert (result.diagnosis, says in result.message) == (diagnosis, True), result.message
-    assert "\n" not in str(result)
-
-
-def test_the_update_stub_is_not_implemented():
-    assert check("07_online_update", update_stub, verbose=False).diagnosis == "not_implemented"

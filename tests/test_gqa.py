@@ -146,12 +146,13 @@ def test_v3_packs_the_group_into_its_rows_and_shares_each_tile_it_loads(causal):
         assert k_loads.sum() == (4 // group) * want["k"] and v_loads.sum() == (4 // group) * want["v"]
 
 
-def v3_loads(q, k, v, kernel):
-    """K loads of one v3 launch of `kernel` on NumPy q, k, v (BH, T, d), counted, its output checked."""
+def v3_loads(q, k, v, kernel, slices=None):
+    """K loads of one v3 launch of `kernel` (in `slices` slices, by default v3_slices') on NumPy q,
+    k, v (BH, T, d), counted, its output checked."""
     from attention_lib.measure import sanitizer
     (bh, t, d), group = q.shape, q.shape[0] // k.shape[0]
     out, lse = np.zeros((bh, t, d), np.float32), np.zeros((bh, t), np.float32)
-    grid, block, nbytes = flash.launch_config(kernel, 3, bh, t, d, group)
+    grid, block, nbytes = flash.launch_config(kernel, 3, bh, t, d, group, slices)
     report = sanitizer.count_memory(kernel, grid, block, q, k, v, flash.flash_scale(3, d), True, np.int32(0),
                                     np.int32(group), out, lse, sharedmem=nbytes)
     assert_close_float32(out, per_head_reference(q, k, v, True))
@@ -160,15 +161,26 @@ def v3_loads(q, k, v, kernel):
 
 def test_at_long_contexts_the_grouped_kernel_loads_k_as_one_head_alone_does():
     """4 query heads on one K/V head, T 40: the grouped kernel's 3 slices hold all 160 rows in one
-    block, which loads K as one head alone does; the one-slice kernel's 160 rows take 3 blocks of
-    16 queries, each loading its band."""
+    block, which loads K as one head alone does; in one slice, packing alone, the 160 rows take 3
+    blocks of 16 queries, each loading its band."""
     q, k, v = qkv(np.random.default_rng(8), (), 4, 1, 40, 40, 5)
     assert flash.v3_slices(40, 4, 5) == 3
     alone = flash.flash_traffic(40, 40, 5, version=3)["k"]               # one head, no group
     grouped = v3_loads(q, k, v, flash.make_flash_v3(5, grouped=True))
     assert grouped == alone == flash.flash_traffic(40, 40, 5, version=3, group=4)["k"]
-    one_slice = v3_loads(q, k, v, flash.make_flash_v3(5))
+    one_slice = v3_loads(q, k, v, flash.make_flash_v3(5, grouped=True), slices=1)
     assert one_slice == flash.flash_traffic(40, 40, 5, version=3, group=4, block_q=64)["k"] > alone
+
+
+def test_v3s_one_head_kernel_refuses_shared_heads(rng):
+    """The one-head kernel reads K/V head h for query head h; with a group it would read the wrong
+    head, so flash_attention refuses it in one line, naming the kernel to pass instead."""
+    q, k, v = qkv(rng, (), 4, 2, 7, 7, 5)
+    raises_one_line(ValueError, r"^kernel: v3's one-head kernel reads a key/value head per query head, but q "
+                    r"has 2 query heads per key/value head; pass its grouped kernel, make_flash_v3\(d_k, grouped=True\)$",
+                    lambda: flash.flash_attention(q, k, v, version=3, kernel=flash.make_flash_v3(5)))
+    assert_close_float32(flash.flash_attention(q, k, v, version=3, kernel=flash.make_flash_v3(5, grouped=True)),
+                         per_head_reference(q, k, v, True))
 
 
 def test_v3_grid_runs_over_kv_heads_and_blocks_of_the_groups_rows():
@@ -184,7 +196,8 @@ def test_the_grouped_kernel_takes_a_slice_per_head_where_rows_fill_them(monkeypa
     assert flash.v3_slices(20, 4) == 2                                  # 80 rows fill two slices of 64
     assert flash.v3_slices(20, 4, d_k=100) == 3                         # and three of 32
     assert flash.fused_kernel(3, 64, 2, 64) is flash.flash_attention_kernel_v3_grouped
-    assert flash.fused_kernel(3, 32, 2, 64) is flash.flash_attention_kernel_v3
+    assert flash.fused_kernel(3, 32, 2, 64) is flash.flash_attention_kernel_v3_grouped   # one slice
+    assert flash.fused_kernel(3, 64, 1, 64) is flash.flash_attention_kernel_v3
     # A device whose block holds less shared memory gets fewer slices (80 KB: 2 at d_k 64).
     from attention_lib.platform import dynamic_shared
     monkeypatch.setattr(dynamic_shared, "largest_block_bytes", lambda: 80 * 1024)

@@ -1,19 +1,22 @@
-"""Fused attention (notebook 07): softmax(mask(Q K^T / sqrt(d_k))) V in one kernel, FlashAttention-style,
-the (T_q, T_k) scores and weights never stored (the notebook tells why and how). The file, in order:
+"""Fused attention (notebooks 07, 08 and 08x): softmax(mask(Q K^T / sqrt(d_k))) V in one kernel,
+FlashAttention-style, the (T_q, T_k) scores and weights never stored. The file, in order:
 
-- NumPy: ``online_update`` and ``online_attention``, attention a block of keys at a time.
+- NumPy: ``online_update`` and ``online_attention``, attention a block of keys at a time (07).
 - Key ranges on the device: ``visible_keys``, ``first_key`` (sliding window), ``block_band``.
-- ``flash_attention_kernel_v1``: a thread per query, key by key from global memory.
-- ``flash_attention_kernel_v2``: a block per BLOCK_Q queries of up to V2_MAX_HEADS query heads
-  that share a key/value head; Q, K, V tiles in shared memory; tiles outside the band skipped.
-- ``flash_attention_kernel_v3`` and its ``v3_*`` parts: FlashAttention-2's forward in FP32 SIMT,
-  128 threads, 64 rows, micro-tiles in registers, exp2, row reductions by warp shuffles (on the
-  simulator as on a GPU); under GQA its rows interleave the group's queries. ``v3_sizes``,
+- ``flash_attention_kernel_v1`` (07): a thread per query, key by key from global memory.
+- ``flash_attention_kernel_v2`` (07): a block per BLOCK_Q queries (of up to V2_MAX_HEADS query
+  heads that share a key/value head, 08x); Q, K, V tiles in shared memory, one key tile a step
+  (``v2_key_tile``); tiles outside the band skipped.
+- ``flash_attention_kernel_v3`` and its ``v3_*`` parts (08): FlashAttention-2's forward in FP32
+  SIMT for one query head per key/value head, 128 threads, 64 rows, micro-tiles in registers,
+  exp2, row reductions by warp shuffles (on the simulator as on a GPU). ``v3_sizes``,
   ``build_flash_v3`` and ``make_flash_v3(d_k)``: the kernel for a head width. ``FAST``: its
   floors for the kernel report.
-- ``flash_attention_kernel_v3_grouped``: the same parts compiled with ``GROUPED``, a block of up
-  to V3_MAX_SLICES slices of 64 rows sharing each K/V tile, in dynamic shared memory
-  (``v3_shared_words``, ``v3_grouped_arrays``, ``v3_slices``, ``is_grouped``).
+- ``flash_attention_kernel_v3_grouped`` (08x): the same parts compiled again with the grouped
+  ones (``v3_load_packed``, ``v3_mask_packed``, ``v3_write_packed``, ``v3_block_grouped``): the
+  group's queries packed into the rows, a block of up to V3_MAX_SLICES slices of 64 rows sharing
+  each K/V tile, in dynamic shared memory (``v3_shared_words``, ``v3_grouped_arrays``,
+  ``v3_slices``, ``is_grouped``).
 - ``KERNELS``, ``DEFAULT_VERSION`` (3 on a GPU, 2 on the simulator, which runs it about 3 times
   faster), ``fused_kernel``, ``flash_grid``, ``launch_config``, ``flash_scale``,
   ``check_flash_inputs``, ``launch_flash`` (one launch on device arrays).
@@ -27,10 +30,11 @@ the (T_q, T_k) scores and weights never stored (the notebook tells why and how).
 
 Grouped-query attention: k and v may have H_kv heads where q has H (a multiple), ``group`` =
 H / H_kv, query head h reads key/value head h // group. A tile a v2 or v3 block stages serves
-every query head the block holds: v2 loads K/V group (up to 8) times less. v3's 64 rows hold
-64 / group positions of each head, which is enough while a group's rows fit them (decoding);
-past that the grouped kernel holds 64 positions of up to 4 heads, so at long contexts a group
-of up to 4 loads K/V as one head alone does (a group of 12: 256 rows, 21 positions of each).
+every query head the block holds: v2 loads K/V group (up to 8) times less. v3's grouped kernel
+packs the group's queries into its rows: one slice of 64 rows holds 64 / group positions of each
+head, which is enough while a group's rows fit them (decoding); past that its block holds 64
+positions of up to 4 heads, so at long contexts a group of up to 4 loads K/V as one head alone
+does (a group of 12: 256 rows, 21 positions of each).
 """
 
 import functools
@@ -217,37 +221,6 @@ def v2_stage_rows(tile, src, h, r0, n, scale):
 
 
 @cuda.jit(device=True)
-def v2_score_tile(p_row, q_row, k_tile, first, mine, d_k):
-    """p_row[jj] <- q_row . k_tile[jj] for the tile's keys first .. mine - 1; returns their max.
-    Every thread reads the same k_tile[jj, c] at the same moment: one broadcast."""
-    tile_max = NEG_INF
-    for jj in range(first, mine):
-        s = np.float32(0.0)
-        for c in range(d_k):
-            s += q_row[c] * k_tile[jj, c]
-        p_row[jj] = s
-        tile_max = max(tile_max, s)
-    return tile_max
-
-
-@cuda.jit(device=True)
-def v2_fold_tile(acc, m, l, tile_max, p_row, v_tile, first, mine, d_v):
-    """Fold a tile's scores p_row[first:mine] and values v_tile into (m, l, acc): l and acc are
-    rescaled once per tile (not once per key), then take the tile's terms; returns (m, l)."""
-    m_new = max(m, tile_max)
-    rescale = math.exp(m - m_new)
-    l *= rescale
-    for c in range(d_v):
-        acc[c] *= rescale
-    for jj in range(first, mine):
-        p = math.exp(p_row[jj] - m_new)
-        l += p
-        for c in range(d_v):
-            acc[c] += p * v_tile[jj, c]
-    return m_new, l
-
-
-@cuda.jit(device=True)
 def v2_stage_queries(q_tile, q_row, acc, q, q0, n_rows, scale, d_v, h0):
     """The block's n_rows queries from q0 of each of its blockDim.y query heads h0, h0 + 1, ...,
     scaled, into q_tile (shared), one head after another; each thread copies its own row (query
@@ -268,33 +241,65 @@ def v2_stage_queries(q_tile, q_row, acc, q, q0, n_rows, scale, d_v, h0):
 
 
 @cuda.jit(device=True)
-def v2_key_tile(k_tile, v_tile, q_row, acc, m, l, k, v, kv, k0, block_keys, my_first, my_keys):
-    """One key tile from k0 of key/value head kv, by the whole block: copy its K and V rows (up
-    to key block_keys) into the shared tiles, then fold the keys of it this thread's query sees
-    (my_first .. my_keys - 1) into (m, l, acc); returns (m, l). Every thread must call it: it
-    holds two barriers. The tiles serve the queries of all the block's query heads."""
-    p_row = cuda.local.array(BLOCK_K, np.float32)  # this thread's scores against the tile
-    n = min(BLOCK_K, block_keys - k0)              # keys in this tile
+def v2_score_tile(p_row, q_row, k_tile, first, mine, d_k):
+    """p_row[jj] <- q_row . k_tile[jj] (notebook 02's score; q_row is already scaled) for the
+    tile's keys first .. mine - 1; returns their max. Every thread reads the same k_tile[jj, c]
+    at the same moment: one broadcast."""
+    tile_max = NEG_INF
+    for jj in range(first, mine):
+        s = np.float32(0.0)
+        for c in range(d_k):
+            s += q_row[c] * k_tile[jj, c]
+        p_row[jj] = s
+        tile_max = max(tile_max, s)
+    return tile_max
+
+
+@cuda.jit(device=True)
+def v2_scale_row(acc, rescale, d_v):
+    """acc[c] <- rescale * acc[c] for c < d_v: the old terms of the output brought to a new max."""
+    for c in range(d_v):
+        acc[c] *= rescale
+
+
+@cuda.jit(device=True)
+def v2_add_row(acc, p, v_tile, jj, d_v):
+    """acc[c] <- acc[c] + p * v_tile[jj, c] for c < d_v: notebook 05's weighted sum, one key's
+    term. Every thread reads the same v_tile[jj, c] at the same moment: one broadcast."""
+    for c in range(d_v):
+        acc[c] += p * v_tile[jj, c]
+
+
+@cuda.jit(device=True)
+def v2_key_tile(k_tile, v_tile, p_row, q_row, acc, m, l, k, v, kv, k0, n, my_first, my_keys):
+    """One key tile by the whole block: keys k0 .. k0 + n - 1 of key/value head kv and their values
+    into the shared k_tile and v_tile ((BLOCK_K, MAX_D) float32), then the keys of it this thread's
+    query sees (my_first .. my_keys - 1) folded into its (m, l, acc); returns (m, l)."""
     v2_stage_rows(k_tile, k, kv, k0, n, np.float32(1.0))
     v2_stage_rows(v_tile, v, kv, k0, n, np.float32(1.0))
-    cuda.syncthreads()                             # wait: the K and V tiles are complete
-    first = max(0, my_first - k0)                  # keys of this tile this query sees: the
-    mine = min(n, my_keys - k0)                    # window's start and the causal end
-    if mine > first:
-        tile_max = v2_score_tile(p_row, q_row, k_tile, first, mine, k.shape[2])
-        m, l = v2_fold_tile(acc, m, l, tile_max, p_row, v_tile, first, mine, v.shape[2])
-    cuda.syncthreads()                             # wait: every thread is done with the tiles before the next copy
+    cuda.syncthreads()                               # wait: the K and V tiles are complete
+    first, mine = max(0, my_first - k0), min(n, my_keys - k0)   # the keys of this tile my query sees
+    if mine > first:                                 # no barrier in here: not every thread enters
+        m_new = max(m, v2_score_tile(p_row, q_row, k_tile, first, mine, k.shape[2]))   # p_row: scores
+        rescale = math.exp(m - m_new)                # once per tile, not once per key as in v1
+        l, m = l * rescale, m_new                    # the old sum brought to the new max, kept
+        v2_scale_row(acc, rescale, v.shape[2])       # and the old output
+        for jj in range(first, mine):
+            p = math.exp(p_row[jj] - m)
+            l += p
+            v2_add_row(acc, p, v_tile, jj, v.shape[2])
+    cuda.syncthreads()                               # wait: every thread is done with the tiles before the next copy
     return m, l
 
 
 @cuda.jit
 def flash_attention_kernel_v2(q, k, v, scale, causal, window, group, out, lse):
-    """v1's arguments; a (BLOCK_Q, G) block: BLOCK_Q queries of G query heads sharing K/V head
-    h0 // group, each K/V tile loaded once for all G (v2_heads_per_block); grid from flash_grid."""
+    """v1's arguments; block (BLOCK_Q, G): G query heads sharing K/V head h0 // group; grid: flash_grid."""
     q_tile = cuda.shared.array((BLOCK_Q, MAX_D), np.float32)  # the block's queries, scaled
     k_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)  # the current tile of keys
     v_tile = cuda.shared.array((BLOCK_K, MAX_D), np.float32)  # and of their values
     q_row, acc = cuda.local.array(MAX_D, np.float32), cuda.local.array(MAX_D, np.float32)  # local, as in v1
+    p_row = cuda.local.array(BLOCK_K, np.float32)             # this thread's scores against a tile
     q0, i = cuda.blockIdx.x * BLOCK_Q, cuda.grid(1)           # the block's first query, mine
     h0 = cuda.blockIdx.y * cuda.blockDim.y                    # the block's first query head
     n_rows = min(BLOCK_Q, q.shape[1] - q0)                    # the last block may have fewer
@@ -302,16 +307,15 @@ def flash_attention_kernel_v2(q, k, v, scale, causal, window, group, out, lse):
     my_keys = visible_keys(i, q.shape[1], k.shape[1], causal) if i < q0 + n_rows else 0
     start, block_keys, _, _ = block_band(q0, q0 + n_rows - 1, q.shape[1], k.shape[1], causal, window, BLOCK_K)
     for k0 in range(start, block_keys, BLOCK_K):   # the same tiles in all threads
-        m, l = v2_key_tile(k_tile, v_tile, q_row, acc, m, l, k, v, h0 // group, k0, block_keys,
-                           first_key(i, q.shape[1], k.shape[1], window), my_keys)
+        m, l = v2_key_tile(k_tile, v_tile, p_row, q_row, acc, m, l, k, v, h0 // group, k0,
+                           min(BLOCK_K, block_keys - k0), first_key(i, q.shape[1], k.shape[1], window), my_keys)
     if i < q0 + n_rows:
         write_row(out, lse, h0 + cuda.threadIdx.y, i, acc, m, l)
 
 
-# Floors the kernel report holds v3 to at d_k 64 (ptxas -v and nvdisasm for sm_90 measured 0
-# bytes of stack, 128 registers, 43,392 bytes of shared memory: 16 warps per SM on an H200,
-# and a hot loop of 128 FFMA in 206 instructions; the grouped kernel at 2 slices: 0 bytes of
-# stack, 128 registers, 70,272 bytes of dynamic shared memory, 16 warps, 128 FFMA in 217).
+# Floors the kernel report holds v3 to at d_k 64 (flash.flash_attention_kernel_v3 and its grouped
+# kernel at 2 slices, ptxas -v and nvdisasm for sm_90): no stack frame, 16 warps per SM on an
+# H200, and fused multiply-adds at least half of the hot loop's instructions.
 FAST = {"flash_attention_kernel_v3": {"max_stack_bytes": 0, "min_warps_per_sm": 16, "min_ffma_fraction": 0.5},
         "flash_attention_kernel_v3_grouped": {"max_stack_bytes": 0, "min_warps_per_sm": 16, "min_ffma_fraction": 0.5}}
 
@@ -324,14 +328,14 @@ FAST = {"flash_attention_kernel_v3": {"max_stack_bytes": 0, "min_warps_per_sm": 
 # (e < MICRO_D). Its pieces of S and O live in cuda.local.arrays that every loop over a
 # compile-time constant indexes with constants once unrolled: registers, not local memory.
 # The sizes below are those of head width 64; make_flash_v3 rebinds them for another d_k.
+# This kernel serves one query head per key/value head; the grouped kernel below serves several.
 
 THREADS_V3 = 128
 ROW_GROUPS = 16
 COL_GROUPS = 8
-LOG2E = 1.4426950408889634       # exp(x) = 2 ** (x log2(e)); math.exp2 is one instruction
+LOG2E = 1.4426950408889634       # exp(x) = 2 ** (x log2(e)): math.exp2 compiles to fewer instructions
 LN2 = np.float32(math.log(2.0))
-# 4 blocks of 128 threads, 16 warps, per SM: ptxas must fit a thread in 65,536 / 512 = 128
-# registers (163 if left to choose).
+# 4 blocks of 128 threads, 16 warps, per SM: ptxas must fit a thread in 65,536 / 512 = 128 registers.
 V3_JIT = {"launch_bounds": (THREADS_V3, 4)}
 
 
@@ -340,9 +344,10 @@ def v3_sizes(d_k):
     HEAD_PAD (d_k rounded up to 8 column groups), TILE_M queries and TILE_N keys per tile,
     MICRO_M, MICRO_N, MICRO_D (rows, keys and output columns per thread), and the products
     Numba needs as plain numbers for array sizes: S_SIZE, O_SIZE (per-thread arrays),
-    ROW_STRIDE = HEAD_PAD + 1 and P_STRIDE = TILE_N + 8 (shared rows, padded against bank
-    conflicts). Up to d_k 64 the tiles are 64 x 32 (45 KB of shared memory at 64); wider heads
-    halve them to stay under the 48 KB a block may declare statically."""
+    ROW_STRIDE = HEAD_PAD + 1 and P_STRIDE = TILE_N + 8 (rows of the Q and K tiles and of P,
+    padded against bank conflicts; V's rows are not). Up to d_k 64 the tiles are 64 x 32 (42 KiB
+    of shared memory at 64); wider heads halve them to stay under the 48 KiB a block may declare
+    statically."""
     head_pad = ceil_div(d_k, COL_GROUPS) * COL_GROUPS
     tile_m, tile_n = (64, 32) if head_pad <= 64 else (32, 16)
     micro_m, micro_n, micro_d = tile_m // ROW_GROUPS, tile_n // COL_GROUPS, head_pad // COL_GROUPS
@@ -363,29 +368,20 @@ S_SIZE = 16
 O_SIZE = 32
 ROW_STRIDE = 65
 P_STRIDE = 40
-# The grouped kernel below is these functions compiled with GROUPED = True (build_flash_v3):
-# a constant, so the one-slice kernel compiles without the slices' arithmetic (which costs it
-# 24 bytes of stack and 36 of spills, measured with ptxas for sm_90).
-GROUPED = False
 
 
 @cuda.jit(device=True)
-def v3_load_tile(tile, src, h, r0, n, group, scale):
-    """Copy packed rows r0 .. r0 + n - 1 of `group` heads of src ((heads, T, HEAD) float32),
-    times scale, into the shared tile ((rows, >= HEAD_PAD)): packed row r is row r // group of
-    head h * group + r % group (group 1: row r of head h). Its other rows and columns HEAD ..
-    HEAD_PAD - 1 become 0, so a padded key scores 0 and a padded value adds 0 (stale memory could
-    hold NaN: 0 * NaN = NaN). Consecutive threads of the block (all its slices) copy consecutive
-    columns: coalesced reads."""
-    first, threads = cuda.threadIdx.x, THREADS_V3
-    if GROUPED:                          # compile-time: the one-slice kernel keeps its constant stride
-        first, threads = first + cuda.threadIdx.y * THREADS_V3, THREADS_V3 * cuda.blockDim.y
-    for e in range(first, tile.shape[0] * HEAD_PAD, threads):
+def v3_load_tile(tile, src, h, r0, n, scale):
+    """Copy rows r0 .. r0 + n - 1 of head h of src ((heads, T, HEAD) float32), times scale, into
+    the shared tile ((rows, >= HEAD_PAD)). Its other rows and columns HEAD .. HEAD_PAD - 1 become
+    0, so a padded key scores 0 and a padded value adds 0 (stale memory could hold NaN: 0 * NaN =
+    NaN). Consecutive threads copy consecutive columns: coalesced reads."""
+    for e in range(cuda.threadIdx.x, tile.shape[0] * HEAD_PAD, THREADS_V3):
         r = e // HEAD_PAD                    # a compile-time power of two for most heads
         c = e - r * HEAD_PAD
         x = np.float32(0.0)
         if r < n and c < HEAD:
-            x = src[h * group + (r0 + r) % group, (r0 + r) // group, c] * scale
+            x = src[h, r0 + r, c] * scale
         tile[r, c] = x
 
 
@@ -423,13 +419,14 @@ def v3_scores(s, q_tile, k_tile, rg, cg):
 
 
 @cuda.jit(device=True)
-def v3_mask(s, r0, k0, rg, cg, t_q, t_k, causal, window, group):
-    """Set to -inf the scores of keys a row does not see: after it (causal), past T_k, or
-    before its sliding window; the block's packed row r0 + r is query (r0 + r) // group. The
-    kernel calls it only for a tile that holds such a key: the tiles the diagonal or the
+def v3_mask(s, rows, k0, rg, cg, t_k):
+    """Set to -inf the scores of keys a row does not see: after it (causal), past T_k, or before
+    its sliding window. rows: (r0, t_q, causal, window), the block's first query and the launch's
+    mask. The kernel calls it only for a tile that holds such a key: the tiles the diagonal or the
     window's edge crosses, and the last."""
+    r0, t_q, causal, window = rows
     for a in range(MICRO_M):
-        i = (r0 + rg + ROW_GROUPS * a) // group
+        i = r0 + rg + ROW_GROUPS * a
         first = first_key(i, t_q, t_k, window)
         seen = visible_keys(i, t_q, t_k, causal)
         for b in range(MICRO_N):
@@ -523,7 +520,6 @@ def v3_store_p(p_tile, s, rg, cg):
             p_tile[rg + ROW_GROUPS * a, cg + COL_GROUPS * b] = s[a * MICRO_N + b]
 
 
-
 @cuda.jit(device=True)
 def v3_start(m, l, o):
     """The rows' state before any key: max -inf, sums 0, output 0."""
@@ -535,17 +531,18 @@ def v3_start(m, l, o):
 
 
 @cuda.jit(device=True)
-def v3_key_tile(k, v, smem, regs, h, r0, k0, n, masked, rg, cg, t_q, causal, window, group):
-    """Keys k0 .. k0 + n - 1 (n <= TILE_N) of key/value head h: copy K and V, score S (masked if `masked`),
-    row max, online update, O += P V. smem: shared (q_tile, k_tile, v_tile, p_tile); regs: (s, m, l, o, tile_max)."""
+def v3_key_tile(k, v, smem, regs, h, k0, n, masked, rows, rg, cg):
+    """Keys k0 .. k0 + n - 1 (n <= TILE_N) of head h: copy K and V, score S (masked if `masked`;
+    rows: the block's rows, for v3_mask), row max, online update, O += P V. smem: shared (q_tile,
+    k_tile, v_tile, p_tile); regs: this thread's (s, m, l, o, tile_max)."""
     q_tile, k_tile, v_tile, p_tile = smem
     s, m, l, o, tile_max = regs
-    v3_load_tile(k_tile, k, h, k0, n, 1, np.float32(1.0))
-    v3_load_tile(v_tile, v, h, k0, n, 1, np.float32(1.0))
+    v3_load_tile(k_tile, k, h, k0, n, np.float32(1.0))
+    v3_load_tile(v_tile, v, h, k0, n, np.float32(1.0))
     cuda.syncthreads()                   # wait: the K and V tiles (the first time, Q too) are complete
     v3_scores(s, q_tile, k_tile, rg, cg)
     if masked:
-        v3_mask(s, r0, k0, rg, cg, t_q, k.shape[1], causal, window, group)
+        v3_mask(s, rows, k0, rg, cg, k.shape[1])
     v3_tile_max(tile_max, s)
     v3_online_update(s, m, l, o, tile_max)
     v3_store_p(p_tile, s, rg, cg)
@@ -555,10 +552,114 @@ def v3_key_tile(k, v, smem, regs, h, r0, k0, n, masked, rg, cg, t_q, causal, win
 
 
 @cuda.jit(device=True)
-def v3_write(out, lse, regs, h, r0, rg, cg, t_q, group):
-    """out[query head, i] = o / l for this thread's rows and columns (l now the row's total;
-    packed row r is query i = r // group of head h * group + r % group), and the row's natural
-    log-sum-exp ln(2^m l) = m ln 2 + ln l, written by the row's first lane."""
+def v3_write(out, lse, regs, h, r0, rg, cg, t_q):
+    """out[h, i] = o / l for this thread's rows i = r0 + rg + 16 a and its columns (l now the
+    row's total), and the row's natural log-sum-exp ln(2^m l) = m ln 2 + ln l, written by the
+    row's first lane."""
+    s, m, l, o, tile_max = regs
+    for a in range(MICRO_M):
+        i = r0 + rg + ROW_GROUPS * a
+        if i < t_q:
+            inv_l = np.float32(1.0) / l[a] if l[a] > 0 else np.float32(0.0)   # l 0: no key seen
+            for e in range(MICRO_D):
+                if cg + COL_GROUPS * e < HEAD:
+                    out[h, i, cg + COL_GROUPS * e] = o[a * MICRO_D + e] * inv_l
+            if cg == 0:
+                lse[h, i] = m[a] * LN2 + math.log(l[a]) if l[a] > 0 else NEG_INF
+
+
+@cuda.jit(device=True)
+def v3_block(q, k, v, scale, causal, window, out, lse, smem, regs):
+    """The work of one block: TILE_M queries of head blockIdx.y against every key tile holding a
+    key one of them sees (block_band). Block x takes the x-th block of queries from the end: in
+    a causal launch the longest blocks come first in index order (CUDA does not promise the order
+    in which blocks start; where it follows the index, the short ones fill in at the end).
+    smem: shared (q_tile, k_tile, v_tile, p_tile); regs: this thread's (s, m, l, o, tile_max)."""
+    rg, cg = cuda.threadIdx.x // COL_GROUPS, cuda.threadIdx.x % COL_GROUPS
+    t_q, t_k, h = q.shape[1], k.shape[1], cuda.blockIdx.y
+    r0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * TILE_M
+    last = min(r0 + TILE_M, t_q) - 1
+    v3_load_tile(smem[0], q, h, r0, last + 1 - r0, scale)     # Q times log2(e) / sqrt(d_k)
+    v3_start(regs[1], regs[2], regs[3])
+    start, block_keys, clear_from, clear_to = block_band(r0, last, t_q, t_k, causal, window, TILE_N)
+    for k0 in range(start, block_keys, TILE_N):      # masked: a tile an edge of the band crosses
+        v3_key_tile(k, v, smem, regs, h, k0, min(TILE_N, block_keys - k0),
+                    k0 < clear_from or k0 + TILE_N > clear_to, (r0, t_q, causal, window), rg, cg)
+    v3_row_reduce(regs[2], False)    # l: the row's total, from the 8 partial sums
+    v3_write(out, lse, regs, h, r0, rg, cg, t_q)
+
+
+@cuda.jit(**V3_JIT)
+def flash_attention_kernel_v3(q, k, v, scale, causal, window, group, out, lse):
+    """FlashAttention-2's forward for heads of width HEAD, one query head per key/value head
+    (group 1; the grouped kernel serves more): v1's arguments, but scale is log2(e) / sqrt(d_k)
+    (the scores come out in base 2, for exp2). Grid (ceil(T_q / TILE_M), BH), block THREADS_V3."""
+    q_tile = cuda.shared.array((TILE_M, ROW_STRIDE), np.float32)    # Q, scaled
+    k_tile = cuda.shared.array((TILE_N, ROW_STRIDE), np.float32)    # a tile of K
+    v_tile = cuda.shared.array((TILE_N, HEAD_PAD), np.float32)      # and of V
+    p_tile = cuda.shared.array((TILE_M, P_STRIDE), np.float32)      # P, for O += P V
+    regs = (cuda.local.array(S_SIZE, np.float32),                    # s, then p
+            cuda.local.array(MICRO_M, np.float32),                   # m: running max per row
+            cuda.local.array(MICRO_M, np.float32),                   # l: partial sum per row
+            cuda.local.array(O_SIZE, np.float32),                    # o: unnormalised output
+            cuda.local.array(MICRO_M, np.float32))                   # tile_max
+    v3_block(q, k, v, scale, causal, window, out, lse, (q_tile, k_tile, v_tile, p_tile), regs)
+
+
+# --- Kernel 3 under grouped-query attention: packed rows, slices that share the K/V tiles -----
+#
+# The group's query heads share each K/V tile the block loads: row r of a key/value head's
+# packed rows is query r // group of query head h * group + r % group. 64 rows take 43,392 of
+# the 49,152 bytes a block may declare, so the grouped kernel's block is blockDim.y slices of
+# 128 threads and TILE_M rows, one slice per head of the group up to V3_MAX_SLICES: every K/V
+# tile is loaded once for TILE_M * slices rows. Its arrays are views of the launch's dynamic
+# shared memory, laid out K, V, Q of all slices, then P of all slices. 4 slices are 512
+# threads: ptxas must fit a thread in 65,536 / 512 = 128 registers, the one-slice kernel's cap.
+# It is the parts above compiled again (build_flash_v3), with these in place of v3_load_tile
+# and v3_mask, and its own block, rows and write.
+
+V3_MAX_SLICES = 4
+V3_GROUPED_JIT = {"launch_bounds": (THREADS_V3 * V3_MAX_SLICES, 1)}
+
+
+@cuda.jit(device=True)
+def v3_load_packed(tile, src, h, r0, n, group, scale):
+    """v3_load_tile for packed rows, copied by all the block's slices: packed row r is row
+    r // group of head h * group + r % group (group 1: row r of head h); consecutive threads of
+    the block copy consecutive columns."""
+    first, threads = cuda.threadIdx.x + cuda.threadIdx.y * THREADS_V3, THREADS_V3 * cuda.blockDim.y
+    for e in range(first, tile.shape[0] * HEAD_PAD, threads):
+        r = e // HEAD_PAD
+        c = e - r * HEAD_PAD
+        x = np.float32(0.0)
+        if r < n and c < HEAD:
+            x = src[h * group + (r0 + r) % group, (r0 + r) // group, c] * scale
+        tile[r, c] = x
+
+
+@cuda.jit(device=True)
+def v3_load_shared_tile(tile, src, h, r0, n, scale):
+    """The grouped kernel's v3_load_tile (K and V): rows of head h, copied by all its slices."""
+    v3_load_packed(tile, src, h, r0, n, 1, scale)
+
+
+@cuda.jit(device=True)
+def v3_mask_packed(s, rows, k0, rg, cg, t_k):
+    """The grouped kernel's v3_mask: rows (r0, t_q, causal, window, group), packed row r is query
+    r // group."""
+    r0, t_q, causal, window, group = rows
+    for a in range(MICRO_M):
+        i = (r0 + rg + ROW_GROUPS * a) // group
+        first = first_key(i, t_q, t_k, window)
+        seen = visible_keys(i, t_q, t_k, causal)
+        for b in range(MICRO_N):
+            if k0 + cg + COL_GROUPS * b >= seen or k0 + cg + COL_GROUPS * b < first:
+                s[a * MICRO_N + b] = NEG_INF
+
+
+@cuda.jit(device=True)
+def v3_write_packed(out, lse, regs, h, r0, rg, cg, t_q, group):
+    """v3_write for packed rows: row r is query r // group of query head h * group + r % group."""
     s, m, l, o, tile_max = regs
     for a in range(MICRO_M):
         r = r0 + rg + ROW_GROUPS * a
@@ -575,69 +676,29 @@ def v3_write(out, lse, regs, h, r0, rg, cg, t_q, group):
 @cuda.jit(device=True)
 def v3_block_rows(t_q, group):
     """(h, b0, r0, last): the block's key/value head blockIdx.y, its first and last packed rows
-    (of t_q * group) and this slice's first: TILE_M rows a slice, blockDim.y slices if GROUPED.
-    Block x takes the x-th block of rows from the end: in a causal launch the longest blocks
-    start first, the short ones fill in at the end."""
-    rows = TILE_M * cuda.blockDim.y if GROUPED else TILE_M
+    (of t_q * group) and this slice's first: TILE_M rows a slice, blockDim.y slices; block x
+    takes the x-th block of rows from the end, as v3_block does."""
+    rows = TILE_M * cuda.blockDim.y
     b0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * rows
-    r0 = b0 + cuda.threadIdx.y * TILE_M if GROUPED else b0
-    return cuda.blockIdx.y, b0, r0, min(b0 + rows, t_q * group) - 1
+    return cuda.blockIdx.y, b0, b0 + cuda.threadIdx.y * TILE_M, min(b0 + rows, t_q * group) - 1
 
 
 @cuda.jit(device=True)
-def v3_block(q, k, v, scale, causal, window, group, out, lse, q_block, smem, regs):
-    """The work of one block: its packed rows of key/value head h (v3_block_rows; row r is query
-    r // group of query head h * group + r % group, so the group's query heads share every K/V
-    tile the block loads) against every key tile holding a key one of its queries sees
-    (block_band). q_block: the block's Q rows; smem: this slice's (q_tile, k_tile, v_tile, p_tile)."""
+def v3_block_grouped(q, k, v, scale, causal, window, group, out, lse, q_block, smem, regs):
+    """v3_block for packed rows: the block's rows of key/value head h (v3_block_rows), its Q rows
+    in q_block for all its slices; this slice walks the key tiles holding a key one of the
+    block's queries sees, with smem this slice's (q_tile, k_tile, v_tile, p_tile)."""
     rg, cg = cuda.threadIdx.x // COL_GROUPS, cuda.threadIdx.x % COL_GROUPS
     t_q, t_k = q.shape[1], k.shape[1]
     h, b0, r0, last = v3_block_rows(t_q, group)
-    v3_load_tile(q_block, q, h, b0, last + 1 - b0, group, scale)
+    v3_load_packed(q_block, q, h, b0, last + 1 - b0, group, scale)
     v3_start(regs[1], regs[2], regs[3])
     start, block_keys, clear_from, clear_to = block_band(b0 // group, last // group, t_q, t_k, causal, window, TILE_N)
-    for k0 in range(start, block_keys, TILE_N):      # masked: a tile an edge of the band crosses
-        v3_key_tile(k, v, smem, regs, h, r0, k0, min(TILE_N, block_keys - k0),
-                    k0 < clear_from or k0 + TILE_N > clear_to, rg, cg, t_q, causal, window, group)
-    v3_row_reduce(regs[2], False)    # l: the row's total, from the 8 partial sums
-    v3_write(out, lse, regs, h, r0, rg, cg, t_q, group)
-
-
-@cuda.jit(device=True)
-def v3_run_block(q, k, v, scale, causal, window, group, out, lse, q_block, smem):
-    """v3_block with this thread's per-thread arrays, declared here for both kernels."""
-    regs = (cuda.local.array(S_SIZE, np.float32),                    # s, then p
-            cuda.local.array(MICRO_M, np.float32),                   # m: running max per row
-            cuda.local.array(MICRO_M, np.float32),                   # l: partial sum per row
-            cuda.local.array(O_SIZE, np.float32),                    # o: unnormalised output
-            cuda.local.array(MICRO_M, np.float32))                   # tile_max
-    v3_block(q, k, v, scale, causal, window, group, out, lse, q_block, smem, regs)
-
-
-@cuda.jit(**V3_JIT)
-def flash_attention_kernel_v3(q, k, v, scale, causal, window, group, out, lse):
-    """FlashAttention-2's forward for heads of width HEAD: v1's arguments, but scale is
-    log2(e) / sqrt(d_k) (the scores come out in base 2, for exp2). Grid
-    (ceil(T_q * group / TILE_M), BH_kv), block THREADS_V3."""
-    q_tile = cuda.shared.array((TILE_M, ROW_STRIDE), np.float32)    # Q, scaled
-    k_tile = cuda.shared.array((TILE_N, ROW_STRIDE), np.float32)    # a tile of K
-    v_tile = cuda.shared.array((TILE_N, HEAD_PAD), np.float32)      # and of V
-    p_tile = cuda.shared.array((TILE_M, P_STRIDE), np.float32)      # P, for O += P V
-    smem = (q_tile, k_tile, v_tile, p_tile)
-    v3_run_block(q, k, v, scale, causal, window, group, out, lse, q_tile, smem)
-
-
-# --- Kernel 3 under grouped-query attention: slices that share the K/V tiles ------------------
-#
-# 64 rows take 43,392 of the 49,152 bytes a block may declare, so a block of v3 loads a K/V
-# tile for 64 / group queries of each head of a group. The grouped kernel's block is blockDim.y
-# slices of 128 threads and TILE_M rows, one slice per head of the group up to V3_MAX_SLICES:
-# every K/V tile is loaded once for TILE_M * slices rows. Its arrays are views of the launch's
-# dynamic shared memory, laid out K, V, Q of all slices, then P of all slices. 4 slices are 512
-# threads: ptxas must fit a thread in 65,536 / 512 = 128 registers, the one-slice kernel's cap.
-
-V3_MAX_SLICES = 4
-V3_GROUPED_JIT = {"launch_bounds": (THREADS_V3 * V3_MAX_SLICES, 1)}
+    for k0 in range(start, block_keys, TILE_N):
+        v3_key_tile(k, v, smem, regs, h, k0, min(TILE_N, block_keys - k0),
+                    k0 < clear_from or k0 + TILE_N > clear_to, (r0, t_q, causal, window, group), rg, cg)
+    v3_row_reduce(regs[2], False)
+    v3_write_packed(out, lse, regs, h, r0, rg, cg, t_q, group)
 
 
 def v3_shared_words(d_k, slices):
@@ -663,17 +724,25 @@ def v3_grouped_arrays(words):
 
 
 def v3_grouped_kernel(q, k, v, scale, causal, window, group, out, lse):
-    """The source of flash_attention_kernel_v3_grouped (build_flash_v3 compiles it with
-    GROUPED): flash_attention_kernel_v3 with blockDim.y slices sharing each K/V tile, grid
+    """The source of flash_attention_kernel_v3_grouped (build_flash_v3 compiles it with the
+    grouped parts): blockDim.y slices of packed rows sharing each K/V tile, grid
     (ceil(T_q * group / (TILE_M * slices)), BH_kv), block (THREADS_V3, slices), launched with
     v3_shared_words(d_k, slices) * 4 bytes of dynamic shared memory."""
     q_block, smem = v3_grouped_arrays(cuda.shared.array(0, float32))
-    v3_run_block(q, k, v, scale, causal, window, group, out, lse, q_block, smem)
+    regs = (cuda.local.array(S_SIZE, np.float32),                    # s, then p
+            cuda.local.array(MICRO_M, np.float32),                   # m: running max per row
+            cuda.local.array(MICRO_M, np.float32),                   # l: partial sum per row
+            cuda.local.array(O_SIZE, np.float32),                    # o: unnormalised output
+            cuda.local.array(MICRO_M, np.float32))                   # tile_max
+    v3_block_grouped(q, k, v, scale, causal, window, group, out, lse, q_block, smem, regs)
 
 
-# The device functions of flash v3, callees first: make_flash_v3 recompiles them for a head width.
-V3_PARTS = (v3_load_tile, v3_scores_step, v3_scores, v3_mask, v3_row_reduce, v3_online_update, v3_tile_max, v3_accumulate_step, v3_accumulate, v3_store_p, v3_start,
-            v3_key_tile, v3_write, v3_block_rows, v3_block, v3_run_block, v3_grouped_arrays)
+# The device functions of flash v3, callees first: build_flash_v3 recompiles them for a head
+# width. The grouped kernel adds its own parts and puts two of them in place of the one-head ones.
+V3_PARTS = (v3_load_tile, v3_scores_step, v3_scores, v3_mask, v3_row_reduce, v3_online_update, v3_tile_max,
+            v3_accumulate_step, v3_accumulate, v3_store_p, v3_start, v3_key_tile, v3_write, v3_block)
+V3_GROUPED_PARTS = (v3_load_packed, v3_block_rows, v3_write_packed, v3_block_grouped, v3_grouped_arrays)
+V3_GROUPED_SWAPS = {"v3_load_tile": v3_load_shared_tile, "v3_mask": v3_mask_packed}
 
 
 def build_flash_v3(d_k, replace=None, grouped=False):
@@ -682,10 +751,11 @@ def build_flash_v3(d_k, replace=None, grouped=False):
     globals. replace: {part name: function} puts another function's code in a part's place (an
     exercise's answer, a test's mutant)."""
     require(isinstance(d_k, int) and 1 <= d_k <= MAX_D, f"d_k must be an int in 1 .. {MAX_D}, got {d_k!r}")
-    names = {**globals(), **v3_sizes(d_k), "GROUPED": grouped}
-    for part in V3_PARTS:
+    names = {**globals(), **v3_sizes(d_k)}
+    swaps = {**(V3_GROUPED_SWAPS if grouped else {}), **(replace or {})}
+    for part in V3_PARTS + (V3_GROUPED_PARTS if grouped else ()):
         name = part.py_func.__name__
-        fn = getattr((replace or {}).get(name, part), "py_func", (replace or {}).get(name, part))
+        fn = getattr(swaps.get(name, part), "py_func", swaps.get(name, part))
         names[name] = cuda.jit(device=True)(types.FunctionType(fn.__code__, names, name, None, fn.__closure__))
     fn, name = ((v3_grouped_kernel, "flash_attention_kernel_v3_grouped") if grouped
                 else (flash_attention_kernel_v3.py_func, "flash_attention_kernel_v3"))
@@ -714,7 +784,7 @@ def is_grouped(kernel):
 def v3_slices(t_q, group, d_k=HEAD):
     """Slices of the grouped kernel's block for t_q queries of `group` heads: one per head, up
     to V3_MAX_SLICES, no more than the t_q * group rows fill, and no more than this device's
-    block may hold (dynamic_shared.largest_block_bytes). 1: the one-slice kernel does."""
+    block may hold (dynamic_shared.largest_block_bytes); at least 1."""
     slices = min(V3_MAX_SLICES, group, ceil_div(t_q * group, v3_sizes(d_k)["TILE_M"]))
     while slices > 1 and 4 * v3_shared_words(d_k, slices) > dynamic_shared.largest_block_bytes():
         slices -= 1
@@ -773,19 +843,19 @@ def check_flash_inputs(q, k, v, version, causal, window=None):
 
 def fused_kernel(version, t_q, group, d_k):
     """The library's kernel of `version` for t_q queries of `group` query heads per key/value
-    head of width d_k: v3 is its grouped kernel where the group's rows fill more than a slice."""
+    head of width d_k: v3 is its grouped kernel whenever query heads share a key/value head."""
     if version == 3:
-        return make_flash_v3(d_k, v3_slices(t_q, group, d_k) > 1)
+        return make_flash_v3(d_k, group > 1)
     return KERNELS[version]
 
 
-def launch_config(kernel, version, bh, t_q, d_k, group):
+def launch_config(kernel, version, bh, t_q, d_k, group, slices=None):
     """(grid, block, dynamic shared bytes) of a fused launch of `kernel` for bh query heads of
     t_q queries, `group` to a key/value head: flash_grid's, and for v3's grouped kernel its
-    v3_slices and their shared memory (0 for the other kernels)."""
+    slices (v3_slices unless given) and their shared memory (0 for the other kernels)."""
     if not (version == 3 and is_grouped(kernel)):
         return (*flash_grid(bh, t_q, version, d_k, group), 0)
-    slices = v3_slices(t_q, group, d_k)
+    slices = v3_slices(t_q, group, d_k) if slices is None else slices
     return (*flash_grid(bh, t_q, 3, d_k, group, slices), 4 * v3_shared_words(d_k, slices))
 
 
@@ -820,6 +890,9 @@ def flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=
     (bh, t_q, d_k), t_k, d_v = q.shape, k.shape[1], v.shape[2]
     checked = kernel is None                                # a kernel passed in answers for itself
     kernel = fused_kernel(version, t_q, group, d_k) if kernel is None else kernel
+    require(version != 3 or group == 1 or is_grouped(kernel),
+            f"kernel: v3's one-head kernel reads a key/value head per query head, but q has {group} query "
+            "heads per key/value head; pass its grouped kernel, make_flash_v3(d_k, grouped=True)")
     grid, block, _ = launch_config(kernel, version, bh, t_q, d_k, group)
     check_grid("flash_attention", grid, x="q's T_q in blocks of queries", y="q's batch x heads")
     madds = bh * sum(visible_count(i, t_q, t_k, causal) - first_visible(i, t_q, t_k, window)
