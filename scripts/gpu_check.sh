@@ -25,7 +25,7 @@
 # the bench at B 1, H 2, T 16, d_k 8); what needs the driver (nvidia-smi) is skipped and the
 # record says so; without --bundle it installs nothing and uses the interpreter's own packages.
 # --dry-run prints the steps and budgets and runs nothing. Exit status: 0 when every step is ok.
-# Variables: GPU_CHECK_NOTEBOOKS (numbers or paths, default "07 10"), GPU_CHECK_TESTS (replaces the
+# Variables: GPU_CHECK_NOTEBOOKS (numbers or paths, default "07 08 10"), GPU_CHECK_TESTS (replaces the
 # test list), GPU_CHECK_WORKERS (pytest workers: 8 on a GPU, 0 simulated), UNIT_TESTS (make's).
 set -u
 
@@ -60,7 +60,7 @@ case "$BUNDLE" in /*|"") ;; *) BUNDLE="$PWD/$BUNDLE" ;; esac
 cd "$ROOT" || exit 1
 
 # The notebooks executed, by number (notebooks/NN_*.ipynb) or path: one step each.
-NOTEBOOKS=${GPU_CHECK_NOTEBOOKS:-"07 10"}
+NOTEBOOKS=${GPU_CHECK_NOTEBOOKS:-"07 08 10"}
 # make unit's list, from the Makefile unless the caller (make gpu-check) passes it.
 if [ -z "${UNIT_TESTS:-}" ]; then
     UNIT_TESTS=$(awk '/^UNIT_TESTS \?=/ {on = 1} on {print; if ($0 !~ /\\$/) exit}' Makefile \
@@ -111,8 +111,8 @@ add_step() {
 # inputs, float64 references and result checks at ANDREA-120M (ours and one per PyTorch or CuPy
 # baseline) 28-30 s, busy cores up to 47 s. Everything the GPU adds is an ESTIMATE (no GPU has
 # run this yet): numba-cuda compiling each kernel once per process (about 1-2 s each, on 8
-# workers for the tests); notebooks 07 and 09 at full size (19 and 14 s on the simulator here,
-# with the kernel report's rows stored by the kernel-report step); the bench's timing at
+# workers for the tests); notebooks 07, 08 and 10 at full size (07 and 08 about 12 and 15 s on the
+# simulator here without the kernel report, whose rows the kernel-report step stores); the bench's timing at
 # --max-seconds 0.5 per kernel and per baseline.
 if [ -n "$BUNDLE" ]; then
     add_step install 15 "test -f \"\$BUNDLE/requirements.txt\" || { echo \"no \$BUNDLE/requirements.txt: run make gpu-bundle where PyPI is reachable and bring \$BUNDLE/ along\"; exit 1; }; \"\$PYTHON\" -m pip install --no-index --find-links \"\$BUNDLE/wheels\" --no-deps --target \"\$SITE\" -r \"\$BUNDLE/requirements.txt\" && echo \"installed into \$SITE (on PYTHONPATH): \$(grep -c '==' \"\$BUNDLE/requirements.txt\") packages\""
@@ -130,7 +130,7 @@ for notebook in $NOTEBOOKS; do
         path=${path:-"notebooks/$notebook (no such notebook)"}
     fi
     name=$(basename "$path" .ipynb)
-    add_step "notebook-${name%%_*}" 55 "\"\$PYTHON\" scripts/gpu_check_notebook.py \"$path\" \"\$OUT/notebooks\" --cell-timeout 600"
+    add_step "notebook-${name%%_*}" 40 "\"\$PYTHON\" scripts/gpu_check_notebook.py \"$path\" \"\$OUT/notebooks\" --cell-timeout 600"
 done
 add_step bench 100 "\"\$PYTHON\" -u -m attention_lib.measure.bench $BENCH_SIZES --repeats 10 --max-seconds 0.5 --out \"\$OUT/bench\""
 

@@ -1,6 +1,5 @@
 """Notebook 01's exercises: each solution gets ok, each typical mistake its own diagnosis, in one line."""
 
-import numpy as np
 import pytest
 from numba import cuda, float32
 

@@ -13,29 +13,6 @@ from attention_lib.stages.kv_cache import (KEYS_PER_CHUNK, TILE_SHAPE, max_and_s
                                            weighted_value)
 
 
-# --- 09_decode_step (no longer in the notebook; tests/test_checks.py names it) -----------------
-
-
-def decode_step_without_the_max(q, k_new, v_new, k_cache, v_cache, length):
-    k_cache[:, length], v_cache[:, length] = k_new, v_new
-    s = np.einsum("hd,hnd->hn", q, k_cache[:, :length + 1]) / math.sqrt(q.shape[-1])
-    e = np.exp(s)                                                # no shift: inf on large scores
-    return np.einsum("hn,hnd->hd", e / e.sum(axis=-1, keepdims=True), v_cache[:, :length + 1]), length + 1
-
-
-def test_a_decode_step_without_the_max_is_unstable():
-    result = check("09_decode_step", decode_step_without_the_max, verbose=False)
-    assert result.diagnosis == "unstable_softmax", result
-
-
-def test_the_decode_step_solution_passes_the_large_case():
-    def solution(q, k_new, v_new, k_cache, v_cache, length):
-        k_cache[:, length], v_cache[:, length] = k_new, v_new
-        s = np.einsum("hd,hnd->hn", q, k_cache[:, :length + 1]) / math.sqrt(q.shape[-1])
-        return np.einsum("hn,hnd->hd", reference.softmax(s), v_cache[:, :length + 1]), length + 1
-    assert check("09_decode_step", solution, verbose=False).passed
-
-
 # --- 09_lse_merge (warm-up): the log-sum-exp merge of the chunks' partials ---------------------
 
 @cuda.jit
@@ -195,7 +172,6 @@ def split_k(start=None, heads="group", sync_scores=True, sync_stage=True, guard_
     components: "strided" or "one" (component tid only); divide: o divided by l; lse: "m + log l", "m"
     or "log l"; scaled: the scale applied; lse_thread: "0" or "all"; kv_head: "g", or "h" (staged per
     query head)."""
-    size = KEYS_PER_CHUNK
     start_code = {None: 1, "c": 2, "0": 3}[start]
     lse_code = {"m + log l": 1, "m": 2, "log l": 3}[lse]
     first_heads, whole_chunk, one_component = heads == "first", n_keys_of == "size", components == "one"

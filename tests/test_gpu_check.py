@@ -210,9 +210,9 @@ def _make_unit_tests():
 
 def test_the_dry_run_lists_every_step_within_eight_minutes_on_the_gpu_machines_python():
     header, tests, *steps, total = _dry_run()
-    assert header == f"mode gpu, interpreter {sys.executable} (Python {'%d.%d' % sys.version_info[:2]}), notebooks: 07 10"
+    assert header == f"mode gpu, interpreter {sys.executable} (Python {'%d.%d' % sys.version_info[:2]}), notebooks: 07 08 10"
     names = [line.split()[0] for line in steps]
-    assert names == ["install", "environment", "unit-tests", "kernel-report", "notebook-07", "notebook-10", "bench"]
+    assert names == ["install", "environment", "unit-tests", "kernel-report", "notebook-07", "notebook-08", "notebook-10", "bench"]
     budgets = [int(line.split()[1].rstrip("s")) for line in steps]
     grace = int(re.search(r"with (\d+)s to stop each step", total).group(1))
     assert sum(budgets) + grace * len(budgets) < UNDER_EIGHT_MINUTES
@@ -225,7 +225,7 @@ def test_the_dry_run_lists_every_step_within_eight_minutes_on_the_gpu_machines_p
     assert all((ROOT / f).is_file() for f in listed)
     commands = "\n".join(steps)
     assert re.search(r"pip install --no-index --find-links \S+ --no-deps --target", commands)
-    assert "07_fused_attention.ipynb" in commands and "10_performance.ipynb" in commands
+    assert all(f in commands for f in ("07_fused_attention.ipynb", "08_flashattention2.ipynb", "10_performance.ipynb"))
     assert "-u -m attention_lib.measure.bench --batch 8 --heads 12 --T 1024 --d-k 64" in commands
     assert "attention_lib.measure.kernel_report" in commands and "--junitxml=" in commands
 

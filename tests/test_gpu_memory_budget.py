@@ -30,9 +30,10 @@ CHUNKS = math.ceil(T / 32)                    # the decode kernel's chunks of 32
 
 
 def layer(batch):
-    """A whole multi-head layer on the device (launch_layer): weights, input, every intermediate."""
-    return [(D, 3 * D), (D, D), (batch, T, D), (batch * T, 3 * D), *[(batch, H, T, DK)] * 3,
-            *[(batch * H, T, T)] * 2, (batch * H, T, DK), (batch, T, D), (batch * T, D)]
+    """A whole multi-head layer on the device (launch_layer: heads read in place from the fused
+    QKV, no split or merge copy): weights, input, the QKV, scores and weights, merged heads, out."""
+    return [(D, 3 * D), (D, D), (batch, T, D), (batch * T, 3 * D), *[(batch * H, T, T)] * 2,
+            (batch * T, D), (batch * T, D)]
 
 
 NOTEBOOKS = {
@@ -44,8 +45,9 @@ NOTEBOOKS = {
     "05_weighted_values": [(H, T, DK)] * 4 + [(H, T, T)] * 2,         # q, k, v, out; scores, weights
     "06_multi_head": layer(1),                                        # one sequence through the layer
     "07_fused_attention": [(H, T, DK)] * 4 + [(H, T, T)] * 2,         # the unfused pipeline it compares
-    "09_kv_cache_decoding": [(H, T, DK)] * 2 + [(D, D)] * 4 + [(T, D), (H, CHUNKS), (H, CHUNKS),
-                                                                  (H, CHUNKS, DK), (H, DK)],
+    "08_flashattention2": [(H, T, DK)] * 4 + [(H, T)],                # q, k, v, out and the log-sum-exp
+    "09_kv_cache_decoding": [(H, T, DK)] * 2 + [(D, D)] * 4 + [(T, D), (H, CHUNKS), (H, CHUNKS, DK),
+                                                                  (H, DK), (H,)],   # lse_part, o_part, out, lse
     # two sequences' heads: q, k, v, d_out, out and the three gradients, the log-sum-exp; counted as
     # if the naive backward's P, dP and dS (T x T each) were resident too
     "11_backward": [(2 * H, T, DK)] * 8 + [(2 * H, T)] + [(2 * H, T, T)] * 3,

@@ -1,4 +1,4 @@
-"""Notebook 09: the KV cache, the decode kernels, a layer decoded token by token, the exercise."""
+"""Notebook 09: the KV cache, the decode kernels, a layer decoded token by token (its exercises: test_exercises_09.py)."""
 
 import math
 
@@ -7,7 +7,6 @@ import pytest
 from attention_lib import reference
 from attention_lib.measure import sanitizer
 from attention_lib.stages import kv_cache, multihead
-from attention_lib.checks import check
 from attention_lib.stages.kv_cache import KEYS_PER_CHUNK, KVCache
 from attention_lib.platform.runtime import ANDREA_120M
 
@@ -327,84 +326,3 @@ def test_bad_layer_arguments_name_the_argument(layer, kwargs, says):
     args = dict(w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, n_head=n_head) | kwargs
     with pytest.raises(ValueError, match=f"^{says}$"):
         kv_cache.generate_layer_outputs(x, **args)
-
-
-# --- The exercise ----------------------------------------------------------------------------------
-
-def _softmax_attend(q, keys, values, scale):
-    s = np.einsum("hd,hnd->hn", q, keys) * scale
-    w = np.exp(s - s.max(axis=-1, keepdims=True))
-    return np.einsum("hn,hnd->hd", w / w.sum(axis=-1, keepdims=True), values)
-
-
-def solution(q, k_new, v_new, k_cache, v_cache, length):
-    k_cache[:, length] = k_new
-    v_cache[:, length] = v_new
-    n = length + 1
-    return _softmax_attend(q, k_cache[:, :n], v_cache[:, :n], 1 / math.sqrt(q.shape[-1])), n
-
-
-def attends_before_appending(q, k_new, v_new, k_cache, v_cache, length):
-    out = _softmax_attend(q, k_cache[:, :length], v_cache[:, :length], 1 / math.sqrt(q.shape[-1]))
-    k_cache[:, length], v_cache[:, length] = k_new, v_new
-    return out, length + 1
-
-
-def never_appends(q, k_new, v_new, k_cache, v_cache, length):
-    keys = np.concatenate([k_cache[:, :length], k_new[:, None]], axis=1)
-    values = np.concatenate([v_cache[:, :length], v_new[:, None]], axis=1)
-    return _softmax_attend(q, keys, values, 1 / math.sqrt(q.shape[-1])), length + 1
-
-
-def attends_to_the_whole_capacity(q, k_new, v_new, k_cache, v_cache, length):
-    k_cache[:, length], v_cache[:, length] = k_new, v_new
-    return _softmax_attend(q, k_cache, v_cache, 1 / math.sqrt(q.shape[-1])), length + 1
-
-
-def without_scale(q, k_new, v_new, k_cache, v_cache, length):
-    k_cache[:, length], v_cache[:, length] = k_new, v_new
-    return _softmax_attend(q, k_cache[:, :length + 1], v_cache[:, :length + 1], 1.0), length + 1
-
-
-def scaled_by_d_k(q, k_new, v_new, k_cache, v_cache, length):
-    k_cache[:, length], v_cache[:, length] = k_new, v_new
-    return _softmax_attend(q, k_cache[:, :length + 1], v_cache[:, :length + 1], 1 / q.shape[-1]), length + 1
-
-
-def forgets_the_length(q, k_new, v_new, k_cache, v_cache, length):
-    return solution(q, k_new, v_new, k_cache, v_cache, length)[0], length
-
-
-def appends_one_slot_early(q, k_new, v_new, k_cache, v_cache, length):
-    out, _ = solution(q, k_new, v_new, k_cache, v_cache, max(length - 1, 0))
-    return out, length + 1
-
-
-def returns_only_the_output(q, k_new, v_new, k_cache, v_cache, length):
-    return solution(q, k_new, v_new, k_cache, v_cache, length)[0]
-
-
-def not_written_yet(q, k_new, v_new, k_cache, v_cache, length):
-    raise NotImplementedError()
-
-
-def test_the_solution_passes():
-    result = check("09_decode_step", solution, verbose=False)
-    assert result.passed and result.diagnosis == "ok"
-
-
-@pytest.mark.parametrize("answer, diagnosis, says", [
-    (attends_before_appending, "cache_not_appended", "the output ignores the new token"),
-    (never_appends, "cache_not_appended", "k_new is not at position length = 3"),
-    (attends_to_the_whole_capacity, "attends_past_length", "attends to all 9 slots"),
-    (without_scale, "missing_scale", "not divided by sqrt(d_k) = sqrt(5)"),
-    (scaled_by_d_k, "missing_scale", "divided by d_k = 5, not by sqrt(d_k)"),
-    (forgets_the_length, "wrong_length", "returned new_length 3"),
-    (appends_one_slot_early, "cache_overwritten", "positions 0 .. 2 of the cache changed"),
-    (returns_only_the_output, "raised_error", "must return (out, new_length)"),
-    (not_written_yet, "not_implemented", "not implemented yet"),
-])
-def test_planted_mistakes_get_their_diagnosis(answer, diagnosis, says):
-    result = check("09_decode_step", answer, verbose=False)
-    assert not result.passed and result.diagnosis == diagnosis
-    assert says in result.message and "\n" not in str(result)

@@ -1,12 +1,10 @@
 """Notebook 06: head split and merge kernels, the heads read in place, the multi-head layer, the W_O sum."""
 
-import attention_lib
 import numpy as np
 import pytest
 from attention_lib import reference
 from attention_lib.measure import sanitizer
 from attention_lib.stages import multihead
-from numba import cuda
 
 # (shape of x, n_head): one element and one head; fewer positions than a block with 3 heads of
 # width 5; T 33 (a partly used third block down) with 4 heads of width 6; batched; two leading

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 from numba import cuda, float32
 
-from attention_lib.platform import runtime
 from attention_lib.measure import sanitizer
 from attention_lib.measure.sanitizer import OutOfBoundsError
 

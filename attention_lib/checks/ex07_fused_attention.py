@@ -268,7 +268,7 @@ def _v2_result(q, k, v, bands, visible, *, scale=None, rescale_l=True, rescale_a
 
 
 def _diagnose_key_tile(got, expected, q, k, v, causal, window, large):
-    t_q, t_k, d_k = q.shape[1], k.shape[1], q.shape[2]
+    t_q, t_k = q.shape[1], k.shape[1]
     bands = mask.band_key_tiles(t_q, t_k, causal, window, flash.BLOCK_Q, flash.BLOCK_K)
     i, j = np.arange(t_q)[:, None], np.arange(t_k)[None, :]
     offset = t_k - t_q

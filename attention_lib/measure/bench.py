@@ -61,7 +61,13 @@ SCHEMA = "attention_lib.bench/2"
 SAMPLE_SECONDS = 5e-3
 MAX_INNER = 200
 TF32_NOTE = ("EFFICIENT_ATTENTION in float32 runs 3xTF32 on tensor cores whatever the TF32 flags say; "
-             "MATH is cuBLAS SGEMM plus softmax with TF32 off (FP32, no tensor cores, like our kernels)")
+             "MATH is cuBLAS SGEMM, element-wise scale and mask kernels and a softmax, with TF32 off "
+             "(FP32, no tensor cores, like our kernels)")
+# What one launch costs the host, for lower_bound's launch term: numba-cuda's maintainers quote
+# roughly 6-7 us plus about 3.5 us per array argument (not measured here), about 20 us for a
+# kernel of four arrays. Launched back to back, kernels start no faster than Python queues them.
+LAUNCH_S = 20e-6
+REGIMES = ("compute", "memory", "launch")
 
 
 # --- Timing ------------------------------------------------------------------------------
@@ -156,6 +162,57 @@ def time_launches(launches, warmup=3, repeats=20, max_seconds=2.0, clock=None, i
     work = replay(launches)
     cuda.synchronize()
     return measure(work, clock, warmup, repeats, max_seconds, inner)
+
+
+# --- Predicting: the least time the roofs allow ------------------------------------------
+
+def lower_bound(flops, nbytes, launches, gpu, launch_s=LAUNCH_S):
+    """The least time a piece of work can take on `gpu` (a gpus.GpuLimits): (seconds, regime).
+
+    flops: its floating-point operations; nbytes: the bytes it moves to and from main memory;
+    launches: the kernel launches it takes; launch_s: what one launch costs the host. The GPU
+    computes while it loads, and Python queues the next launch while the GPU runs, so the three
+    overlap: the slowest sets the pace. regime: "compute", "memory" or "launch", whichever it is.
+    """
+    times = {"compute": flops / gpu.fp32_flop_per_s,    # every FLOP at the FP32 peak (Numba has no tensor cores)
+             "memory": nbytes / gpu.bytes_per_s,       # every byte at the full bandwidth
+             "launch": launches * launch_s}            # one launch after another from the host
+    regime = max(times, key=times.get)
+    return times[regime], regime
+
+
+def predictions(results, launched, gpu=REFERENCE_GPU, launch_s=LAUNCH_S, measured=None):
+    """lower_bound of every kernel of `results` (formula_results, or a run's), twice: with its ideal
+    bytes (every input read once: what caches and tiling could reach) and with its counted bytes
+    (every request to main memory: no cache). launched: a run's results (run_bench), whose
+    recorded launches give each entry's launch count (the same at any size). measured: results
+    timed on a GPU (its median per kernel), or None. -> [{"name", "flops", "ideal_bytes",
+    "counted_bytes", "launches", "ideal": (s, regime), "counted": (s, regime) or None, "measured_s"}]."""
+    launches = {k["name"]: len(k["launches"]) for k in launched["kernels"]}
+    times = {k["name"]: k["time"]["median_s"] for k in (measured or {}).get("kernels", []) if k.get("time")}
+    rows = []
+    for k in results["kernels"]:
+        if k["name"] not in launches:
+            continue
+        n, counted = launches[k["name"]], (k["counted"] or {}).get("global_bytes")
+        rows.append({"name": k["name"], "flops": k["flops"], "ideal_bytes": k["ideal_bytes"], "counted_bytes": counted,
+                     "launches": n, "ideal": lower_bound(k["flops"], k["ideal_bytes"], n, gpu, launch_s),
+                     "counted": None if counted is None else lower_bound(k["flops"], counted, n, gpu, launch_s),
+                     "measured_s": times.get(k["name"])})
+    return rows
+
+
+def format_predictions(rows):
+    """predictions' rows as a text table, times in microseconds."""
+    def bound(pair):
+        return "-" if pair is None else f"{pair[0] * 1e6:,.1f} {pair[1]}"
+    lines = [f"{'kernel':<20}{'launches':>9}{'FLOPs':>17}{'ideal B':>15}{'counted B':>17}"
+             f"{'bound, ideal B (us)':>24}{'bound, counted B (us)':>26}{'measured (us)':>15}"]
+    for r in rows:
+        lines.append(f"{r['name']:<20}{r['launches']:>9}{r['flops']:>17,}{r['ideal_bytes']:>15,}"
+                     f"{_number(r['counted_bytes'], ','):>17}{bound(r['ideal']):>24}{bound(r['counted']):>26}"
+                     f"{_number(r['measured_s'] and r['measured_s'] * 1e6, ',.1f'):>15}")
+    return "\n".join(lines)
 
 
 # --- Checking results --------------------------------------------------------------------

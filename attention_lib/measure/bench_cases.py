@@ -57,8 +57,8 @@ class BenchSizes:
 
 
 def notebook_sizes():
-    """The sizes notebook 10 benches at: ANDREA-120M on a GPU; on the simulator a quarter of
-    ANDREA-sim (B 1, H 2, T 16, d_k 8), so that counting every entry takes seconds."""
+    """The sizes notebook 10 benches at: ANDREA-120M on a GPU; on the simulator ANDREA-sim with
+    B, H, T and d_k each halved (B 1, H 2, T 16, d_k 8), so that counting every entry takes seconds."""
     s = BenchSizes.of(runtime.SIZES)
     if not runtime.ON_SIMULATOR:
         return s
@@ -440,7 +440,7 @@ def _build_registry():
             _call("softmax", "masked", version=v),
             lambda s: 5 * s.BH * s.T * s.T, lambda s: BYTES * 2 * s.BH * s.T * s.T,
             "softmax", lambda s: s.T, {"torch": _torch_softmax}, version=v))
-    for v, how in [(1, "one launch per head"), (2, "tiled, all heads in one launch")]:
+    for v, how in [(1, "one thread per output, all heads in one launch"), (2, "tiled, all heads in one launch")]:
         entries.append(Entry(
             f"weighted_sum v{v}", "weighted_sum", "05", f"A (B*H, T, T) @ V (B*H, T, d_k), {how}",
             _call("weighted_sum", "a", "v", version=v),
@@ -454,7 +454,7 @@ def _build_registry():
         attention_flops, lambda s: BYTES * 4 * s.BH * s.T * s.d_k,
         "attention", lambda s: s.T * s.d_k, sdpa))
     entries.append(Entry(
-        "multihead layer", "multihead", "06", "a whole layer: fused QKV, split, attention, merge, W_O",
+        "multihead layer", "multihead", "06", "a whole layer: fused QKV, the heads read in place, W_O (5 launches)",
         _prepare_layer,
         lambda s: 2 * s.rows * s.d_model * 4 * s.d_model + attention_flops(s),
         lambda s: BYTES * (2 * s.rows * s.d_model + 4 * s.d_model * s.d_model),
@@ -462,7 +462,7 @@ def _build_registry():
     for v, how in [(1, "one thread per query"), (2, "tiled, online softmax in shared memory"),
                    (3, "FlashAttention-2 style, micro-tiles in registers")]:
         entries.append(Entry(
-            f"flash v{v}", "flash", "07", f"fused causal attention of B*H heads, {how}",
+            f"flash v{v}", "flash", "07" if v < 3 else "08", f"fused causal attention of B*H heads, {how}",
             _call("flash_attention", "q", "k", "v", causal=True, version=v),
             attention_flops, lambda s: BYTES * 4 * s.BH * s.T * s.d_k,
             "attention", lambda s: s.T * s.d_k, sdpa, version=v))

@@ -47,7 +47,6 @@ def _basics(name):
 
 
 def _whoami(name):
-    from attention_lib.stages import basics
 
     def run(recorder):
         ids = [np.zeros(70, np.int32) for _ in range(3)]
@@ -56,6 +55,12 @@ def _whoami(name):
         else:
             recorder[(2, 2), (8, 8)](np.zeros((11, 13), np.int32), np.zeros((11, 13), np.int32))
     return run
+
+
+def _transpose():
+    from attention_lib.stages import basics
+    a = _rng().standard_normal((19, 7))                  # 19 rows: two blocks down of 8, the last partly used
+    return lambda k: basics.transpose(a, kernel=k)
 
 
 def _projection(version):
@@ -74,6 +79,9 @@ def _softmax(version):
 def _scores(version):
     from attention_lib.stages import scores
     q, k = _rng().standard_normal((2, 2, 19, 7))       # two heads, T 19 (a partial tile), d_k 7
+    if version == "kt":                                # K given transposed: T_q 19, T_k 17, d_k 20 (two steps)
+        q, kt = _rng().standard_normal((2, 19, 20)), _rng().standard_normal((2, 20, 17))
+        return lambda kern: scores.scores_kt(q, kt, kernel=kern)
     return lambda kern: scores.scores(q, k, kernel=kern, version=version)
 
 
@@ -83,6 +91,8 @@ def _mask(name):
         s = _rng().standard_normal((2, 19, 23))
         return lambda kern: mask.apply_causal_mask(s, kernel=kern)
     q, k = _rng().standard_normal((2, 2, 35, 7))       # T 35: skipped, diagonal and partial tiles
+    if name == "window_scores_kernel":                 # window 5: tiles skipped on both sides of the band
+        return lambda kern: mask.causal_scores(q, k, window=5, kernel=kern)
     return lambda kern: mask.causal_scores(q, k, kernel=kern)
 
 
@@ -108,15 +118,22 @@ def _multihead(name):
     x = _rng().standard_normal((2, 19, 15))            # B 2, T 19 (a partial block), 3 heads of width 5
     if name == "split_heads_kernel":
         return lambda k: multihead.split_heads(x, 3, kernel=k)
-    return lambda k: multihead.merge_heads(x.reshape(2, 19, 3, 5).transpose(0, 2, 1, 3), kernel=k)
+    if name == "merge_heads_kernel":
+        return lambda k: multihead.merge_heads(x.reshape(2, 19, 3, 5).transpose(0, 2, 1, 3), kernel=k)
+    # The layer's in-place kernels: B 2, T 19 (partial tiles, one skipped right of the diagonal),
+    # 4 query heads of width 3 on 2 K/V heads, causal; the launches before them run for real.
+    x = _rng().standard_normal((2, 19, 12))
+    w_q, w_k, w_v, w_o = (_rng().standard_normal(shape) for shape in ((12, 12), (12, 6), (12, 6), (12, 12)))
+    return lambda k: _patched(multihead, name, k, lambda: multihead.multi_head_attention(
+        x, w_q, w_k, w_v, w_o, 4, n_kv_head=2))
 
 
 def _flash(version):
     from attention_lib.stages import flash
     q, k, v = _rng().standard_normal((3, 2, 2, 19, 7))   # 2 x 2 heads, T 19: partial query and key tiles
-    if version == 3:                                     # the module's instance is for heads of width 64
-        q, k, v = _rng().standard_normal((3, 2, 19, flash.HEAD))
-    if version != 2:                                     # grouped-query: both query heads read kv head 0
+    if version == 3:                                     # the module's instance is for heads of width 64,
+        q, k, v = _rng().standard_normal((3, 2, 19, flash.HEAD))   # one query head per kv head (group 1)
+    if version == 1:                                     # grouped-query: both query heads read kv head 0
         k, v = k[..., :1, :, :], v[..., :1, :, :]        # (v2's block would grow to 2 heads: tests/test_gqa.py)
     return lambda kern: flash.flash_attention(q, k, v, version=version, kernel=kern)
 
@@ -128,13 +145,13 @@ def _flash_grouped():
     return lambda kern: flash.flash_attention(q, k, v, version=3, kernel=kern)
 
 
-def _weighted_sum(causal=False):
+def _weighted_sum(causal=False, version=2):
     from attention_lib import reference
     from attention_lib.stages import weighted_sum
     s = _rng().standard_normal((2, 19, 21))                       # 2 heads, T_q 19, T_k 21
     a = reference.softmax(reference.apply_causal_mask(s) if causal else s)
     v = _rng().standard_normal((2, 21, 6))
-    return lambda kern: weighted_sum.weighted_sum(a, v, version=2, kernel=kern, causal=causal)
+    return lambda kern: weighted_sum.weighted_sum(a, v, version=version, kernel=kern, causal=causal)
 
 
 def _backward(name):
@@ -153,12 +170,19 @@ def _backward(name):
         q, k, v, d_out = (rng.standard_normal(s) for s in ((3, 7, 5), (1, 9, 5), (1, 9, 3), (3, 7, 3)))
         return lambda kern: _patched(backward, name, kern, lambda: backward.attention_backward(q, k, v, d_out))
     # The fused backward: 2 x 2 query heads on 2 x 1 K/V heads, T_q 19 against T_k 23 (queries the
-    # last 19 positions: partial tiles both ways, and tiles skipped), d_k 7, d_v 5.
+    # last 19 positions: partial tiles both ways), d_k 7, d_v 5, a sliding window of 9 (tiles
+    # skipped on both sides of the band).
     q, k = rng.standard_normal((2, 2, 19, 7)), rng.standard_normal((2, 1, 23, 7))
     v, d_out = rng.standard_normal((2, 1, 23, 5)), rng.standard_normal((2, 2, 19, 5))
-    out, lse = reference.attention(q, k, v), backward.log_sum_exp(q, k)
+    out, lse = reference.attention(q, k, v, window=9), backward.log_sum_exp(q, k, window=9)
     return lambda kern: _patched(backward, name, kern,
-                                 lambda: backward.flash_attention_backward(q, k, v, out, lse, d_out))
+                                 lambda: backward.flash_attention_backward(q, k, v, out, lse, d_out, window=9))
+
+
+def _registers(version):
+    from attention_lib.stages import registers
+    q, k = _rng().standard_normal((2, 35, registers.D))    # 35 rows: a second block of 3
+    return lambda kern: registers.row_scores(q, k[:19], version=version, kernel=kern)
 
 
 def _patched(module, name, stand_in, launch):
@@ -178,6 +202,7 @@ CASES = {
     "basics.scale_add_kernel": _basics("scale_add_kernel"),
     "basics.whoami_kernel": _whoami("whoami_kernel"),
     "basics.whoami_2d_kernel": _whoami("whoami_2d_kernel"),
+    "basics.transpose_kernel": _transpose(),
     "projection.projection_kernel_v1": _projection(1),
     "projection.projection_kernel_v2": _projection(2),
     "projection.projection_kernel_v3": _projection(3),     # (19, 18): one 32 x 32 block, partly used
@@ -187,12 +212,17 @@ CASES = {
     "softmax.softmax_kernel_v3": _softmax(3),        # 5 rows: a block of 4 warps and one of 1
     "scores.scores_kernel_v1": _scores(1),
     "scores.scores_kernel_v2": _scores(2),
+    "scores.scores_kt_kernel": _scores("kt"),
     "mask.mask_kernel": _mask("mask_kernel"),
     "mask.causal_scores_kernel": _mask("causal_scores_kernel"),
+    "mask.window_scores_kernel": _mask("window_scores_kernel"),
+    "weighted_sum.weighted_sum_kernel_v1": _weighted_sum(version=1),
     "weighted_sum.weighted_sum_kernel_v2": _weighted_sum(),
     "weighted_sum.weighted_sum_causal_kernel": _weighted_sum(causal=True),   # blocks stopping at keys 18 and 21
     "multihead.split_heads_kernel": _multihead("split_heads_kernel"),
     "multihead.merge_heads_kernel": _multihead("merge_heads_kernel"),
+    "multihead.qkv_scores_kernel": _multihead("qkv_scores_kernel"),
+    "multihead.qkv_weighted_sum_kernel": _multihead("qkv_weighted_sum_kernel"),
     "flash.flash_attention_kernel_v1": _flash(1),
     "flash.flash_attention_kernel_v2": _flash(2),
     "flash.flash_attention_kernel_v3": _flash(3),        # T 19 of 64 queries, one key tile of 32
@@ -200,6 +230,8 @@ CASES = {
     "kv_cache.decode_kernel_v1": _kv_cache("decode_kernel_v1"),
     "kv_cache.decode_kernel_v2": _kv_cache("decode_kernel_v2"),
     "kv_cache.decode_merge_kernel": _kv_cache("decode_merge_kernel"),
+    "registers.row_scores_kernel_v1": _registers(1),
+    "registers.row_scores_kernel_v2": _registers(2),
     "backward.row_dot_kernel": _backward("row_dot_kernel"),
     "backward.transpose_kernel": _backward("transpose_kernel"),
     "backward.score_grad_kernel": _backward("score_grad_kernel"),

@@ -208,11 +208,12 @@ def count_entry(entry, module, sizes, launches, result):
 
 # --- The backward: the naive one from stage kernels, the fused one ---------------------------
 
-def count_backward_naive(q, k, v, d_out, causal=True):
+def count_backward_naive(q, k, v, d_out, causal=True, window=None):
     """Main-memory traffic of the naive backward's launches under count_memory, on NumPy arrays
-    q (BH, T_q, d_k), k, v (BH, T_k, d), d_out (BH, T_q, d_v) -> ({launch: MemoryReport},
-    (dq, dk, dv)). The same kernels and grids as backward.launch_naive_backward, except the
-    softmax, version 1 on every backend (attention.SOFTMAX_VERSION on the simulator: no barriers)."""
+    q (BH, T_q, d_k), k, v (BH, T_k, d), d_out (BH, T_q, d_v), window a sliding window or None
+    -> ({launch: MemoryReport}, (dq, dk, dv)). The same kernels and grids as
+    backward.launch_naive_backward, except the softmax, version 1 on every backend
+    (attention.SOFTMAX_VERSION on the simulator: no barriers)."""
     (bh, t_q, d_k), (t_k, d_v) = q.shape, v.shape[1:]
     s, p, dp, d_raw = (np.empty((bh, t_q, t_k), np.float32) for _ in range(4))
     p_t, d_raw_t = np.empty((bh, t_k, t_q), np.float32), np.empty((bh, t_k, t_q), np.float32)
@@ -220,8 +221,11 @@ def count_backward_naive(q, k, v, d_out, causal=True):
     dq, dk, dv = (np.empty(a.shape, np.float32) for a in (q, k, v))
     grid, scale = scores.score_grid(bh, t_q, t_k), scores.scale_factor(d_k)
     count, ws, ws_grid = sanitizer.count_memory, weighted_sum.weighted_sum_kernel_v2, weighted_sum.weighted_sum_grid
+    reports = {"S": count(mask.causal_scores_kernel if causal else scores.scores_kernel_v2, *grid, q, k, scale, s)}
+    if window:                                  # the keys older than the window, masked in place
+        reports["window"] = count(mask.mask_kernel, *grid, s, np.int32(window))
     return {
-        "S": count(mask.causal_scores_kernel if causal else scores.scores_kernel_v2, *grid, q, k, scale, s),
+        **reports,
         "P": count(softmax.softmax_kernel_v1, *softmax.softmax_grid(bh * t_q, 1),
                    s.reshape(bh * t_q, t_k), p.reshape(bh * t_q, t_k)),
         "O": count(ws, *ws_grid(bh, t_q, d_v), p, v, out),
@@ -236,19 +240,20 @@ def count_backward_naive(q, k, v, d_out, causal=True):
     }, (dq, dk, dv)
 
 
-def count_backward_fused(q, k, v, out, lse, d_out, causal=True):
+def count_backward_fused(q, k, v, out, lse, d_out, causal=True, window=None):
     """Main-memory traffic of the fused backward's three launches under count_memory, on NumPy
-    arrays (shapes as the kernels') -> ({launch: MemoryReport}, (dq, dk, dv))."""
+    arrays (shapes as the kernels'; window a sliding window or None) -> ({launch: MemoryReport},
+    (dq, dk, dv))."""
     (bh, t_q, d_k), t_k = q.shape, k.shape[1]
     d_rows = np.empty((bh, t_q), np.float32)
     dq, dk, dv = (np.empty(a.shape, np.float32) for a in (q, k, v))
     grids, scale = backward.fused_grids(bh, t_q, t_k, k.shape[0]), scores.scale_factor(d_k)
-    count = sanitizer.count_memory
+    count, window = sanitizer.count_memory, np.int32(window or 0)
     reports = {
         "row sums": count(backward.row_dot_kernel, *backward.row_grid(bh, t_q), d_out, out, d_rows),
         "dK, dV": count(backward.flash_backward_dkdv_kernel, *grids["dkdv"], q, k, v, d_out, lse, d_rows,
-                        scale, bool(causal), dk, dv),
+                        scale, bool(causal), window, dk, dv),
         "dQ": count(backward.flash_backward_dq_kernel, *grids["dq"], q, k, v, d_out, lse, d_rows, scale,
-                    bool(causal), dq),
+                    bool(causal), window, dq),
     }
     return reports, (dq, dk, dv)
