@@ -30,7 +30,10 @@ UNIT_TESTS ?= tests/test_reference.py tests/test_api.py tests/test_basics.py tes
 # `make notebook NB=03`: the notebook whose name starts with NB.
 NOTEBOOK = $(wildcard notebooks/$(NB)_*.ipynb)
 
-.PHONY: lab test unit notebook notebooks student install clean bench
+.PHONY: lab solutions fresh-copy test unit notebook notebooks student install clean bench
+
+# make lab's folder: your own copies of the notebooks (not committed).
+WORK ?= my-notebooks
 
 # pip byte-compiles what it installs one file at a time (about 55 s of a 125 s install on a
 # 2-core machine); compileall writes the same .pyc files on every core. They must be written
@@ -43,8 +46,20 @@ $(INSTALLED): pyproject.toml
 
 install: $(INSTALLED)
 
+# JupyterLab on your own copies in $(WORK)/ (solutions cut, outputs cleared): made on the first run,
+# never overwritten, so your answers survive git pull and the next make lab; a notebook an update
+# adds is copied in beside them.
 lab: $(INSTALLED)
-	cd notebooks && ../$(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_FLAGS) 00_gpu_basics.ipynb
+	$(BIN)/python scripts/lab.py --folder $(WORK) $(ROOT_FLAG) $(LAB_FLAGS)
+
+# JupyterLab on notebooks/: the notebooks WITH their solutions.
+solutions: $(INSTALLED)
+	$(BIN)/python scripts/lab.py --solutions --folder $(WORK) $(ROOT_FLAG) $(LAB_FLAGS)
+
+# Start one notebook over: a new copy in $(WORK)/, the old one kept in $(WORK)/backups/.
+fresh-copy: $(INSTALLED)
+	@test -n "$(NB)" || { echo "usage: make fresh-copy NB=03"; exit 2; }
+	$(BIN)/python scripts/student_copies.py --fresh $(NB) $(WORK)
 
 # Notebooks run with the same code paths of the numerical libraries on every x86 machine, so that a
 # fresh run prints what the committed notebook shows to the last digit: OpenBLAS's Haswell kernels
@@ -75,6 +90,21 @@ notebooks: $(INSTALLED)
 # Student copies of every notebook under release/ (solutions cut by nbgrader, outputs cleared).
 student: $(INSTALLED)
 	$(BIN)/python scripts/student_copies.py release
+
+# Grading with nbgrader (nbgrader_config.py; course directory grading/), one assignment per
+# notebook: NB=00 (or several, NB="00 03"). release-assignment: generate_assignment, then
+# release_assignment into the exchange; collect: the submissions from the exchange; grade:
+# autograde and export (grading/grades.csv, grading/exercises.csv with each check's diagnosis),
+# of the collected submissions or of SUBMITTED=folder (STUDENT/ASSIGNMENT/NOTEBOOK.ipynb).
+.PHONY: release-assignment collect grade hub
+release-assignment collect grade: $(INSTALLED)
+	@test -n "$(NB)" || { echo "usage: make $@ NB=00 (a notebook's number, or several: NB=\"00 03\")"; exit 2; }
+	$(BIN)/python scripts/grade.py $(subst release-assignment,release,$@) $(NB)$(if $(SUBMITTED), --submitted $(SUBMITTED))
+
+# A class on one machine: JupyterHub with the course's single-user environment and nbgrader's
+# exchange (classroom/README.md).
+hub: $(INSTALLED)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyterhub -f classroom/jupyterhub_config.py
 
 clean:
 	rm -rf $(VENV) release build *.egg-info

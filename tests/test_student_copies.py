@@ -54,8 +54,9 @@ def test_student_copy_runs_and_reports_not_implemented(source):
 
     errors = [o for c in code for o in c.outputs if o.output_type == "error"]
     assert not errors, f"{source.name}: {errors[0].ename}: {errors[0].evalue}"
-    # A cell's printed text may arrive as several stream outputs; one check cell is one verdict.
-    verdicts = ["".join(o.text for o in c.outputs if "text" in o)
+    # A cell's text may arrive as several outputs (streams, the verdict displayed as text/plain beside
+    # its HTML, the graded line on stderr); one check cell is one verdict.
+    verdicts = ["".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in c.outputs)
                 for c in code if "# NBVAL_CHECK_OUTPUT" in c.source]
     assert len(verdicts) == len(stubs)
     assert all("[not_implemented]" in v and "Hint:" in v for v in verdicts), verdicts

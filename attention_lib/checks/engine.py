@@ -2,8 +2,9 @@
 
 ``check(exercise_id, answer)`` tries the answer (a ``@cuda.jit`` kernel with the library
 kernel's signature, or a NumPy function, as the exercise says) on random data at several
-sizes, awkward ones included (1, 7, sizes that leave the last block partly used), prints a
-short verdict and returns a ``CheckResult`` with ``passed``, ``diagnosis`` and ``message``.
+sizes, awkward ones included (1, 7, sizes that leave the last block partly used), shows a
+short verdict (displayed in colour in a Jupyter kernel, printed elsewhere) and returns a
+``CheckResult`` with ``passed``, ``diagnosis`` and ``message``.
 
 Diagnosis codes:
 - ``ok``: right at every size tried;
@@ -36,6 +37,7 @@ from ``output_array`` (or ``host_output`` for a launch on NumPy arrays), prefill
 ``UNWRITTEN``; the judge reports entries still holding it as never written.
 """
 
+import html
 import inspect
 import re
 import sys
@@ -63,6 +65,30 @@ class CheckResult:
     def __str__(self):
         mark = "✔" if self.passed else "✘"
         return f"{mark} {self.exercise_id} [{self.diagnosis}]: {self.message}"
+
+    def _repr_pretty_(self, printer, cycle):
+        """IPython's text/plain: the verdict line, exactly as print shows it."""
+        printer.text(str(self))
+
+    def _repr_html_(self):
+        """The verdict for front ends that render HTML (JupyterLab): the mark, id and diagnosis in
+        green or red, the message as it is; the text/plain beside it stays the plain line."""
+        colour = "#1a7f37" if self.passed else "#cf222e"
+        head = html.escape(str(self).split(": ", 1)[0])
+        return (f'<div class="attention-lib-verdict"><span style="color: {colour}; font-weight: bold">{head}</span>: '
+                f'{html.escape(self.message)}</div>')
+
+
+def _show(result):
+    """Display a verdict in a Jupyter kernel (text/plain and coloured HTML, so a front end picks
+    what it can render); print it anywhere else (a terminal, a script, pytest)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if getattr(shell, "kernel", None) is not None:
+        from IPython.display import display
+        display(result)
+    else:
+        print(result)
 
 
 class Diagnosed(Exception):
@@ -475,10 +501,12 @@ def reveal(exercise_id):
 
 
 def check(exercise_id, answer, verbose=True):
-    """Check `answer` for exercise `exercise_id`; print the verdict (unless not verbose) and return it."""
+    """Check `answer` for exercise `exercise_id`; show the verdict (unless not verbose) and return it.
+
+    In a Jupyter kernel the verdict is displayed (plain text, and HTML in colour); elsewhere printed."""
     exercise = _exercise(exercise_id)
     diagnosis, message = _judge(exercise, answer)
     result = CheckResult(exercise_id, diagnosis == "ok", diagnosis, message)
     if verbose:
-        print(result)
+        _show(result)
     return result

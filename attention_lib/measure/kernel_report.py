@@ -14,12 +14,13 @@ else from the PATH (a CUDA toolkit's, whose NVVM and ptxas also come together).
 - ``report(arch, names) -> {"arch", "kernels": {name: row}}``: every kernel, or those named (the
   JSON written by --json); rows of an unchanged library come from ``report_cache``.
 - ``report_kernel(kernel, arg_types, threads_per_block) -> row``: one kernel, e.g. a notebook's.
-- ``table(rows) -> str``: rows as a text table, for notebooks.
+- ``table(rows) -> str``: rows as a text table, for notebooks (an HTML table when displayed in Jupyter).
 - ``floor_violations(kernels)``: what breaks the ``FAST`` floors the stage modules declare.
 """
 
 import argparse
 import glob
+import html
 import importlib
 import inspect
 import json
@@ -399,18 +400,45 @@ COLUMNS = [("registers", "regs"), ("stack_bytes", "stack B"), ("spill_bytes", "s
 LOOP_COLUMNS = [("ffma", "FFMA"), ("lds", "LDS"), ("local", "LDL+STL"), ("ldg", "LDG"), ("total", "instr")]
 
 
+class Table(str):
+    """A text table, one line per kernel (what print shows), that a Jupyter front end displays as an
+    HTML table instead: the text's lines are wider than a notebook's output area, which wraps each
+    of them onto two lines, where the HTML table's cells wrap inside their columns."""
+
+    def __new__(cls, header, lines):
+        widths = [max(len(r[i]) for r in [header] + lines) for i in range(len(header))]
+
+        def line(cells):                 # names left-aligned, figures right-aligned
+            return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        table = super().__new__(cls, "\n".join(line(cells) for cells in [header] + lines))
+        table.header, table.lines = header, lines
+        return table
+
+    def _repr_pretty_(self, printer, cycle):
+        """IPython's text/plain: the table's text, not its quoted repr."""
+        printer.text(str(self))
+
+    def _repr_html_(self):
+        def name(text):                  # a kernel's name may break after its module
+            return "<code>" + html.escape(text).replace(".", ".<wbr>", 1) + "</code>"
+        head = "".join(f"<th style=\"text-align: {'left' if i == 0 else 'right'}\">{html.escape(h)}</th>"
+                       for i, h in enumerate(self.header))
+        body = "".join("<tr>" + f"<td style=\"text-align: left\">{name(cells[0])}</td>"
+                       + "".join(f"<td style=\"text-align: right\">{html.escape(c)}</td>" for c in cells[1:]) + "</tr>"
+                       for cells in self.lines)
+        return (f'<table class="attention-lib-kernel-report" style="font-size: 0.85em">'
+                f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+
+
 def table(rows):
-    """rows ({name: row}, or a report) as a text table, one line per kernel."""
+    """rows ({name: row}, or a report) as a text table, one line per kernel; displayed as the cell's
+    value in Jupyter, it shows as an HTML table that fits the output area."""
     rows = rows.get("kernels", rows)
     header = ["kernel"] + [h for _, h in COLUMNS] + [f"loop {h}" for _, h in LOOP_COLUMNS] + ["FFMA share"]
     lines = [[name] + [f"{row[k]:,}" for k, _ in COLUMNS]
              + [f"{row['hot_loop'][k]:,}" for k, _ in LOOP_COLUMNS] + [f"{row['hot_loop']['ffma_fraction']:.2f}"]
              for name, row in rows.items()]
-    widths = [max(len(r[i]) for r in [header] + lines) for i in range(len(header))]
-
-    def line(cells):                     # names left-aligned, figures right-aligned
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-    return "\n".join(line(cells) for cells in [header] + lines)
+    return Table(header, lines)
 
 
 def declared_floors():

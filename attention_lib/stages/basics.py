@@ -5,9 +5,12 @@ Element-wise kernels on vectors of length n, one CUDA thread per element:
 - ``add_kernel``: out[i] = x[i] + y[i]; ``scale_add_kernel``: out[i] = alpha * x[i] + y[i].
 - ``whoami_kernel`` / ``whoami_2d_kernel``: each thread writes down who it is, to draw which
   thread handles which element.
-- Launchers ``add``, ``scale_add``, ``whoami``, ``whoami_2d``: validate, copy, pick the grid,
-  return NumPy. ``add`` and ``scale_add`` take a ``kernel=`` argument so that the exercise
-  check can launch a student's kernel exactly as the library launches its own.
+- ``transpose_kernel``: out[c, r] = a[r, c], a 2-D grid over a (rows, cols) matrix.
+- ``grid_2d``: the smallest 2-D grid covering a (rows, cols) matrix, x across the columns.
+- ``divergent_warps``: which warps of a 2-D launch have threads on both sides of the bounds guard.
+- Launchers ``add``, ``scale_add``, ``whoami``, ``whoami_2d``, ``transpose``: validate, copy, pick
+  the grid, return NumPy. ``add``, ``scale_add`` and ``transpose`` take a ``kernel=`` argument so
+  that the exercise checks can launch a student's kernel exactly as the library launches its own.
 """
 
 import numpy as np
@@ -21,6 +24,11 @@ from attention_lib.platform.validation import as_float32, require
 THREADS_PER_BLOCK = 64
 # 2-D launches: 8 x 8 = 64 threads, x along columns, y along rows.
 BLOCK_2D = (8, 8)
+# The transpose's block: 16 threads along x (columns), 8 along y (rows). Not square on purpose:
+# a grid or a kernel with its axes swapped then misses part of the matrix instead of passing by luck.
+TRANSPOSE_BLOCK = (16, 8)
+# Threads of a block are dealt out to warps of 32 in order of their linear id (x fastest).
+WARP_SIZE = 32
 
 
 # --- NumPy reference ---------------------------------------------------------------------
@@ -74,6 +82,44 @@ def whoami_2d_kernel(block_of, thread_of):
         thread_of[row, col] = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
 
 
+@cuda.jit
+def transpose_kernel(a, out):
+    """out[col, row] = a[row, col]; one thread per element of a. a: (rows, cols) float32,
+    out: (cols, rows) float32. Launch on grid_2d(rows, cols, block)."""
+    col, row = cuda.grid(2)                   # x is a's column: a warp reads along a row of a
+    if row < a.shape[0] and col < a.shape[1]:
+        out[col, row] = a[row, col]           # ... and writes down a column of out
+
+
+# --- Grids and warps ---------------------------------------------------------------------
+
+def grid_2d(rows, cols, block):
+    """(blocks along x, blocks along y): the smallest grid of `block` = (bx, by) threads that
+    covers a (rows, cols) matrix with one thread per element, x across the columns."""
+    return ceil_div(cols, block[0]), ceil_div(rows, block[1])
+
+
+def divergent_warps(rows, cols, block):
+    """Which warps of the launch grid_2d(rows, cols, block) split at the bounds guard
+    `row < rows and col < cols`: some of their threads pass it, others do not.
+
+    block = (bx, by) with bx * by a multiple of WARP_SIZE. Returns a bool array of shape
+    (blocks along y, blocks along x, warps per block).
+    """
+    bx, by = block
+    grid_x, grid_y = grid_2d(rows, cols, block)
+    diverges = np.zeros((grid_y, grid_x, bx * by // WARP_SIZE), bool)
+    for block_y in range(grid_y):
+        for block_x in range(grid_x):
+            for warp in range(bx * by // WARP_SIZE):
+                lane_ids = np.arange(warp * WARP_SIZE, (warp + 1) * WARP_SIZE)   # linear thread ids
+                row = block_y * by + lane_ids // bx       # x runs fastest through the ids
+                col = block_x * bx + lane_ids % bx
+                inside = (row < rows) & (col < cols)
+                diverges[block_y, block_x, warp] = inside.any() and not inside.all()
+    return diverges
+
+
 # --- Launchers ---------------------------------------------------------------------------
 
 def _vector_pair(x, y):
@@ -120,7 +166,19 @@ def whoami_2d(rows, cols, block=BLOCK_2D):
     check_simulator_budget("whoami_2d", rows * cols)
     block_of = cuda.device_array((rows, cols), np.int32)
     thread_of = cuda.device_array((rows, cols), np.int32)
-    grid = (ceil_div(cols, block[0]), ceil_div(rows, block[1]))   # (x: columns, y: rows)
+    grid = grid_2d(rows, cols, block)                         # (x: columns, y: rows)
     check_grid("whoami_2d", grid, x="cols", y="rows")
     whoami_2d_kernel[grid, block](block_of, thread_of)
     return block_of.copy_to_host(), thread_of.copy_to_host()
+
+
+def transpose(a, kernel=transpose_kernel, block=TRANSPOSE_BLOCK):
+    """a.T on the device. a: (rows, cols) float -> (cols, rows) float32."""
+    a = as_float32("a", a, "(rows, cols)", ndim=2)
+    rows, cols = a.shape
+    check_simulator_budget("transpose", rows * cols)
+    grid = grid_2d(rows, cols, block)
+    check_grid("transpose", grid, x="cols", y="rows")
+    out = cuda.device_array((cols, rows), np.float32)
+    kernel[grid, block](cuda.to_device(a), out)
+    return out.copy_to_host()

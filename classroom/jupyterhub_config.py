@@ -1,0 +1,83 @@
+"""JupyterHub for a class of this course on one machine: `make hub` (or
+`jupyterhub -f classroom/jupyterhub_config.py` with the course's environment active).
+
+Everything JupyterHub needs comes with the course's pip install (the classroom extra, also in the
+test extra): JupyterHub, and its proxy as the Python implementation of configurable-http-proxy,
+so no Node.js. Each user's server is the course's own environment (this Python's
+jupyterhub-singleuser: JupyterLab, the course, nbgrader's Assignments tab and Validate button),
+and nbgrader's exchange is a folder on disk (ATTENTION_EXCHANGE, nbgrader_config.py). Read
+classroom/README.md first.
+
+Settings, from the environment:
+- CLASSROOM_IP (127.0.0.1: this machine only), CLASSROOM_PORT (8000): where people connect;
+  CLASSROOM_HUB_PORT (8081) and CLASSROOM_PROXY_API_PORT (8001): the hub's and the proxy's own
+  ports, always on 127.0.0.1;
+- CLASSROOM_DATA: the hub's database, cookie secret and the test's homes (classroom/data/);
+- CLASSROOM_INSTRUCTORS, CLASSROOM_STUDENTS: user names, comma-separated; instructors are the
+  hub's admins;
+- CLASSROOM_TEST_PASSWORD: set only for a test or a demonstration on one machine. Then anyone
+  listed logs in with this one password (JupyterHub's DummyAuthenticator) and every server runs
+  as the hub's own system user with a home under CLASSROOM_DATA/homes/ (SimpleLocalProcessSpawner).
+  Unset, the hub uses the machine's accounts (PAM): each listed user needs a system account, and
+  each server runs as its user (LocalProcessSpawner), which needs the hub to run as root.
+"""
+
+import os
+import sys
+
+c = get_config()  # noqa: F821 (JupyterHub's config loader defines it)
+here = os.path.dirname(os.path.abspath(__file__))
+bin_dir = os.path.dirname(sys.executable)               # the course's environment: the hub's own
+
+
+def names(variable):
+    return {name.strip() for name in os.environ.get(variable, "").split(",") if name.strip()}
+
+
+data = os.environ.get("CLASSROOM_DATA", os.path.join(here, "data"))
+os.makedirs(data, exist_ok=True)
+instructors, students = names("CLASSROOM_INSTRUCTORS"), names("CLASSROOM_STUDENTS")
+test_password = os.environ.get("CLASSROOM_TEST_PASSWORD")
+
+c.JupyterHub.ip = os.environ.get("CLASSROOM_IP", "127.0.0.1")
+c.JupyterHub.port = int(os.environ.get("CLASSROOM_PORT", "8000"))
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = int(os.environ.get("CLASSROOM_HUB_PORT", "8081"))
+c.JupyterHub.db_url = "sqlite:///" + os.path.join(data, "jupyterhub.sqlite")
+c.JupyterHub.cookie_secret_file = os.path.join(data, "jupyterhub_cookie_secret")
+c.JupyterHub.pid_file = os.path.join(data, "jupyterhub.pid")
+
+# The proxy: configurable-http-proxy's Python implementation (PyPI), same command line as the npm one.
+c.ConfigurableHTTPProxy.command = [os.path.join(bin_dir, "configurable-http-proxy")]
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{int(os.environ.get('CLASSROOM_PROXY_API_PORT', '8001'))}"
+
+c.Authenticator.allowed_users = instructors | students
+c.Authenticator.admin_users = instructors
+
+# Each user's server: the course's environment, opening JupyterLab. nbgrader in it reads
+# classroom/nbgrader_config.py (the exchange, the course id) through JUPYTER_CONFIG_PATH.
+c.Spawner.cmd = [os.path.join(bin_dir, "jupyterhub-singleuser")]
+c.Spawner.default_url = "/lab"
+c.Spawner.environment = {
+    "JUPYTER_CONFIG_PATH": here,
+    "ATTENTION_EXCHANGE": os.environ.get("ATTENTION_EXCHANGE", "/srv/nbgrader/exchange"),
+    "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "/usr/bin:/bin")]),
+}
+# A server on the simulator starts in seconds, but a loaded machine may take longer.
+c.Spawner.start_timeout = 120
+c.Spawner.http_timeout = 60
+
+if test_password:
+    c.JupyterHub.authenticator_class = "dummy"
+    c.DummyAuthenticator.password = test_password
+    c.JupyterHub.spawner_class = "simple"
+    c.SimpleLocalProcessSpawner.home_dir_template = os.path.join(data, "homes", "{username}")
+    # Every server runs as the hub's system user, whose name nbgrader would give every submission;
+    # a student's submissions are named after the hub name instead (classroom/nbgrader_config.py).
+    c.Spawner.environment["ATTENTION_STUDENT_ID"] = lambda spawner: (
+        "" if spawner.user.name in instructors else spawner.user.name)
+    if os.getuid() == 0:                                 # a container's root: Jupyter asks for consent
+        c.Spawner.args = ["--allow-root"]
+else:
+    c.JupyterHub.authenticator_class = "pam"
+    c.JupyterHub.spawner_class = "localprocess"
