@@ -32,7 +32,7 @@ from nbgrader.preprocessors import (CheckCellMetadata, ClearHiddenTests, ClearMa
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 # The course's core notebooks, 00_... to 11_...; the optional deep dives (NNx_...) get no copy.
-PATTERN = "[0-9][0-9]_*.ipynb"
+PATTERN = "[0-9][0-9]*_*.ipynb"            # the core notebooks and the optional deep dives (NNx_)
 POINTS = 1
 SOLUTION_MARKER = "### BEGIN SOLUTION"
 CHECK_MARKER = "# NBVAL_CHECK_OUTPUT"
@@ -119,10 +119,11 @@ def course_notebooks(prefixes=()):
     found = sorted(NOTEBOOKS.glob(PATTERN))
     if not prefixes:
         return found
-    chosen = [p for p in found if p.name.startswith(tuple(prefixes))]
-    missing = [x for x in prefixes if not any(p.name.startswith(x) for p in found)]
+    number = lambda path: path.name.split("_", 1)[0]            # "01", or "01x" for a deep dive
+    chosen = [p for p in found if number(p) in prefixes]
+    missing = [x for x in prefixes if not any(number(p) == x for p in found)]
     if missing:
-        raise ValueError(f"no notebook starts with {missing[0]!r}; the notebooks are {[p.name[:2] for p in found]}")
+        raise ValueError(f"no notebook is numbered {missing[0]!r}; the notebooks are {[number(p) for p in found]}")
     return chosen
 
 

@@ -92,8 +92,9 @@ def test_a_computed_nan_is_a_wrong_value_not_an_unwritten_entry():
 
 
 def test_the_judge_hands_each_case_its_launch():
-    """No module state is switched: run receives plain_launch, or race_finding_launch on the
-    cases race-checked (the first, or every one for a kernel with shared memory)."""
+    """No module state is switched: a kernel's run receives race_finding_launch on every case (a
+    missing barrier shows once threads share a tile, two blocks writing one element once there are
+    two blocks); a function's run receives plain_launch."""
     from attention_lib.checks import engine
     library = EXERCISES["00_scale_add"]
     given = []
@@ -105,7 +106,12 @@ def test_the_judge_hands_each_case_its_launch():
     exercise = engine.Exercise("test_recording", "scale_add, recorded", "kernel", recording_run,
                                library.cases, library.hint)
     assert engine._judge(exercise, basics.scale_add_kernel)[0] == "ok"
-    assert given == [engine.race_finding_launch] + [engine.plain_launch] * (len(library.cases) - 1)
+    assert given == [engine.race_finding_launch] * len(library.cases)
+    function = engine.Exercise("test_function", "scale_add, as a function", "function", recording_run,
+                               library.cases, library.hint)
+    given.clear()
+    engine._judge(function, basics.scale_add_kernel)
+    assert given == [engine.plain_launch] * len(library.cases)
     assert not hasattr(engine, "_race_checking")
 
 
@@ -147,3 +153,18 @@ def test_reveal_prints_the_librarys_version(monkeypatch, capsys):
     monkeypatch.setattr(EXERCISES["00_scale_add"], "solution", None)
     with pytest.raises(ValueError, match="'00_scale_add' has no library version to reveal"):
         reveal("00_scale_add")
+
+
+@cuda.jit
+def every_block_writes_the_first_element(alpha, x, y, out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = alpha * x[i] + y[i]
+    if cuda.threadIdx.x == 0:
+        out[0] = alpha * x[0] + y[0]                    # each block's thread 0, unordered across blocks
+
+
+def test_a_race_between_blocks_is_not_blamed_on_a_missing_barrier():
+    result = check("00_scale_add", every_block_writes_the_first_element, verbose=False)
+    assert result.diagnosis == "race" and "blocks never wait for each other" in result.message, result
+    assert "syncthreads" not in result.message

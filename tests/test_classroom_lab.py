@@ -138,8 +138,8 @@ def test_a_second_build_keeps_the_students_answers_and_adds_new_notebooks(tmp_pa
 def test_fresh_copy_of_an_unknown_notebook_is_refused_in_one_line(tmp_path):
     with pytest.raises(SystemExit) as stopped:                  # what make fresh-copy NB=42 prints
         student_copies.main(["--fresh", "42", str(tmp_path)])
-    assert str(stopped.value) == (f"student_copies: no notebook starts with '42'; the notebooks are "
-                                  f"{[p.name[:2] for p in student_copies.course_notebooks()]}")
+    assert str(stopped.value) == (f"student_copies: no notebook is numbered '42'; the notebooks are "
+                                  f"{[p.name.split('_', 1)[0] for p in student_copies.course_notebooks()]}")
     assert not list(tmp_path.iterdir())
 
 

@@ -72,7 +72,7 @@ def test_02_the_library_kernel_is_the_warm_up_solution():
     ("k_as_kt", "transposed", "Q K, not Q K^T"),
     ("axes_swapped", "grid_axes_swapped", "taken from the grid's x axis"),
     ("no_guard", "out_of_bounds", "Guard the index"),
-    ("only_head_zero", "wrong_values", "never written"),
+    ("only_head_zero", "race", "blocks never wait for each other"),     # every block writes the same elements: an inter-block race
 ])
 def test_02_scaled_scores(mistake, diagnosis, says):
     result = verdict("02_scaled_scores", naive(mistake))

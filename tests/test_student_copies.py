@@ -18,7 +18,7 @@ from nbclient import NotebookClient
 import cell_slices
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))   # deep dives (NNx_) too
 
 spec = importlib.util.spec_from_file_location("student_copies", ROOT / "scripts" / "student_copies.py")
 student_copies = importlib.util.module_from_spec(spec)
@@ -35,7 +35,7 @@ def test_student_copy_runs_and_reports_not_implemented(source):
     copy = student_copies.student_copy(nbformat.read(source, as_version=4))
     code = [c for c in copy.cells if c.cell_type == "code"]
     stubs = [c for c in code if "raise NotImplementedError()" in c.source and "# YOUR CODE HERE" in c.source]
-    assert stubs, f"{source.name}: no exercise became a stub"
+    assert stubs or source.name[2] == "x", f"{source.name}: no exercise became a stub"   # a deep dive may have none
     assert not any("### BEGIN SOLUTION" in c.source for c in code), "a solution survived"
     assert not any(c.get("outputs") for c in code), "outputs were not cleared"
 

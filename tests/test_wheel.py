@@ -28,10 +28,17 @@ PROBE = """
 import importlib, json, pkgutil, sys
 import attention_lib, attention_lib.checks, attention_lib.stages
 from attention_lib.checks import check
-from attention_lib.stages import basics
 names = ["attention_lib"] + [m.name for m in pkgutil.walk_packages(attention_lib.__path__, "attention_lib.")]
 files = {name: importlib.import_module(name).__file__ for name in names}
-result = check("00_scale_add", basics.scale_add_kernel, verbose=False)
+from numba import cuda
+
+@cuda.jit
+def answer(alpha, x, y, out):                     # a student's scale_add (the library's own is refused)
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = alpha * x[i] + y[i]
+
+result = check("00_scale_add", answer, verbose=False)
 print(json.dumps({"files": files, "passed": bool(result.passed), "backend": attention_lib.BACKEND}))
 """
 

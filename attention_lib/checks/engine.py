@@ -38,6 +38,7 @@ from ``output_array`` (or ``host_output`` for a launch on NumPy arrays), prefill
 """
 
 import html
+import dis
 import inspect
 import re
 import sys
@@ -159,7 +160,22 @@ def _is_kernel(answer):
 
 
 class RaceFound(Exception):
-    """The race finder saw two threads touch the same element without a barrier between them."""
+    """The race finder saw two threads touch the same element without a barrier between them.
+    ``race``: the first sanitizer.Race, its message the exception's."""
+
+    def __init__(self, race):
+        super().__init__(str(race))
+        self.race = race
+
+    def advice(self):
+        """What to do about it, in one sentence: blocks never wait for each other, threads of a
+        block wait at a barrier."""
+        race = self.race
+        if getattr(race, "block_a", None) is not None and race.block_a != race.block_b:
+            return ("Two blocks touch one element of global memory, and blocks never wait for each other: no "
+                    "barrier orders them. Give each block its own elements to write (or combine with atomics).")
+        return ("A missing cuda.syncthreads()? Every thread must finish writing shared memory before any reads "
+                "it, and finish reading before it is overwritten.")
 
 
 def plain_launch(kernel, griddim, blockdim, *args):
@@ -180,7 +196,7 @@ def race_finding_launch(kernel, griddim, blockdim, *args):
     with the first race, in one line. Out-of-bounds indices raise IndexError, as in plain_launch."""
     races = sanitizer.find_races(kernel, griddim, blockdim, *args)
     if races:
-        raise RaceFound(str(races[0]))
+        raise RaceFound(races[0])
 
 
 class Traced:
@@ -231,25 +247,8 @@ def traced_launch(kernel, griddim, blockdim, *args):
     traced = Traced(kernel, griddim, blockdim, *args)
     races = traced.races()
     if races:
-        raise RaceFound(str(races[0]))
+        raise RaceFound(races[0])
     return traced
-
-
-def _shares_memory(answer, seen=None):
-    """True when a kernel, or a device function it calls, uses shared memory or barriers:
-    where races usually hide."""
-    function = getattr(answer, "py_func", answer)
-    seen = set() if seen is None else seen
-    seen.add(function)
-    try:
-        source = inspect.getsource(function)
-    except (OSError, TypeError):
-        return True
-    if "shared" in source or "syncthreads" in source:
-        return True
-    called = [v.py_func for name, v in function.__globals__.items()
-              if hasattr(v, "py_func") and name in source and v.py_func not in seen]
-    return any(_shares_memory(f, seen) for f in called)
 
 
 # The convention for an output the kernel must write: output_array prefills it, and its guard zone,
@@ -362,11 +361,7 @@ def _given_code_used(answer, given):
         if function is None or id(function) in seen:
             return None
         seen.add(id(function))
-        names = set(function.__code__.co_names)
-        for code in function.__code__.co_consts:              # nested functions and lambdas
-            names |= set(getattr(code, "co_names", ()))
-        values = [function.__globals__[n] for n in names if n in function.__globals__]
-        values += [vars(v)[n] for v in list(values) if isinstance(v, type(sys)) for n in names if n in vars(v)]
+        values = list(_names_used(function))
         values += [cell.cell_contents for cell in function.__closure__ or () if _has_contents(cell)]
         for value in values:
             hit = given_objects.get(id(value)) or given_functions.get(id(_function(value)))
@@ -386,6 +381,26 @@ def _given_code_used(answer, given):
         if found is not None:
             return found
     return None
+
+
+def _names_used(function):
+    """The objects a function's code reads: its globals, and the attributes it reads of a module
+    among them (``softmax.block_reduce``), nested functions and lambdas included."""
+    codes = [function.__code__]
+    codes += [c for c in function.__code__.co_consts if hasattr(c, "co_code")]
+    for code in codes:
+        last = None                                           # the value the previous load put on the stack
+        for instruction in dis.get_instructions(code):
+            name = instruction.argval if isinstance(instruction.argval, str) else None
+            if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME") and name in function.__globals__:
+                last = function.__globals__[name]
+                yield last
+            elif instruction.opname in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(last, type(sys)):
+                last = getattr(last, name, None)
+                if last is not None:
+                    yield last
+            else:
+                last = None
 
 
 def _has_contents(cell):
@@ -428,22 +443,19 @@ def _judge(exercise, answer):
         return "calls_given_code", (f"the answer uses the library's {name} ({getattr(_function(used), '__module__', '')}), "
                                     "which already does what the exercise asks: write that part yourself")
     rng = np.random.default_rng(SEED)
-    # A kernel is race-checked on its first case; one that uses shared memory on every case,
-    # since a missing barrier may only show once several threads share a tile.
-    shares_memory = exercise.kind == "kernel" and _shares_memory(answer)
-    for number, case in enumerate(exercise.cases):
+    # A kernel is race-checked on every case: a missing barrier may only show once several threads
+    # share a tile, two blocks writing one element only once there are two blocks.
+    for case in exercise.cases:
         where = exercise.describe_case(case)
-        race_check = exercise.kind == "kernel" and (number == 0 or shares_memory)
         try:
-            launch = race_finding_launch if race_check else plain_launch
+            launch = race_finding_launch if "kernel" in exercise.kind else plain_launch
             got, expected, *inputs = exercise.run(answer, case, rng, launch)
         except NotImplementedError:
             return "not_implemented", f"not implemented yet. Hint: {_first_hint(exercise)}"
         except Diagnosed as named:
             return named.code, f"at {where}: {named.message}"
         except RaceFound as race:
-            return "race", (f"at {where}: {race}. A missing cuda.syncthreads()? Every thread must finish "
-                            "writing shared memory before any reads it, and finish reading before it is overwritten.")
+            return "race", f"at {where}: {race}. {race.advice()}"
         except IndexError as error:
             return "out_of_bounds", (f"at {where}: {str(error).splitlines()[0].rstrip(': ')}. "
                                      "Guard the index: threads of the last block may have no element.")
