@@ -20,12 +20,15 @@ def rng():
 
 # `make test`'s two workers take whole files (--dist loadfile) in collection order, so a slow
 # file collected last keeps one worker busy while the other has finished. The slowest files
-# (measured with --durations=0 in a fresh clone) are collected first, then the other notebooks
+# (measured from the JUnit report of a make test, slowest first) are collected first, then the other notebooks
 # (several seconds each), then the other test files; the tests inside every file keep their order.
-SLOW_FILES_FIRST = ("tests/test_gpu_configuration.py", "tests/test_gpu_check.py", "tests/test_compile.py", "tests/test_student_copies.py", "tests/test_bench.py",
-                    "tests/test_gqa.py", "tests/test_flash.py", "tests/test_properties.py",
-                    "notebooks/07_fused_attention.ipynb", "notebooks/10_performance.ipynb",
-                    "tests/test_race_free.py", "tests/test_wheel.py")
+SLOW_FILES_FIRST = ("tests/test_gpu_configuration.py", "tests/test_grading.py", "tests/test_student_copies.py",
+                    "tests/test_kernel_report.py", "tests/test_gpu_check.py", "tests/test_jupyterhub.py",
+                    "tests/test_browser.py", "tests/test_compile.py", "tests/test_projection.py",
+                    "tests/test_gqa.py", "tests/test_exercises_10.py", "tests/test_race_free.py",
+                    "tests/test_exercises_03.py", "notebooks/11_backward.ipynb", "tests/test_wheel.py",
+                    "notebooks/09_kv_cache_decoding.ipynb", "notebooks/07_fused_attention.ipynb",
+                    "tests/test_properties.py", "tests/test_flash.py", "tests/test_exercises_02.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

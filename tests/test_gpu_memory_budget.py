@@ -14,6 +14,7 @@ Drift guard: the bench's list of inputs must be the one counted here.
 import inspect
 import math
 import re
+from pathlib import Path
 
 import pytest
 
@@ -70,7 +71,6 @@ def device_bytes(shapes):
 
 
 def test_every_notebook_is_counted():
-    from pathlib import Path
     names = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     assert names == sorted(NOTEBOOKS)
 
@@ -93,6 +93,9 @@ def test_the_largest_is_the_bench_and_leaves_room():
     needed = {name: device_bytes(shapes) for name, shapes in NOTEBOOKS.items()}
     assert max(needed, key=needed.get) == "10_performance"
     assert needed["10_performance"] < T4_FREE_BYTES / 2        # room for a twice larger batch
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    quoted = f"needs about {needed['10_performance'] / 2**30:.1f} GiB"
+    assert quoted in " ".join(readme.split()), f"the README should say the largest notebook {quoted}"
 
 
 def test_the_fused_kernels_tiles_fit_a_t4_block():

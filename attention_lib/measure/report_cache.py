@@ -1,7 +1,7 @@
 """Kernel-report rows kept on disk, keyed by everything that decides them.
 
-Compiling every kernel for the report takes about half a minute of CPU, and the tests,
-notebooks 01, 07 and 09 and their student copies all ask for rows of the same library. A row
+Compiling every kernel for the report takes about half a minute of CPU, and the tests, the
+notebooks that print a report and their student copies all ask for rows of the same library. A row
 is stored under a key made of the kernel's name, the architecture, the text of every source
 file of attention_lib and the versions of Numba, numba-cuda and NVIDIA's compiler wheels, so
 any edit to the library, or another compiler, gives new keys and a fresh compile.
