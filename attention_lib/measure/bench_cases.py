@@ -434,7 +434,7 @@ def _build_registry():
         lambda s: s.BH * _visible_pairs(s.T) * (2 * s.d_k + 1),
         lambda s: BYTES * (2 * s.BH * s.T * s.d_k + s.BH * s.T * s.T),
         "causal_scores", lambda s: s.d_k, {"torch": _torch_mask(2)}))
-    for v, how in [(1, "one thread per row"), (2, "one block per row")]:
+    for v, how in [(1, "one thread per row"), (2, "one block per row"), (3, "one warp per row")]:
         entries.append(Entry(
             f"softmax v{v}", "softmax", "04", f"row softmax of (B*H*T, T) masked scores, {how}",
             _call("softmax", "masked", version=v),

@@ -57,7 +57,7 @@ def count_pipeline(q, k, v, causal=True):
 
     q: (BH, T_q, d_k), k: (BH, T_k, d_k), v: (BH, T_k, d_v) float32 NumPy arrays
     -> ({stage: MemoryReport}, out (BH, T_q, d_v)). The same kernels, grids and order as
-    attention.launch_attention, except that the softmax is always version 1: both versions
+    attention.launch_attention, except that the softmax is always version 1: it and version 2
     read every score three times and write every weight once (tests/test_softmax.py), and
     version 1 has no barriers, so it is far cheaper to simulate on a GPU machine, where the
     pipeline itself uses version 2. The scores and weights are ordinary arrays here, so every
@@ -134,6 +134,10 @@ def _softmax(m, s):                                     # max, sum, normalise: 3
     return 3 * s.BH * s.T * s.T, s.BH * s.T * s.T
 
 
+def _softmax_one_pass(m, s):                            # (max, sum) in one pass, then normalise: 2 reads
+    return 2 * s.BH * s.T * s.T, s.BH * s.T * s.T
+
+
 def _weighted_sum(version):
     def formula(m, s):
         # A @ V is notebook 01's product with A as x and V as w (weighted_sum.py reuses it).
@@ -165,6 +169,7 @@ BENCH_FORMULAS = {
     **{f"scores v{v}": _scores(v) for v in (1, 2)},
     **{f"mask v{v}": _mask(v) for v in (1, 2)},
     **{f"softmax v{v}": _softmax for v in (1, 2)},
+    "softmax v3": _softmax_one_pass,
     **{f"weighted_sum v{v}": _weighted_sum(v) for v in (1, 2)},
     **{f"flash v{v}": _flash(v) for v in (1, 2, 3)},
     **{f"decode v{v}": _decode(v) for v in (1, 2)},
