@@ -26,7 +26,8 @@
 # record says so; without --bundle it installs nothing and uses the interpreter's own packages.
 # --dry-run prints the steps and budgets and runs nothing. Exit status: 0 when every step is ok.
 # Variables: GPU_CHECK_NOTEBOOKS (numbers or paths, default "07 08 10"), GPU_CHECK_TESTS (replaces the
-# test list), GPU_CHECK_WORKERS (pytest workers: 8 on a GPU, 0 simulated), UNIT_TESTS (make's).
+# test list), GPU_CHECK_WORKERS (pytest workers: 8 on a GPU, 0 simulated), GPU_CHECK_GRACE (seconds
+# between a step's SIGINT and its SIGKILL, default 5), UNIT_TESTS (make's).
 set -u
 
 PYTHON=${PYTHON:-python3}
@@ -75,7 +76,7 @@ SIMULATED_TESTS="tests/test_basics.py tests/test_reference.py"
 
 # Each step's budget in seconds is given where the step is added below; SIGINT when it runs
 # out, SIGKILL GRACE seconds later. --budget STEP=SECONDS replaces one.
-GRACE=5
+GRACE=${GPU_CHECK_GRACE:-5}
 declare -A BUDGET=()
 for override in "${OVERRIDES[@]+"${OVERRIDES[@]}"}"; do
     BUDGET[${override%%=*}]=${override#*=}
