@@ -18,10 +18,11 @@ def rng():
     return np.random.default_rng(12345)
 
 
-# `make test`'s two workers take whole files (--dist loadfile) in collection order, so a slow
-# file collected last keeps one worker busy while the other has finished. The slowest files
-# (measured from the JUnit report of a make test, slowest first) are collected first, then the other notebooks
-# (several seconds each), then the other test files; the tests inside every file keep their order.
+# `make test`'s two workers take whole files (--dist loadfile) in collection order
+# (--no-loadscope-reorder), so a slow file collected last keeps one worker busy while the other
+# has finished. The slowest files (measured from the JUnit report of a make test, slowest first)
+# are collected first, then the other notebooks (several seconds each), then the other test
+# files; the tests inside every file keep their order.
 SLOW_FILES_FIRST = ("tests/test_gpu_configuration.py", "tests/test_grading.py", "tests/test_student_copies.py",
                     "tests/test_kernel_report.py", "tests/test_gpu_check.py", "tests/test_jupyterhub.py",
                     "tests/test_browser.py", "tests/test_compile.py", "tests/test_projection.py",
