@@ -5,7 +5,8 @@ v4). The file:
 - ``projection_kernel_v1``: one thread per output, x and w read from global memory.
 - ``tile_matmul`` + ``projection_kernel_v2``: (TILE, TILE) shared-memory tiles (notebook 01's main
   exercise is tile_matmul); ``tile_matmul`` is also weighted_sum's A @ V (one tiled matmul, not two).
-- ``store_output`` + ``projection_kernel_v3`` (notebook 01x): 2 x 2 outputs per thread.
+- ``load_wide_tiles``, ``multiply_wide_tiles``, ``store_output`` + ``projection_kernel_v3``
+  (notebook 01x): 2 x 2 outputs per thread.
 - ``load_tiles``, ``store_tiles``, ``load_fragment``, ``multiply_tile``, ``walk_d_model``,
   ``store_micro_tile`` + ``projection_kernel_v4``: CUTLASS-style 128 x 128 tiles, 8 x 8 outputs
   per thread, double-buffered; ``FAST``: its floors for the kernel report.
@@ -108,56 +109,59 @@ def store_output(out, b, row, col, acc):
         out[row, col] = acc
 
 
+@cuda.jit(device=True)
+def load_wide_tiles(x, w, x_tile, w_tile, start, row0, col0):
+    """Thread (tx, ty) copies 2 elements of x's tile and 2 of w's for the step at `start`, 0 past
+    the edges. Neighbouring tx read neighbouring k of x and columns of w: coalesced."""
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    k = start + tx
+    for i in range(MICRO):
+        row = row0 + i * TILE
+        if row < x.shape[0] and k < x.shape[1]:
+            x_tile[ty + i * TILE, tx] = x[row, k]
+        else:
+            x_tile[ty + i * TILE, tx] = 0.0
+    k = start + ty
+    for j in range(MICRO):
+        col = col0 + j * TILE
+        if k < w.shape[0] and col < w.shape[1]:
+            w_tile[ty, tx + j * TILE] = w[k, col]
+        else:
+            w_tile[ty, tx + j * TILE] = 0.0
+
+
+@cuda.jit(device=True)
+def multiply_wide_tiles(x_tile, w_tile, acc00, acc01, acc10, acc11):
+    """The four sums of thread (tx, ty) (rows ty, ty + TILE by columns tx, tx + TILE of the tiles)
+    plus this step's products: per k, 2 loads from each tile feed 4 multiply-adds (v2: 2 for 1)."""
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    for kk in range(TILE):
+        x0 = x_tile[ty, kk]
+        x1 = x_tile[ty + TILE, kk]
+        w0 = w_tile[kk, tx]
+        w1 = w_tile[kk, tx + TILE]
+        acc00 += x0 * w0
+        acc01 += x0 * w1
+        acc10 += x1 * w0
+        acc11 += x1 * w1
+    return acc00, acc01, acc10, acc11
+
+
 @cuda.jit
 def projection_kernel_v3(x, w, b, out):
-    """The same product as v1 and v2, register-tiled: each thread computes 2 x 2 outputs.
-
-    x: (rows, d_model), w: (d_model, d_out), b: (d_out,) or (0,) for no bias,
-    out: (rows, d_out), all float32. Launch with (TILE, TILE) blocks on projection_grid_v3:
-    block (bx, by) computes the (WIDE_TILE, WIDE_TILE) tile of out at rows by * WIDE_TILE,
-    columns bx * WIDE_TILE. Thread (tx, ty) owns rows ty and ty + TILE and columns tx and
-    tx + TILE of that tile: its four sums live in registers (acc00 .. acc11). Per step along
-    d_model each thread reads 2 numbers of x_tile and 2 of w_tile and does 4 multiply-adds:
-    one shared-memory load per multiply-add, where v2 needs two.
-    """
+    """v1's product (same shapes), 2 x 2 outputs per thread, four sums in registers. Launch with
+    (TILE, TILE) blocks on projection_grid_v3: block (bx, by) computes the (WIDE_TILE, WIDE_TILE) tile
+    of out at rows by * WIDE_TILE, columns bx * WIDE_TILE."""
     x_tile = cuda.shared.array((WIDE_TILE, TILE), float32)   # [row in the block's tile, k in step]
     w_tile = cuda.shared.array((TILE, WIDE_TILE), float32)   # [k in step, column in the block's tile]
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    row0 = cuda.blockIdx.y * WIDE_TILE + ty     # this thread's first row; the second is row0 + TILE
-    col0 = cuda.blockIdx.x * WIDE_TILE + tx     # its first column; the second is col0 + TILE
-    acc00 = float32(0.0)                        # (row0, col0)
-    acc01 = float32(0.0)                        # (row0, col0 + TILE)
-    acc10 = float32(0.0)                        # (row0 + TILE, col0)
-    acc11 = float32(0.0)                        # (row0 + TILE, col0 + TILE)
-    for start in range(0, x.shape[1], TILE):    # walk along d_model one tile at a time
-        # Each thread loads 2 elements of each tile, zero past the edges. Neighbouring tx read
-        # neighbouring k of x and neighbouring columns of w: consecutive addresses (coalesced).
-        k = start + tx
-        for i in range(MICRO):
-            row = row0 + i * TILE
-            if row < x.shape[0] and k < x.shape[1]:
-                x_tile[ty + i * TILE, tx] = x[row, k]
-            else:
-                x_tile[ty + i * TILE, tx] = 0.0
-        k = start + ty
-        for j in range(MICRO):
-            col = col0 + j * TILE
-            if k < w.shape[0] and col < w.shape[1]:
-                w_tile[ty, tx + j * TILE] = w[k, col]
-            else:
-                w_tile[ty, tx + j * TILE] = 0.0
-        cuda.syncthreads()                      # wait until both tiles are loaded
-        for kk in range(TILE):
-            x0 = x_tile[ty, kk]                 # 2 loads from x_tile and 2 from w_tile ...
-            x1 = x_tile[ty + TILE, kk]
-            w0 = w_tile[kk, tx]
-            w1 = w_tile[kk, tx + TILE]
-            acc00 += x0 * w0                    # ... feed 4 multiply-adds
-            acc01 += x0 * w1
-            acc10 += x1 * w0
-            acc11 += x1 * w1
-        cuda.syncthreads()                      # wait until everyone is done with the tiles
-                                                # before the next step overwrites them
+    row0 = cuda.blockIdx.y * WIDE_TILE + cuda.threadIdx.y    # this thread's first row; then row0 + TILE
+    col0 = cuda.blockIdx.x * WIDE_TILE + cuda.threadIdx.x    # its first column; then col0 + TILE
+    acc00 = acc01 = acc10 = acc11 = float32(0.0)             # (row0, col0), (row0, col0 + TILE), ...
+    for start in range(0, x.shape[1], TILE):                 # walk along d_model one tile at a time
+        load_wide_tiles(x, w, x_tile, w_tile, start, row0, col0)
+        cuda.syncthreads()                                   # wait until both tiles are loaded
+        acc00, acc01, acc10, acc11 = multiply_wide_tiles(x_tile, w_tile, acc00, acc01, acc10, acc11)
+        cuda.syncthreads()                                   # all done with them before the next loads
     store_output(out, b, row0, col0, acc00)
     store_output(out, b, row0, col0 + TILE, acc01)
     store_output(out, b, row0 + TILE, col0, acc10)
@@ -277,17 +281,12 @@ def walk_d_model(x, w, xs, ws, row0, col0, tid, x_regs, w_regs, a, bw, acc):
 
 @cuda.jit(launch_bounds=(THREADS_V4, 2))     # 2 blocks of 256 threads per SM: <= 128 registers
 def projection_kernel_v4(x, w, b, out):
-    """The same product as v1-v3, 128 x 128 outputs per block, 8 x 8 per thread (shapes as v1).
-
-    Launch with THREADS_V4 threads on projection_grid_v4: block (bx, by) computes
-    out[by * BM : (by + 1) * BM, bx * BN : (bx + 1) * BN].
-    """
+    """v1's product (same shapes), 128 x 128 outputs per block, 8 x 8 per thread. Launch with THREADS_V4
+    threads on projection_grid_v4: block (bx, by) computes out[by*BM : (by+1)*BM, bx*BN : (bx+1)*BN]."""
     xs = cuda.shared.array((2, BIG_STEP, XS_WIDTH), float32, alignment=SHARED_ALIGNMENT)  # x^T
     ws = cuda.shared.array((2, BIG_STEP, BIG_TILE), float32, alignment=SHARED_ALIGNMENT)  # w
-    x_regs = cuda.local.array(LOADS_V4, float32)  # the next tiles, on their way to shared memory
-    w_regs = cuda.local.array(LOADS_V4, float32)
-    a = cuda.local.array(MICRO_V4, float32)       # this k's fragments of x^T and of w
-    bw = cuda.local.array(MICRO_V4, float32)
+    x_regs, w_regs = cuda.local.array(LOADS_V4, float32), cuda.local.array(LOADS_V4, float32)  # in flight
+    a, bw = cuda.local.array(MICRO_V4, float32), cuda.local.array(MICRO_V4, float32)  # this k's fragments
     acc = cuda.local.array((MICRO_V4, MICRO_V4), float32)
     acc[:, :] = float32(0.0)
     tid = U(cuda.threadIdx.x)
