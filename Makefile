@@ -32,7 +32,7 @@ UNIT_TESTS ?= tests/test_reference.py tests/test_api.py tests/test_basics.py tes
 # `make notebook NB=03`: the notebook whose name starts with NB.
 NOTEBOOK = $(wildcard notebooks/$(NB)_*.ipynb)
 
-.PHONY: lab solutions fresh-copy test unit notebook notebooks student install clean bench
+.PHONY: lab solutions fresh-copy test unit mutants notebook notebooks student install clean bench
 
 # make lab's folder: your own copies of the notebooks (not committed).
 WORK ?= my-notebooks
@@ -76,6 +76,12 @@ test: $(INSTALLED)
 
 unit: $(INSTALLED)
 	$(BIN)/python -m pytest -q -n $(WORKERS) $(UNIT_TESTS)
+
+# Prove every exercise's check by the mutants of its solution (scripts/mutants.py): each mutant killed, or
+# listed as equivalent in tests/equivalent_mutants/ with its reason. EX=04_row_softmax for one exercise.
+# make test runs a fixed sample of them (tests/test_mutants.py); CI runs them all after make test.
+mutants: $(INSTALLED)
+	ATTENTION_LIB_BACKEND=simulator $(BIN)/python scripts/mutants.py --workers $(WORKERS) $(EX)
 
 # Re-execute one notebook in place from a clean kernel, on the simulator: the way notebooks are committed.
 notebook: $(INSTALLED)

@@ -1,6 +1,6 @@
 """nbval compares every output of a fresh run with the committed one where the notebooks were committed:
 on the simulator. On a GPU the notebooks run at full size and print other figures, so there only the
-check cells' verdicts (# NBVAL_CHECK_OUTPUT) are compared."""
+check cells' verdicts (the cells tagged nbval-check-output) are compared."""
 
 import attention_lib
 

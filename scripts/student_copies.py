@@ -9,7 +9,7 @@
 
 The notebooks carry no nbgrader metadata; it is made here from the markers the course already
 uses. An exercise is a code cell holding `### BEGIN SOLUTION` (the autograded answer cell); its
-check is the next code cell, which starts with `# NBVAL_CHECK_OUTPUT` and calls
+check is the next code cell, tagged `nbval-check-output` (nbval compares its verdict) and calling
 `check("<exercise_id>", answer)` (the autograder test cell: read-only, POINTS points, full points
 only when the verdict is ok). The source version is the notebook with that metadata; a student
 copy is what nbgrader's generate_assignment makes of it, by nbgrader's own preprocessors (locked
@@ -35,7 +35,7 @@ NOTEBOOKS = ROOT / "notebooks"
 PATTERN = "[0-9][0-9]*_*.ipynb"            # the core notebooks and the optional deep dives (NNx_)
 POINTS = 1
 SOLUTION_MARKER = "### BEGIN SOLUTION"
-CHECK_MARKER = "# NBVAL_CHECK_OUTPUT"
+CHECK_TAG = "nbval-check-output"
 # `result = check("03_tile_skip", answer)`: the name the verdict is kept under (if any), the exercise id.
 CHECK_CALL = re.compile(r"""^(?:(\w+)\s*=\s*)?check\(\s*["'](\w+)["']""", re.M)
 
@@ -73,11 +73,11 @@ def exercises(notebook, name="notebook"):
         if cell.cell_type != "code" or SOLUTION_MARKER not in cell.source:
             continue
         following = next((j for j in range(i + 1, len(cells)) if cells[j].cell_type == "code"), None)
-        call = (following is not None and cells[following].source.startswith(CHECK_MARKER)
+        call = (following is not None and CHECK_TAG in cells[following].metadata.get("tags", [])
                 and CHECK_CALL.search(cells[following].source))
         if not call:
             raise ValueError(f"{name}: the solution in cell {i} has no check cell after it (the next code cell "
-                             f"must start with {CHECK_MARKER!r} and call check(\"<exercise_id>\", answer))")
+                             f"must be tagged {CHECK_TAG!r} and call check(\"<exercise_id>\", answer))")
         found.append(Exercise(call.group(2), i, following, call.group(1)))
     return found
 

@@ -132,7 +132,7 @@ def plan(sources):
     """sources: a notebook's code cells, solutions in -> (sorted needed indices, [(cell, name)])."""
     cells = [names(source) for source in sources]
     exercises = {i for i, source in enumerate(sources) if "### BEGIN SOLUTION" in source}
-    checks = {i for i, source in enumerate(sources) if "# NBVAL_CHECK_OUTPUT" in source}
+    checks = {i + 1 for i in exercises if i + 1 < len(sources) and "check(" in sources[i + 1]}
     answer_uses = [(i, name) for i in range(len(cells)) if i not in exercises | checks
                    for name in sorted(cells[i].read | cells[i].deferred)
                    if exercises & set(providers(cells, i, name))]

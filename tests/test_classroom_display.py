@@ -11,7 +11,7 @@ from IPython.core.formatters import DisplayFormatter
 from IPython.core.inputtransformer2 import TransformerManager
 from nbclient import NotebookClient
 
-from attention_lib.checks import check
+from attention_lib.checks import check, record
 from attention_lib.checks.engine import CheckResult
 from attention_lib.measure import kernel_report
 
@@ -23,10 +23,12 @@ def test_a_verdict_is_coloured_html_beside_its_plain_line():
     passed = CheckResult("00_scale_add", True, "ok", "correct at every size tried")
     failed = CheckResult("00_scale_add", False, "out_of_bounds", "at n = 7: out[7] <past the end> & more")
     for result, colour in ((passed, "#1a7f37"), (failed, "#cf222e")):
-        shown, _ = FORMAT.format(result)
+        shown = result._repr_mimebundle_()
         assert shown["text/plain"] == str(result)              # what print shows, and what nbval compares
         assert f'<span style="color: {colour}; font-weight: bold">' in shown["text/html"]
-    html = FORMAT.format(failed)[0]["text/html"]
+        assert shown[record.MIME] == {"exercise_id": "00_scale_add", "diagnosis": result.diagnosis,
+                                      "passed": result.passed}
+    html = failed._repr_mimebundle_()["text/html"]
     assert "✘ 00_scale_add [out_of_bounds]</span>" in html and "&lt;past the end&gt; &amp; more" in html
 
 
@@ -35,10 +37,12 @@ def test_check_prints_outside_a_kernel(capsys):
     assert capsys.readouterr().out.startswith("✘ 00_scale_add [not_implemented]: not implemented yet.")
 
 
-def test_check_displays_its_verdict_in_a_kernel():
+def test_check_displays_its_verdict_in_a_kernel_once():
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        'from attention_lib.checks import check\nresult = check("00_scale_add", None)')])
+        'from attention_lib.checks import check\ncheck("00_scale_add", None)'),
+        nbformat.v4.new_code_cell('result = check("00_scale_add", None)'), nbformat.v4.new_code_cell("result")])
     NotebookClient(notebook, timeout=120, kernel_name="python3").execute()
+    assert [len(cell.outputs) for cell in notebook.cells] == [1, 1, 1]   # the cell's value is not shown twice
     (output,) = notebook.cells[0].outputs
     assert output.output_type == "display_data"
     assert output.data["text/plain"].startswith("✘ 00_scale_add [not_implemented]: not implemented yet. Hint:")

@@ -12,7 +12,10 @@ from attention_lib.checks import EXERCISES
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_CODES = {"ok", "not_implemented", "not_a_kernel", "out_of_bounds", "race", "divergent_barrier",
-                "calls_given_code", "raised_error", "wrong_shape", "wrong_values"}
+                "calls_given_code", "raised_error", "wrong_shape", "wrong_values", "stale_tile", "timeout",
+                "not_gpu_code", "float64_arithmetic"}
+# The codes of the limits an exercise declares (checks/limits.py), named by the engine.
+LIMIT_CODES = {"no_reuse", "uncoalesced", "serial_reduction", "local_memory", "stale_tile"}
 # The codes the course promises (classroom issue): each must be recognised somewhere.
 PROMISED = {"missing_scale", "scaled_by_d_k", "transposed", "mask_includes_diagonal", "mask_wrong_side",
             "mask_not_applied", "unstable_softmax", "softmax_wrong_axis", "heads_interleaved",
@@ -34,6 +37,9 @@ def test_each_named_code_is_returned_by_its_exercise_and_planted_in_a_test(exerc
         assert code not in ENGINE_CODES, f"{code} is the engine's own"
         assert f'"{code}"' in module_source, f"{exercise_id} declares {code} but never returns it"
         assert re.search(rf'"{code}"', TEST_SOURCES), f"no test plants a mistake diagnosed {code}"
+    for limit in exercise.limits:
+        assert limit.code in LIMIT_CODES | set(exercise.diagnoses), f"{exercise_id}: limit code {limit.code}"
+        assert re.search(rf'"{limit.code}"', TEST_SOURCES), f"no test plants a mistake diagnosed {limit.code}"
 
 
 def test_the_instructors_guide_lists_every_exercise_and_code():
@@ -42,5 +48,5 @@ def test_the_instructors_guide_lists_every_exercise_and_code():
         assert exercise.exercise_id in guide
         for code in exercise.diagnoses:
             assert code in guide, f"INSTRUCTORS.md does not mention {code}"
-    for code in ENGINE_CODES:
-        assert code in guide
+    for code in ENGINE_CODES | LIMIT_CODES:
+        assert code in guide, f"INSTRUCTORS.md does not mention {code}"

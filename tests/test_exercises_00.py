@@ -81,7 +81,7 @@ def test_the_solution_passes(capsys):
 
 
 @pytest.mark.parametrize("answer, diagnosis, says", [
-    (no_bounds_guard, "out_of_bounds", "Guard the index"),
+    (no_bounds_guard, "out_of_bounds", "out-of-bounds "),
     (forgets_alpha, "wrong_values", "entries differ"),
     (skips_the_last_element, "wrong_values", "never written"),
     (only_the_first_block, "race", "blocks never wait for each other"),     # every block writes the same elements: an inter-block race
@@ -154,7 +154,7 @@ def no_guard(a, out):
     ((transpose_kernel, one_block_too_many), "grid_too_large", "with whole blocks that have nothing to do"),
     ((row_from_x, transpose_grid), "row_is_x", "at a of shape (19, 7) (19 rows, 7 columns)"),
     ((copies, transpose_grid), "not_transposed", "at a of shape (7, 7)"),
-    ((no_guard, transpose_grid), "out_of_bounds", "Guard the index"),
+    ((no_guard, transpose_grid), "out_of_bounds", "out-of-bounds "),
     ((transpose_kernel, basics.grid_2d), "calls_given_code", "grid_2d"),
     ((basics.transpose_kernel, transpose_grid), "calls_given_code", "transpose_kernel"),
 ])

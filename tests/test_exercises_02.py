@@ -71,7 +71,7 @@ def test_02_the_library_kernel_is_the_warm_up_solution():
     ("q_and_k_swapped", "transposed", "q and k are swapped"),
     ("k_as_kt", "transposed", "Q K, not Q K^T"),
     ("axes_swapped", "grid_axes_swapped", "taken from the grid's x axis"),
-    ("no_guard", "out_of_bounds", "Guard the index"),
+    ("no_guard", "out_of_bounds", "out-of-bounds "),
     ("only_head_zero", "race", "blocks never wait for each other"),     # every block writes the same elements: an inter-block race
 ])
 def test_02_scaled_scores(mistake, diagnosis, says):

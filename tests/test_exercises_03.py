@@ -139,7 +139,7 @@ def fused(mistake=None):
     ("first_row", "skips_visible_tile", "T_q = 9, T_k = 33"),
     ("tile_no_offset", "skips_visible_tile", "its last query against its first key"),
     ("skip_unwritten", "skipped_tile_not_written", "still owes each of its scores a -inf"),
-    ("no_guard", "out_of_bounds", "Guard the index"),
+    ("no_guard", "out_of_bounds", "out-of-bounds "),
     ("no_diagonal_mask", "diagonal_tile_unmasked", "written unmasked"),
     ("diagonal_too", "mask_includes_diagonal", "the diagonal is masked too"),
     ("score_no_offset", "mask_ignores_offset", "T_q = 9, T_k = 33"),

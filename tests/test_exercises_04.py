@@ -159,7 +159,7 @@ def test_the_row_softmax_solution_passes():
     (without_the_max_float32, "unstable_softmax", "NaN or inf weights"),
     (shifted_by_the_first_score, "unstable_softmax", "no other score of the row will do"),
     (along_the_columns, "softmax_wrong_axis", "each column sums to 1"),
-    (without_the_guard, "out_of_bounds", "Guard the index"),
+    (without_the_guard, "out_of_bounds", "out-of-bounds "),
     (nan_on_fully_masked_rows, "fully_masked_row", "row 3 has every score -inf"),
     (not_normalised, "wrong_values", "entries differ"),
     (skips_the_last_row, "wrong_values", "never written"),

@@ -95,7 +95,7 @@ def test_the_weighted_sum_solution_passes():
 @pytest.mark.parametrize("answer, diagnosis, says", [
     (weighted_sum_rows_from_x, "grid_axes_swapped", "the grid's x runs along the output's columns"),
     (weighted_sum_columns_of_a, "weights_transposed", "read column i of the weights"),
-    (weighted_sum_without_guard, "out_of_bounds", "Guard the index"),
+    (weighted_sum_without_guard, "out_of_bounds", "out-of-bounds "),
     (weighted_sum_head_0, "race", "blocks never wait for each other"),     # every block writes the same elements: an inter-block race
     (weighted_sum_by_tile_matmul, "calls_given_code", "tile_matmul"),
     (weighted_sum_stub, "not_implemented", "Hint"),
@@ -188,7 +188,7 @@ def test_the_causal_av_solution_passes(answer):
     (causal_av(stop="own query"), "divergent_barrier", "hangs the block"),
     (causal_av(barriers=(False, True)), "race", "a_tile"),
     (causal_av(barriers=(True, False)), "race", "_tile"),
-    (causal_av(guard_loads=False), "out_of_bounds", "Guard the index"),
+    (causal_av(guard_loads=False), "out_of_bounds", "out-of-bounds "),
     (weighted_sum_by_tile_matmul, "calls_given_code", "tile_matmul"),
     (causal_av_stub, "not_implemented", "Hint"),
 ])

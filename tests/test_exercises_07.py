@@ -151,9 +151,9 @@ def test_the_planted_answer_without_a_mistake_passes():
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")          # a planted mistake's NaN and overflows
 @pytest.mark.parametrize("mistake, diagnosis, says", [
     ("no_first_barrier", "race", "k_tile"),
-    ("no_second_barrier", "race", "A missing cuda.syncthreads()"),
+    ("no_second_barrier", "race", "no barrier (cuda.syncthreads())"),
     ("barrier_in_branch", "divergent_barrier", "On a GPU that hangs the block"),
-    ("stages_whole_tile", "out_of_bounds", "Guard the index"),
+    ("stages_whole_tile", "out_of_bounds", "out-of-bounds "),
     ("no_rescale", "online_softmax_no_rescale", "neither l nor acc was rescaled"),
     ("l_only", "rescale_l_only", "acc was not"),
     ("acc_only", "rescale_o_only", "l was not"),

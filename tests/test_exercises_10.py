@@ -166,7 +166,7 @@ def test_the_registers_solution_passes():
     ("rows_one_loop_changed", "still_local_memory", "bytes of stack frame"),
     ("rows_in_float64", "float64_arithmetic", "no float32 multiply-add (FFMA)"),
     ("rows_half_loaded", "wrong_values", "at T_q = 1, T_k = 1, D = 64: 1 of 1 entries differ"),
-    ("rows_unguarded", "out_of_bounds", "Guard the index"),
+    ("rows_unguarded", "out_of_bounds", "out-of-bounds "),
     ("rows_not_written", "not_implemented", "not implemented yet"),
 ])
 def test_planted_mistakes_of_the_registers_exercise_get_their_diagnosis(name, diagnosis, says):

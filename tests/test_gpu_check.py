@@ -78,6 +78,10 @@ def _run(arguments, env, **kwargs):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
 
 
+# Seconds the two steps that outlast their budgets get (see `runs`).
+STOP_BUDGET = 30
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Two runs of gpu_check.sh --simulate, side by side (one mostly waits on its budgets):
@@ -91,13 +95,17 @@ def runs(tmp_path_factory):
     whole_notebook = _notebook(scratch / "ok_banner.ipynb", "import attention_lib\nprint(attention_lib.banner())",
                                "import sys, gpu_check_probe\nprint(sys.executable)\nprint(gpu_check_probe.WHERE)")
     slow_tests = scratch / "test_outlasts_its_budget.py"
-    slow_tests.write_text("import time\n\ndef test_quick():\n    pass\n\ndef test_slow():\n    time.sleep(120)\n")
+    slow_tests.write_text("import time\n\ndef test_quick():\n    pass\n\ndef test_slow():\n    time.sleep(600)\n")
     stopped_notebooks = [_notebook(scratch / "raises_error.ipynb", "print('before')", "raise ValueError('planted')"),
-                         _notebook(scratch / "sleeps_long.ipynb", "print('first')", "import time\ntime.sleep(120)"),
+                         _notebook(scratch / "sleeps_long.ipynb", "print('first')", "import time\ntime.sleep(600)"),
                          _notebook(scratch / "after_both.ipynb", "print(6 * 7)")]
+    # The two budgets that run out are far above what reaching the sleep takes (pytest collecting and
+    # running test_quick, a kernel running the first cell: a few seconds, some ten on a machine busy
+    # with other work), so the stop always finds them there: the verdict does not depend on the load.
+    # The "whole" run beside this one takes about as long.
     stopped = _run(["--simulate", "--out", str(scratch / "stopped"),
                     "--only", "unit-tests,notebook-raises,notebook-sleeps,notebook-after",
-                    "--budget", "unit-tests=8", "--budget", "notebook-sleeps=10"],
+                    "--budget", f"unit-tests={STOP_BUDGET}", "--budget", f"notebook-sleeps={STOP_BUDGET}"],
                    # pytest's exit after SIGINT (its report written) took over the 5 s grace on a loaded
                    # 2-core machine: the test gives it 30, for the exit status to be the budget's.
                    _environment(GPU_CHECK_TESTS=str(slow_tests), GPU_CHECK_GRACE="30",
@@ -191,7 +199,7 @@ def test_a_step_out_of_time_still_writes_its_report_and_the_next_steps_run(runs)
     assert steps["notebook-after"]["ok"] is True                 # run after a failure and a stop
     after = nbformat.read(folder / "notebooks" / "after_both.ipynb", as_version=4)
     assert after.cells[0].outputs[0]["text"] == "42\n"
-    assert re.search(r"^unit-tests\s+\d+s of\s+8s  out of time", output, re.M)
+    assert re.search(rf"^unit-tests\s+\d+s of\s+{STOP_BUDGET}s  out of time", output, re.M)
 
 
 # --- What it plans: --dry-run, the interpreter, make gpu-check ------------------------------

@@ -157,14 +157,14 @@ def test_the_metadata_comes_from_the_markers_and_a_bare_check_keeps_its_verdict(
     notebook = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_markdown_cell("An exercise."),
         nbformat.v4.new_code_cell("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION"),
-        nbformat.v4.new_code_cell('# NBVAL_CHECK_OUTPUT\ncheck("99_demo", f)')])
+        nbformat.v4.new_code_cell('check("99_demo", f)', metadata={"tags": ["nbval-check-output"]})])
     source = student_copies.source_notebook(notebook, "99_demo.ipynb")
     answer, test = source.cells[1], source.cells[2]
     assert answer.metadata.nbgrader == {"grade": False, "solution": True, "locked": False, "task": False,
                                         "grade_id": "99_demo_answer", "schema_version": 3}
     assert test.metadata.nbgrader == {"grade": True, "solution": False, "locked": True, "task": False,
                                       "points": 1, "grade_id": "99_demo", "schema_version": 3}
-    assert test.source.startswith('# NBVAL_CHECK_OUTPUT\n_verdict = check("99_demo", f)\n')
+    assert test.source.startswith('_verdict = check("99_demo", f)\n')
     assert 'if not _verdict.passed:\n    print(f"99_demo: 0 of 1 point, verdict {_verdict.diagnosis}", ' \
            "file=sys.stderr)" in test.source
     assert "nbgrader" not in notebook.cells[1].metadata, "the notebook itself was changed"

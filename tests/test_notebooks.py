@@ -53,7 +53,8 @@ def test_every_exercise_has_a_solution_and_a_checked_check_cell(path):
     for i in solutions:
         assert "### END SOLUTION" in cells[i].source
         following = cells[i + 1].source
-        assert following.startswith("# NBVAL_CHECK_OUTPUT"), f"{path.name}: the check after cell {i} is not compared"
+        assert "nbval-check-output" in cells[i + 1].metadata.get("tags", []), \
+            f"{path.name}: the check after cell {i} is not compared"
         exercise_id = re.search(r'check\("(\w+)"', following).group(1)
         assert exercise_id in EXERCISES
         assert exercise_id.startswith(path.name[:2])
@@ -68,5 +69,5 @@ def test_committed_executed_in_order_without_errors(path):
     assert not errors, f"{path.name} has error outputs"
     # A verdict is printed (a stream) outside a kernel and displayed (text/plain beside HTML) inside one.
     verdicts = ["".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in c.outputs)
-                for c in cells if "# NBVAL_CHECK_OUTPUT" in c.source]
+                for c in cells if "nbval-check-output" in c.metadata.get("tags", [])]
     assert (verdicts or path.name[2] == "x") and all(v.startswith("✔") for v in verdicts)

@@ -1,6 +1,6 @@
 """A figure a notebook's text quotes from an output is the figure the output shows.
 
-notebooks/quoted_figures.yml lists, per notebook, each number its markdown quotes from a code
+notebooks/quoted_figures/<notebook>.yml lists, for its notebook, each number its markdown quotes from a code
 cell's output (its own, or another notebook's: `from`): a regex for the phrase in the markdown and
 one for the line in the output, each with one group around the number, and a relative tolerance
 for a rounded quote (0: equal once both are read as numbers). nbval compares every output with a
@@ -16,7 +16,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-TABLE = NOTEBOOKS / "quoted_figures.yml"
+TABLES = NOTEBOOKS / "quoted_figures"
 SUPERSCRIPTS = str.maketrans("⁻⁰¹²³⁴⁵⁶⁷⁸⁹", "-0123456789")
 
 
@@ -54,13 +54,14 @@ def mismatches(entry, markdown, outputs):
 
 
 def table():
-    return yaml.safe_load(TABLE.read_text()) or {}
+    """{notebook file name: [entries]} from one YAML file per notebook."""
+    return {f"{path.stem}.ipynb": yaml.safe_load(path.read_text()) or [] for path in sorted(TABLES.glob("*.yml"))}
 
 
 def test_every_notebook_of_the_table_exists_and_every_entry_is_complete():
     names = {p.name for p in NOTEBOOKS.glob("*.ipynb")}
     for name, entries in table().items():
-        assert name in names, f"quoted_figures.yml names {name}, which is not a notebook"
+        assert name in names, f"quoted_figures/{name[:-6]}.yml is named after no notebook"
         for entry in entries:
             assert {"text", "output"} <= set(entry) <= {"text", "output", "tolerance", "from"}, entry
             assert entry.get("from", name) in names, entry

@@ -57,7 +57,7 @@ def test_student_copy_runs_and_reports_not_implemented(source):
     # A cell's text may arrive as several outputs (streams, the verdict displayed as text/plain beside
     # its HTML, the graded line on stderr); one check cell is one verdict.
     verdicts = ["".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in c.outputs)
-                for c in code if "# NBVAL_CHECK_OUTPUT" in c.source]
+                for c in code if "nbval-check-output" in c.metadata.get("tags", [])]
     assert len(verdicts) == len(stubs)
     assert all("[not_implemented]" in v and "Hint:" in v for v in verdicts), verdicts
 
@@ -95,7 +95,7 @@ def test_a_copy_runs_the_cells_its_exercises_need_and_no_other():
                "def tile(a):\n    return a * SCALE",                            # 4: reads SCALE when called
                "SCALE = 3",                                                     # 5: after tile, before its call
                "def answer(a):\n    ### BEGIN SOLUTION\n    return tile(x)\n    ### END SOLUTION",
-               "# NBVAL_CHECK_OUTPUT\ncheck('id', answer)",
+               "check('id', answer)",
                "print(slow)",                                                   # 8: after the check
                "x = None"]                                                      # 9: too late for 6
     needed, answer_uses = cell_slices.plan(sources)
@@ -106,7 +106,7 @@ def test_a_copy_runs_the_cells_its_exercises_need_and_no_other():
 def test_a_cell_that_reads_the_students_answer_is_named():
     sources = ["import numpy as np",
                "def answer(a):\n    ### BEGIN SOLUTION\n    return a\n    ### END SOLUTION",
-               "# NBVAL_CHECK_OUTPUT\ncheck('id', answer)",
+               "check('id', answer)",
                "total = answer(np.ones(2)).sum()",
                "def later(a):\n    return answer(a)",
                "answer = np.sum",

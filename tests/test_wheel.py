@@ -82,6 +82,10 @@ def _fresh_venv(path):
             if "attention_lib" in pth.name or "attention_lib" in text or str(ROOT) in text:
                 continue                         # the editable install of the checkout: left out
             shutil.copy2(pth, own / pth.name)
+        if (directory / "nvidia").is_dir() and not (own / "nvidia").exists():
+            # NVIDIA's compiler wheels: CUDA's library finder looks in the environment's own
+            # site-packages only (site.getsitepackages), so the GPU compile check needs them there.
+            (own / "nvidia").symlink_to(directory / "nvidia")
     return python, own
 
 

@@ -1,54 +1,73 @@
 """The checking engine: run a student's answer against the reference and say, in a line, what is wrong.
 
-``check(exercise_id, answer)`` tries the answer (a ``@cuda.jit`` kernel with the library
-kernel's signature, or a NumPy function, as the exercise says) on random data at several
-sizes, awkward ones included (1, 7, sizes that leave the last block partly used), shows a
-short verdict (displayed in colour in a Jupyter kernel, printed elsewhere) and returns a
-``CheckResult`` with ``passed``, ``diagnosis`` and ``message``.
+``check(exercise_id, answer)`` judges the answer (a ``@cuda.jit`` kernel with the library kernel's
+signature, a device function, or a NumPy function, as the exercise says) in one pipeline, and shows
+a one-line verdict (in colour in a Jupyter kernel, printed elsewhere) and returns a ``CheckResult``
+with ``passed``, ``diagnosis`` and ``message``:
 
-Diagnosis codes:
-- ``ok``: right at every size tried;
+1. before it runs, from its code: a stub, not a kernel, or code that uses the library's own
+   solution (``given_code``);
+2. every case, on random data from a fixed seed, at the sizes the exercise makes from its tile
+   constants (``cases``), in each configuration it runs: the simulator's launch sizes and
+   constants, and a GPU's (``shapes``), each kernel launch traced by the sanitizer: races,
+   barriers, out-of-bounds indices, wrong values, then the exercise's limits (``limits``);
+3. once every case is right, what the GPU compiler makes of the answer, compiled for sm_90 with
+   the argument types of its launches (``session``, ``measure.compiler``): code no GPU runs,
+   float64 arithmetic, a compiled limit (local memory);
+4. the whole check within a budget of CPU time (``budget``): a loop that never ends is stopped.
+
+Diagnosis codes of the engine:
+- ``ok``: right at every size tried, within every limit, compiled for a GPU;
 - ``not_implemented``: the answer still raises NotImplementedError (or is None);
 - ``not_a_kernel``: a kernel was expected (decorate it with ``@cuda.jit``);
-- ``out_of_bounds``: a thread read or wrote past the end of an array (a missing bounds guard);
+- ``calls_given_code``: the answer uses the library's own code for what the exercise asks to
+  write (its solution, or code listed as ``forbidden``), or reaches objects by a computed name;
+- ``out_of_bounds``: a thread read or wrote past the end of an array (the sanitizer names the
+  thread, the array, the index, the shape and the line);
 - ``race``: two threads touched the same element with no barrier between them (found by the
   sanitizer's race finder, whatever order the threads happened to run in);
-- ``divergent_barrier``: a ``cuda.syncthreads()`` that not every thread of the block reaches
-  (threads at different barriers, or some returned while others wait), or a warp primitive
-  whose mask names a lane that never reaches it: undefined on a GPU, reported by the simulator;
+- ``divergent_barrier``: a ``cuda.syncthreads()`` that not every thread of the block reaches, or
+  a warp primitive whose mask names a lane that never reaches it: undefined on a GPU;
+- ``stale_tile``: wrong values, and a thread read a shared slot no thread of its block had written
+  (the simulator hands a block shared memory full of NaN, as a GPU hands it garbage);
 - ``raised_error``: the answer raised something else (its one-line error is shown);
-- ``wrong_shape``: the result has the wrong shape;
-- ``wrong_values``: the values differ from the reference (the first differing entry is shown);
-  entries that the answer never wrote are reported as such;
-- ``calls_given_code``: the answer uses the library's own code for what the exercise asks to
-  write (its solution, or code listed as ``forbidden``), read from the answer's code before it runs.
+- ``wrong_shape``, ``wrong_values``: the result's shape, or values, differ from the reference;
+  the message says where the wrong entries lie, and which were never written;
+- ``timeout``: the check ran out of its CPU budget (a loop that never ends);
+- ``not_gpu_code``: the simulator ran it, but a GPU's compiler refuses it (its message shown);
+- ``float64_arithmetic``: the compiled kernel computes in float64 (a plain Python float).
 An exercise names its own typical mistakes beyond these (``transposed``, ``no_reuse``, ...):
-its ``diagnose`` compares wrong values with the usual wrong formulas, and its ``run`` may raise
-``Diagnosed(code, message)`` for what values cannot show (reads counted, tiles skipped).
+its ``diagnose`` compares wrong values with the usual wrong formulas, its ``limits`` measure what
+values cannot show (reads counted, coalescing, local memory), and its ``run`` may raise
+``Diagnosed(code, message)`` for the rest.
 
-Hints come in levels: ``hint(exercise_id)`` names the idea, ``hint(exercise_id, 2)`` the step
-where students usually go wrong. No hint gives a line of the solution.
+Hints come in levels: ``hint(exercise_id)`` names the idea, ``hint(exercise_id, 2)`` the plan.
+No hint gives a line of the solution. ``reveal(exercise_id)`` prints the library's version once the
+check has passed in this process (``give_up=True`` shows it anyway).
 
 Each exercise is defined in a module ``checks/exNN_<topic>.py`` beside this one and registered
 in ``EXERCISES`` under its id, such as ``"00_scale_add"``. Its ``run`` launches the answer with
-the launch function the judge hands it (``plain_launch``, or ``race_finding_launch`` on the cases
-that are race-checked): no module state is switched. Every output a kernel must write comes
-from ``output_array`` (or ``host_output`` for a launch on NumPy arrays), prefilled with
-``UNWRITTEN``; the judge reports entries still holding it as never written.
+the launch function the judge hands it (``plain_launch``, or ``race_finding_launch``, which traces):
+every launch goes through them, so the judge can trace it and compile it. Every output a kernel
+must write comes from ``output_array`` (or ``host_output`` for a launch on NumPy arrays),
+prefilled with ``UNWRITTEN``; the judge reports entries still holding it as never written.
 """
 
 import html
-import dis
 import inspect
 import re
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 from numba import cuda
 
-from attention_lib.platform import runtime
+from attention_lib.checks import answer_code, budget, given_code, record, session, shapes
 from attention_lib.measure import sanitizer
+from attention_lib.measure.trace import Traced
+from attention_lib.platform import runtime
+from attention_lib.platform.where import describe_file
 
 
 SEED = 2024
@@ -63,13 +82,12 @@ class CheckResult:
     diagnosis: str
     message: str
 
+    def __post_init__(self):
+        self._just_shown = False
+
     def __str__(self):
         mark = "✔" if self.passed else "✘"
         return f"{mark} {self.exercise_id} [{self.diagnosis}]: {self.message}"
-
-    def _repr_pretty_(self, printer, cycle):
-        """IPython's text/plain: the verdict line, exactly as print shows it."""
-        printer.text(str(self))
 
     def _repr_html_(self):
         """The verdict for front ends that render HTML (JupyterLab): the mark, id and diagnosis in
@@ -79,6 +97,21 @@ class CheckResult:
         return (f'<div class="attention-lib-verdict"><span style="color: {colour}; font-weight: bold">{head}</span>: '
                 f'{html.escape(self.message)}</div>')
 
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        """The verdict as a front end gets it: the plain line, the coloured HTML, and the record the
+        grader reads (checks.record)."""
+        return {"text/plain": str(self), "text/html": self._repr_html_(),
+                record.MIME: record.record(self.exercise_id, self.diagnosis, self.passed)}
+
+    def _ipython_display_(self):
+        """IPython's display of the verdict, once: check() shows it as it returns it, so a check cell
+        whose last line is check(...) shows it once, not twice."""
+        if self._just_shown:
+            self._just_shown = False
+            return
+        from IPython.display import display
+        display(self._repr_mimebundle_(), raw=True)
+
 
 def _show(result):
     """Display a verdict in a Jupyter kernel (text/plain and coloured HTML, so a front end picks
@@ -86,8 +119,13 @@ def _show(result):
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     if getattr(shell, "kernel", None) is not None:
-        from IPython.display import display
-        display(result)
+        result._ipython_display_()
+        result._just_shown = True            # the cell's own display of the returned value is skipped,
+
+        def forget(*_):                      # and only that one: shown again when asked in a later cell
+            result._just_shown = False
+            shell.events.unregister("post_run_cell", forget)
+        shell.events.register("post_run_cell", forget)
     else:
         print(result)
 
@@ -142,6 +180,26 @@ class Exercise:
     # launcher, a helper doing the work): an answer that calls any of it, or the solution itself,
     # is refused with ``calls_given_code``.
     forbidden: tuple = ()
+    # Whether the answer is code a GPU runs (compiled for one by the check); by default a kernel's
+    # or a device function's is, a NumPy function's is not.
+    gpu_code: bool = None
+    # Whether the cases also run with a GPU's launch sizes and constants (shapes.SHAPE_CONSTANTS of
+    # the stages) besides the simulator's: for an exercise whose launch depends on them.
+    both_shapes: bool = False
+    # The limits the kernel must meet besides right values (limits.MostLoads, ...), measured once a
+    # case's values are right, in this order; the first broken is the verdict.
+    limits: tuple = ()
+    # CPU seconds the whole check may take before it is stopped as a loop that never ends.
+    seconds: float = budget.DEFAULT_SECONDS
+
+    def __post_init__(self):
+        if self.gpu_code is None:
+            self.gpu_code = "kernel" in self.kind or "device" in self.kind
+
+    def cases_for(self, configuration):
+        """The cases tried in a configuration (shapes.SIMULATOR or shapes.GPU): `cases`, or what
+        it returns for the configuration when it is a function (sizes around its tiles)."""
+        return list(self.cases(configuration)) if callable(self.cases) else list(self.cases)
 
     @property
     def given_code(self) -> tuple:
@@ -174,8 +232,20 @@ class RaceFound(Exception):
         if getattr(race, "block_a", None) is not None and race.block_a != race.block_b:
             return ("Two blocks touch one element of global memory, and blocks never wait for each other: no "
                     "barrier orders them. Give each block its own elements to write (or combine with atomics).")
-        return ("A missing cuda.syncthreads()? Every thread must finish writing shared memory before any reads "
-                "it, and finish reading before it is overwritten.")
+        if race.space == sanitizer.GLOBAL:
+            return ("Two threads of one block touch one element of global memory: a barrier would order them, "
+                    "but one element needs one writer (and its readers after a barrier).")
+        return ("Threads of one block touch one slot of shared memory with no barrier (cuda.syncthreads()) between "
+                "them: every thread must finish writing a slot before any reads it, and finish reading before it is "
+                "overwritten.")
+
+
+def _launched(kernel, args):
+    """Report a launch to the check being judged (its first launch of a kernel is compiled)."""
+    judging = session.current()
+    if judging is not None:
+        judging.launched(kernel, args)
+    return judging
 
 
 def plain_launch(kernel, griddim, blockdim, *args):
@@ -183,72 +253,32 @@ def plain_launch(kernel, griddim, blockdim, *args):
 
     On the simulator every index is checked by the sanitizer, which names the thread, the array
     and the index in one line; on a GPU the kernel runs for real (outputs made with
-    output_array catch writes past the end there).
+    output_array catch writes past the end there), except in the other configuration of a
+    check (``shapes``), whose constants only a simulated launch sees.
     """
-    if runtime.ON_SIMULATOR:
+    judging = _launched(kernel, args)
+    if runtime.ON_SIMULATOR or (judging is not None and judging.simulate):
         sanitizer.run(kernel, griddim, blockdim, *args)
     else:
         kernel[griddim, blockdim](*args)
 
 
 def race_finding_launch(kernel, griddim, blockdim, *args):
-    """Launch a student's kernel under the sanitizer's race finder (on either backend); RaceFound
-    with the first race, in one line. Out-of-bounds indices raise IndexError, as in plain_launch."""
-    races = sanitizer.find_races(kernel, griddim, blockdim, *args)
-    if races:
-        raise RaceFound(races[0])
-
-
-class Traced:
-    """One launch on the simulator with every access recorded: its races, reads and warp requests.
-
-    One traced run answers the three questions a tiled exercise asks (is there a race, how
-    often is each element read, how many memory segments does a warp's load touch), where
-    find_races, count_memory and a third run would each launch the kernel again.
-    """
-
-    def __init__(self, kernel, griddim, blockdim, *args):
-        self.launch = sanitizer._launch(kernel, griddim, blockdim, args, sanitizer._TRACE)
-
-    def races(self):
-        """The races found, as sanitizer.Race objects (empty when none)."""
-        return sanitizer._races(self.launch)
-
-    def loads(self, name):
-        """Loads of each element of array `name`, an int array of its shape."""
-        target = self.launch.targets[name]
-        elements = [element for element, kind, *_ in target.trace if kind == sanitizer.LOAD]
-        size = int(np.prod(target.shape))
-        return np.bincount(np.asarray(elements, dtype=np.int64), minlength=size).reshape(target.shape)
-
-    def warp_segments(self, name, segment_bytes=128):
-        """Mean number of `segment_bytes` segments of array `name` that one warp's load touches.
-
-        The loads of one warp (32 consecutive threads, x fastest) from one source line in one
-        barrier interval are taken as one instruction; on a GPU each segment it touches is a
-        separate memory transaction. 32 float32 side by side: 1 segment; one per row: up to 32.
-        """
-        target = self.launch.targets[name]
-        requests = {}
-        for element, kind, (block, thread), interval, site, _ in target.trace:
-            if kind == sanitizer.LOAD:
-                warp = self.launch.global_id(block, thread) // 32
-                requests.setdefault((warp, interval, site), set()).add(
-                    element * target.dtype.itemsize // segment_bytes)
-        return float(np.mean([len(s) for s in requests.values()])) if requests else 0.0
-
-
-def traced_launch(kernel, griddim, blockdim, *args):
-    """Run a student's kernel once on the simulator, recording every access; RaceFound on a race.
-
-    args: NumPy arrays (outputs are written in place) and scalars. An out-of-bounds index
-    raises the sanitizer's IndexError, as in launch().
-    """
+    """Launch a student's kernel once on the simulator (on either backend), every access traced;
+    RaceFound with the first race, in one line. Out-of-bounds indices raise IndexError, as in
+    plain_launch. Returns the Traced launch, which the judge also keeps for the case's limits."""
+    judging = _launched(kernel, args)
     traced = Traced(kernel, griddim, blockdim, *args)
+    if judging is not None:
+        judging.traces.append(traced)
     races = traced.races()
     if races:
         raise RaceFound(races[0])
     return traced
+
+
+# An exercise's run that needs the trace itself (its counts, its tile slots) calls this name.
+traced_launch = race_finding_launch
 
 
 # The convention for an output the kernel must write: output_array prefills it, and its guard zone,
@@ -343,74 +373,6 @@ def _without_thread_prefix(error):
     return re.sub(r"^tid=\[[^]]*\] ctaid=\[[^]]*\]: ", "", str(error).strip())
 
 
-def _function(obj):
-    """The Python function behind a kernel, device function or plain function (None otherwise)."""
-    function = getattr(obj, "py_func", obj)
-    return function if callable(function) and hasattr(function, "__code__") else None
-
-
-def _given_code_used(answer, given):
-    """The first of `given` (library objects) that the answer uses, through any function it calls
-    or any module attribute it names; None when it uses none of them."""
-    given_functions = {id(_function(o)): o for o in given if _function(o) is not None}
-    given_objects = {id(o): o for o in given}
-    seen = set()
-
-    def visit(obj):
-        function = _function(obj)
-        if function is None or id(function) in seen:
-            return None
-        seen.add(id(function))
-        values = list(_names_used(function))
-        values += [cell.cell_contents for cell in function.__closure__ or () if _has_contents(cell)]
-        for value in values:
-            hit = given_objects.get(id(value)) or given_functions.get(id(_function(value)))
-            if hit is not None:
-                return hit
-            module = getattr(_function(value), "__module__", None) or ""
-            if _function(value) is not None and not module.startswith(("numba", "numpy")):
-                found = visit(value)                          # what it calls, in turn
-                if found is not None:
-                    return found
-        return None
-
-    for part in answer if isinstance(answer, tuple) else (answer,):
-        if given_objects.get(id(part)) or given_functions.get(id(_function(part))):
-            return given_objects.get(id(part)) or given_functions.get(id(_function(part)))
-        found = visit(part)
-        if found is not None:
-            return found
-    return None
-
-
-def _names_used(function):
-    """The objects a function's code reads: its globals, and the attributes it reads of a module
-    among them (``softmax.block_reduce``), nested functions and lambdas included."""
-    codes = [function.__code__]
-    codes += [c for c in function.__code__.co_consts if hasattr(c, "co_code")]
-    for code in codes:
-        last = None                                           # the value the previous load put on the stack
-        for instruction in dis.get_instructions(code):
-            name = instruction.argval if isinstance(instruction.argval, str) else None
-            if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME") and name in function.__globals__:
-                last = function.__globals__[name]
-                yield last
-            elif instruction.opname in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(last, type(sys)):
-                last = getattr(last, name, None)
-                if last is not None:
-                    yield last
-            else:
-                last = None
-
-
-def _has_contents(cell):
-    try:
-        cell.cell_contents
-    except ValueError:                                        # an empty closure cell
-        return False
-    return True
-
-
 def _one_line(error):
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"
@@ -423,63 +385,199 @@ def _first_difference(got, expected, rtol, atol):
     return index, got[where], expected[where], int(bad.sum())
 
 
+def _where_in(mask):
+    """Where the True entries of a bool array lie, in words: 'all of them', 'rows 16-31',
+    'rows 0-7, columns 16-20' (the last two axes; leading ones when they are the only ones)."""
+    if mask.all():
+        return "everywhere"
+    if mask.ndim == 0:
+        return "at the one entry"
+    ranges = []
+    names = ["rows", "columns"] if mask.ndim >= 2 else ["entries"]
+    for name, axis in zip(names, range(mask.ndim - len(names), mask.ndim)):
+        others = tuple(a for a in range(mask.ndim) if a != axis)
+        hit = np.flatnonzero(mask.any(axis=others))
+        if hit.size and hit.size < mask.shape[axis]:
+            ranges.append(f"{name} {hit[0]}" if hit[0] == hit[-1] else f"{name} {hit[0]}-{hit[-1]}")
+    return ", ".join(ranges) if ranges else "spread over the whole output"
+
+
 def _first_hint(exercise):
     """The first hint, and where the next one is when there is one."""
     more = f" (more: hint({exercise.exercise_id!r}, 2))" if exercise.more_hints else ""
     return exercise.hint + more
 
 
-def _judge(exercise, answer):
-    """Run every case; return (diagnosis, message)."""
-    if answer is None:
-        return "not_implemented", f"not implemented yet. Hint: {_first_hint(exercise)}"
-    if _still_a_stub(answer):
+def _static_verdict(exercise, answer):
+    """A verdict read from the answer before anything runs: not written yet, not a kernel, or
+    reaching the given code; None when it may run."""
+    if answer is None or _still_a_stub(answer):
         return "not_implemented", f"not implemented yet. Hint: {_first_hint(exercise)}"
     if exercise.kind == "kernel" and not _is_kernel(answer):
         return "not_a_kernel", f"expected a @cuda.jit kernel, got {type(answer).__name__}; decorate it with @cuda.jit"
-    used = _given_code_used(answer, exercise.given_code)
+    used, how = given_code.given_code_used(answer, exercise.given_code)
     if used is not None:
-        name = getattr(_function(used), "__qualname__", repr(used))
-        return "calls_given_code", (f"the answer uses the library's {name} ({getattr(_function(used), '__module__', '')}), "
-                                    "which already does what the exercise asks: write that part yourself")
-    rng = np.random.default_rng(SEED)
-    # A kernel is race-checked on every case: a missing barrier may only show once several threads
-    # share a tile, two blocks writing one element only once there are two blocks.
-    for case in exercise.cases:
-        where = exercise.describe_case(case)
-        try:
-            launch = race_finding_launch if "kernel" in exercise.kind else plain_launch
+        name = getattr(getattr(used, "py_func", used), "__qualname__", repr(used))
+        module = getattr(getattr(used, "py_func", used), "__module__", "")
+        return "calls_given_code", (f"the answer uses the library's {name} ({module}), which already does what "
+                                    "the exercise asks: write that part yourself")
+    if how:
+        return "calls_given_code", (f"the answer uses {how}, which can reach the library's own code without "
+                                    "naming it: a kernel needs none of it; name what you use")
+    return None
+
+
+def _error_verdict(error, where):
+    """(diagnosis, message) for what a case raised."""
+    if isinstance(error, NotImplementedError):
+        return "not_implemented", "not implemented yet"
+    if isinstance(error, Diagnosed):
+        return error.code, f"at {where}: {error.message}"
+    if isinstance(error, RaceFound):
+        return "race", f"at {where}: {error}. {error.advice()}"
+    if isinstance(error, IndexError):
+        return "out_of_bounds", f"at {where}: {str(error).splitlines()[0].rstrip(': ')}"
+    if _barrier_error(error):
+        return "divergent_barrier", f"at {where}: {_without_thread_prefix(error)}. {DIVERGENT_BARRIER}."
+    return "raised_error", f"at {where}: the answer raised {_one_line(error)}"
+
+
+def _values_verdict(exercise, where, got, expected, inputs, traces):
+    """(diagnosis, message) when the values are wrong, else None."""
+    got = np.asarray(got)
+    if got.shape != expected.shape:
+        return "wrong_shape", f"at {where}: the result has shape {got.shape}, expected {expected.shape}"
+    never = unwritten(got) & ~np.isnan(expected)
+    if never.any():
+        return "wrong_values", (f"at {where}: {int(never.sum())} of {got.size} entries were never written "
+                                f"(first at index {tuple(int(i) for i in np.argwhere(never)[0])}; "
+                                f"they lie {_where_in(never) if got.ndim else 'at the one entry'})")
+    if np.allclose(got, expected, rtol=exercise.rtol, atol=exercise.atol):
+        return None
+    garbage = next((read for read in (t.unwritten_read() for t in traces) if read is not None), None)
+    if garbage is not None:
+        return "stale_tile", (f"at {where}: {garbage}: on a GPU it holds whatever the memory held (the check "
+                              "fills it with NaN). Every slot that is read must be written first, a 0 where "
+                              "the element lies past an edge")
+    named = exercise.diagnose and exercise.diagnose(got, expected, *inputs)
+    if named:
+        return named[0], f"at {where}: {named[1]}"
+    index, value, want, count = _first_difference(got, expected, exercise.rtol, exercise.atol)
+    bad = ~np.isclose(got, expected, rtol=exercise.rtol, atol=exercise.atol)
+    return "wrong_values", (f"at {where}: {count} of {got.size} entries differ, "
+                            f"{_where_in(bad) if got.ndim else 'at the one entry'}; "
+                            f"first at [{index}]: got {value:.6g}, expected {want:.6g}")
+
+
+def _limits_verdict(exercise, where, case, traces, compiled=None, compiled_limits=False):
+    """(code, message) of the first declared limit the case broke, or None."""
+    for limit in exercise.limits:
+        if getattr(limit, "compiled_limit", False) != compiled_limits:
+            continue
+        message = limit.broken(traces, case, compiled)
+        if message:
+            return limit.code, f"at {where}: {message}" if where else message
+    return None
+
+
+def _run_case(exercise, answer, case, rng, where, judging):
+    """The verdict of one case, or None when it is right within every limit."""
+    judging.traces = []
+    launch = race_finding_launch if "kernel" in exercise.kind else plain_launch
+    try:
+        with warnings.catch_warnings():            # a wrong answer's overflow: the verdict says it once
+            warnings.simplefilter("ignore")
             got, expected, *inputs = exercise.run(answer, case, rng, launch)
-        except NotImplementedError:
-            return "not_implemented", f"not implemented yet. Hint: {_first_hint(exercise)}"
-        except Diagnosed as named:
-            return named.code, f"at {where}: {named.message}"
-        except RaceFound as race:
-            return "race", f"at {where}: {race}. {race.advice()}"
-        except IndexError as error:
-            return "out_of_bounds", (f"at {where}: {str(error).splitlines()[0].rstrip(': ')}. "
-                                     "Guard the index: threads of the last block may have no element.")
-        except Exception as error:  # the student's code may raise anything; report it in one line
-            if _barrier_error(error):
-                return "divergent_barrier", f"at {where}: {_without_thread_prefix(error)}. {DIVERGENT_BARRIER}."
-            return "raised_error", f"at {where}: the answer raised {_one_line(error)}"
-        got = np.asarray(got)
-        if got.shape != expected.shape:
-            return "wrong_shape", f"at {where}: the result has shape {got.shape}, expected {expected.shape}"
-        never = unwritten(got) & ~np.isnan(expected)
-        if never.any():
-            return "wrong_values", (f"at {where}: {int(never.sum())} of {got.size} entries were never written "
-                                    f"(first at index {tuple(int(i) for i in np.argwhere(never)[0])}). "
-                                    "Does every element get a thread?")
-        if not np.allclose(got, expected, rtol=exercise.rtol, atol=exercise.atol):
-            named = exercise.diagnose and exercise.diagnose(got, expected, *inputs)
-            if named:
-                return named[0], f"at {where}: {named[1]}"
-            index, value, want, count = _first_difference(got, expected, exercise.rtol, exercise.atol)
-            return "wrong_values", (f"at {where}: {count} of {got.size} entries differ; "
-                                    f"first at [{index}]: got {value:.6g}, expected {want:.6g}. Hint: {exercise.hint}")
-    sizes = ", ".join(str(case) for case in exercise.cases)
-    return "ok", f"correct at every size tried ({sizes}) on random data"
+    except Exception as error:  # the student's code may raise anything: each kind has its verdict
+        return _error_verdict(error, where)
+    return (_values_verdict(exercise, where, got, expected, inputs, judging.traces)
+            or _limits_verdict(exercise, where, case, judging.traces))
+
+
+def _run_cases(exercise, answer, judging):
+    """The first verdict a case gives, in every configuration the exercise runs, or None."""
+    for configuration in shapes.configurations(exercise):
+        judging.simulate = configuration != shapes.native()
+        suffix = f", with {shapes.describe(configuration)}" if judging.simulate else ""
+        rng = np.random.default_rng(SEED)
+        with shapes.configured(configuration, answer):
+            for case in exercise.cases_for(configuration):
+                judging.where = exercise.describe_case(case) + suffix
+                verdict = _run_case(exercise, answer, case, rng, judging.where, judging)
+                if verdict is not None:
+                    return verdict
+    return None
+
+
+_said_unavailable = []
+
+
+def _float64_message(instructions, answer):
+    """What float64 instructions in the PTX say, with the answer's Python floats (their likely cause)."""
+    lines = sorted({(f.filename, f.line) for f in instructions if f.line > 0}) or [(instructions[0].filename, 0)]
+    shown = ", ".join(str(line) for _, line in lines[:6]) + (", ..." if len(lines) > 6 else "")
+    at = f"lines {shown} of {describe_file(lines[0][0])}"
+    floats = answer_code.python_floats(answer)
+    causes = "; ".join(f"line {line}: {code}" for _, line, code in floats[:3])
+    suspects = f" Python floats, each a float64, at {causes}." if causes else ""
+    return (f"the compiled kernel computes in float64 ({len(instructions)} instructions, from {at}).{suspects} "
+            "A GPU computes float64 at a fraction of its float32 speed: make every number float32 "
+            "(np.float32(...))")
+
+
+def _compiled_verdict(exercise, answer, compiled):
+    """(code, message) from what the GPU compiler made of an answer whose cases are all right: code
+    that no GPU runs, float64 arithmetic, a compiled limit broken; ("note", ...) once in a process
+    where nothing can be compiled; None when the compiler has nothing to say."""
+    for result in compiled:
+        if isinstance(result, str):
+            return "not_gpu_code", f"the GPU compiler cannot be given this code: {result}"
+        if result.unavailable:
+            if not _said_unavailable:
+                _said_unavailable.append(result.unavailable)
+                return "note", f"(Not compiled for a GPU here: {result.unavailable}.)"
+            return None
+        if result.error:
+            return "not_gpu_code", (f"the simulator ran it, but a GPU's compiler refuses it: {result.error}. "
+                                    "The simulator runs any Python; a GPU kernel is limited to what Numba compiles")
+        if result.float64:
+            return "float64_arithmetic", _float64_message(result.float64, answer)
+    for result in compiled:
+        named = _limits_verdict(exercise, "", None, [], result, compiled_limits=True)
+        if named:
+            return named
+    return None
+
+
+def _judge(exercise, answer):
+    """The verdict on an answer, (diagnosis, message): what its code shows before it runs; else the
+    first case (in each configuration) that is wrong or breaks a limit, or runs out of time; else
+    what the GPU compiler makes of it; else ok."""
+    static = _static_verdict(exercise, answer)
+    if static is not None:
+        return static
+    with session.Session(gpu_code=exercise.gpu_code) as judging:
+        judging.where = "the start"
+        try:
+            with budget.limited(exercise.seconds):
+                verdict = _run_cases(exercise, answer, judging)
+        except budget.OutOfTime as stopped:
+            verdict = "timeout", (f"at {judging.where}: {stopped}, where a right answer takes a few seconds: "
+                                  "a loop that never ends? (its bound, or a step that never advances)")
+        if verdict is not None:
+            if verdict[0] == "not_implemented":
+                return "not_implemented", f"not implemented yet. Hint: {_first_hint(exercise)}"
+            return verdict
+        compiled = _compiled_verdict(exercise, answer, judging.compiled())
+    if compiled is not None and compiled[0] != "note":
+        return compiled
+    return "ok", _ok_message(exercise) + (f" {compiled[1]}" if compiled else "")
+
+
+def _ok_message(exercise):
+    sizes = ", ".join(str(case) for case in exercise.cases_for(shapes.native()))
+    launches = " with the simulator's launch sizes and a GPU's" if exercise.both_shapes else ""
+    return f"correct at every size tried ({sizes}) on random data{launches}"
 
 
 def _exercise(exercise_id):
@@ -496,15 +594,24 @@ def hint(exercise_id, level=1):
     print(f"{exercise_id}, hint {level} of {len(hints)}: {hints[level - 1]}")
 
 
-def reveal(exercise_id):
-    """Print the library's version of an exercise's solution, its source as the library has it
-    (run it after your check passes: a student copy shows it only here)."""
+# The exercises whose check passed in this process: reveal shows their library version.
+_passed = set()
+
+
+def reveal(exercise_id, give_up=False):
+    """Print the library's version of an exercise's solution, its source as the library has it,
+    once check(exercise_id, ...) has passed in this kernel, or when you give up (give_up=True);
+    otherwise one line says how to see it."""
     exercise = _exercise(exercise_id)
     parts = exercise.solution if isinstance(exercise.solution, tuple) else (exercise.solution,)
     if parts == (None,):
         raise ValueError(f"exercise_id {exercise_id!r} has no library version to reveal")
+    if exercise_id not in _passed and not give_up:
+        print(f"The library's version of {exercise_id} is shown once your check passes; to see it now, "
+              f"reveal({exercise_id!r}, give_up=True).")
+        return
     for part in parts:
-        function = _function(part)
+        function = getattr(part, "py_func", part)
         path = inspect.getsourcefile(function)
         where = path[path.rindex("attention_lib"):] if "attention_lib" in path else path
         print(f"# The library's version, from {where}")
@@ -519,6 +626,8 @@ def check(exercise_id, answer, verbose=True):
     exercise = _exercise(exercise_id)
     diagnosis, message = _judge(exercise, answer)
     result = CheckResult(exercise_id, diagnosis == "ok", diagnosis, message)
+    if result.passed:
+        _passed.add(exercise_id)
     if verbose:
         _show(result)
     return result

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attention_lib.platform import runtime
+from attention_lib.platform import runtime, where
 
 LOAD, STORE, ATOMIC = "read", "write", "atomic"
 GLOBAL, SHARED = "global", "shared"
@@ -85,8 +85,8 @@ def _kernel_frame():
 
 
 def _where(frame):
-    """'file:line' of a frame, the file shortened to its name."""
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    """Where a frame is, in words a student can find (``where.describe``)."""
+    return where.describe(frame.f_code.co_filename, frame.f_lineno)
 
 
 class _Target:
@@ -278,6 +278,7 @@ class _Launch:
         self.mode = mode
         self.targets = {}  # name -> _Target: global arguments first, then shared arrays
         self._shared = {}  # declaration (file, line) or dtype for dynamic -> _View
+        self._holder = {}  # the same key -> the block that declared it last (blocks run one by one)
         self.errors = []  # out-of-bounds errors raised in the simulator's threads
         self.device_copies = []  # (GPU device array, its host copy) to write back after the launch
         self.warp_events = {}  # (blockIdx, threadIdx) -> ids of the warp collectives it joined
@@ -312,6 +313,7 @@ class _Launch:
         array for every thread of a launch, per declaration line, wrapped for recording."""
         from numba.cuda import types
         from numba.cuda.np import numpy_support
+        from attention_lib.platform import simulator
 
         site = (caller.f_code.co_filename, caller.f_lineno)
         if isinstance(dtype, types.Type):
@@ -324,6 +326,10 @@ class _Launch:
             ary = original(fake_shared, 0, dtype) if shape == 0 else np.empty(shape, dtype)
             self.targets[name] = _Target(self, name, SHARED, ary)
             view = self._shared[key] = _wrap(ary, self.targets[name])
+        block = tuple(self.current_thread().blockIdx)
+        if self._holder.get(key) != block:  # a block's first declaration: garbage, as a GPU hands it over
+            simulator.poison(view._ary)
+            self._holder[key] = block
         return view
 
     def block_done(self, threads):
@@ -575,7 +581,8 @@ class Race:
 
     def __str__(self):
         def side(kind, block, thread, line):
-            return f"{kind} by block {block} thread {thread} at {os.path.basename(line)}"
+            filename, _, lineno = line.rpartition(":")
+            return f"{kind} by block {block} thread {thread} at {where.describe(filename, int(lineno))}"
 
         more = f" (and {self.elements - 1} more elements)" if self.elements > 1 else ""
         return (f"race on {self.space} '{self.array}'{list(self.index)}{more}: "

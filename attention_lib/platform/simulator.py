@@ -46,6 +46,8 @@ from contextlib import contextmanager
 import greenlet
 import numpy as np
 
+from attention_lib.platform import where
+
 WARP_SIZE = 32
 FULL_MASK = 0xFFFFFFFF
 # A kernel may take this much dynamic shared memory before its limit must be raised (a GPU's rule).
@@ -74,7 +76,7 @@ def _caller_site():
 
 
 def _where(site):
-    return f"{site[0].rsplit('/', 1)[-1]}:{site[1]}"
+    return where.describe(*site)
 
 
 def _threads(threads):
@@ -449,12 +451,34 @@ def _shared_array(self, shape, dtype, alignment=None):
     if shared_recorder is not None:
         return shared_recorder(self, _numba_shared_array, shape, dtype, caller)
     if shape == 0:                                # dynamic shared memory: numba-cuda's one buffer
+        if not self.__dict__.get("_poisoned"):    # numba-cuda zeroes it; a GPU does not
+            self._dynshared.fill(-1)              # bytes 0xFF: NaN as float32 or float64
+            self._poisoned = True
         return _numba_shared_array(self, shape, dtype)
     site = (caller.f_code.co_filename, caller.f_lineno)
     shared = self._allocations.get(site)
     if shared is None:
-        shared = self._allocations.setdefault(site, np.empty(shape, dtype))
+        shared = self._allocations.setdefault(site, garbage(shape, dtype))
     return shared
+
+
+def garbage(shape, dtype):
+    """A new shared array as a GPU hands one over: holding whatever was there, never zeros. Floats
+    are NaN, so a slot read before any thread wrote it spoils what it reaches (times 0 included);
+    integers hold the byte pattern 0xA5, bools True."""
+    array = np.empty(shape, dtype)
+    poison(array)
+    return array
+
+
+def poison(array):
+    """Fill `array` in place with garbage()'s values."""
+    if array.dtype.kind in "fc":
+        array.fill(np.nan)
+    elif array.dtype.kind == "b":
+        array.fill(True)
+    else:
+        array.view(np.uint8).fill(0xA5)
 
 
 def _numpy_dtype(dtype):

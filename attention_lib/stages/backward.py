@@ -51,9 +51,11 @@ MAX_D = flash.MAX_D
 # Fused kernels: keys per block of the dK/dV pass and queries per tile it walks (and the same two
 # the other way round in the dQ pass). Shared memory per block: 2 tiles of BLOCK x MAX_D float32,
 # 32 KiB at 32 on a GPU. On the simulator 16: fewer threads per block to simulate.
-BLOCK_GPU = 32
-BLOCK_Q = 16 if SIMULATOR_SHAPES else BLOCK_GPU
-BLOCK_K = 16 if SIMULATOR_SHAPES else BLOCK_GPU
+# (simulator, GPU): a check runs an answer at both (attention_lib.checks.shapes).
+SHAPE_CONSTANTS = {"BLOCK_Q": (16, 32), "BLOCK_K": (16, 32)}
+BLOCK_GPU = SHAPE_CONSTANTS["BLOCK_Q"][1]
+BLOCK_Q = SHAPE_CONSTANTS["BLOCK_Q"][0 if SIMULATOR_SHAPES else 1]
+BLOCK_K = SHAPE_CONSTANTS["BLOCK_K"][0 if SIMULATOR_SHAPES else 1]
 # Element-wise kernels: rows per block of the row sums, entries per block of the group sums.
 ROWS_PER_BLOCK = 32
 

@@ -63,8 +63,10 @@ ROWS_PER_BLOCK = 32
 # 48 KiB). On a GPU a block is one warp; K and V are re-read from main memory once per block of
 # queries, so a larger BLOCK_Q reads them less often. On the simulator 16 and 16: ANDREA-sim's
 # T = 32 is 2 x 2 tiles per head, and fewer threads per block start faster there.
-BLOCK_Q_GPU = 32
-BLOCK_Q = 16 if SIMULATOR_SHAPES else BLOCK_Q_GPU
+# (simulator, GPU): a check runs an answer at both (attention_lib.checks.shapes).
+SHAPE_CONSTANTS = {"BLOCK_Q": (16, 32)}
+BLOCK_Q_GPU = SHAPE_CONSTANTS["BLOCK_Q"][1]
+BLOCK_Q = SHAPE_CONSTANTS["BLOCK_Q"][0 if SIMULATOR_SHAPES else 1]
 BLOCK_K = 16
 # v2 under grouped-query attention: a block holds the same BLOCK_Q queries of up to this many
 # query heads that share a key/value head (threads along the block's y axis), so each K/V tile

@@ -37,16 +37,15 @@ from attention_lib.platform.runtime import SIMULATOR_SHAPES
 from attention_lib.platform.validation import as_float32, positive_int, require, require_finite_result, weight
 
 # Cached positions per chunk of the split-K kernel, and threads per block (one position each);
-# also the tile of positions kernel 1 stages at a time. On a GPU 32 (one warp): a chunk's keys
-# and values staged in shared memory, 2 x 32 x 129 float32, take 33,024 bytes (33,152 with the
-# chunk's 32 scores), and 64 positions would pass the 48 KB a block may hold statically.
-# ANDREA-120M's T = 1024 is 32 chunks per head, 12 kv heads x 32 = 384 blocks for one
-# sequence, 2.9 per SM of an H200's 132: 2 or 3 warps of an SM's 64 (3 to 5 % occupancy, from
-# the grid). A fixed chunk keeps the kernel simple; production split-decoding picks the number
-# of splits from batch x heads and the SM count. On the simulator 8: ANDREA-sim's T = 32 is 4
-# chunks, of fewer threads to simulate.
-KEYS_PER_CHUNK_GPU = 32
-KEYS_PER_CHUNK = 8 if SIMULATOR_SHAPES else KEYS_PER_CHUNK_GPU
+# also the tile of positions kernel 1 stages at a time: (simulator, GPU), a check runs answers at
+# both. On a GPU 32 (one warp): a chunk's keys and values staged in shared memory, 2 x 32 x 129
+# float32, take 33,024 bytes (33,152 with its 32 scores); 64 would pass the 48 KB a block may hold
+# statically. ANDREA-120M's T = 1024 is 32 chunks a head, 12 kv heads x 32 = 384 blocks a sequence,
+# 2.9 per SM of an H200's 132 (3 to 5 % occupancy, from the grid); production split-decoding picks
+# the splits from batch x heads and the SM count. On the simulator 8: fewer threads to simulate.
+SHAPE_CONSTANTS = {"KEYS_PER_CHUNK": (8, 32)}
+KEYS_PER_CHUNK_GPU = SHAPE_CONSTANTS["KEYS_PER_CHUNK"][1]
+KEYS_PER_CHUNK = SHAPE_CONSTANTS["KEYS_PER_CHUNK"][0 if SIMULATOR_SHAPES else 1]
 # Largest head width the kernels accept: q is staged in arrays of MAX_D float32, whose size
 # must be known when compiling (the same limit as flash.MAX_D).
 MAX_D = 128
@@ -54,7 +53,8 @@ MAX_D = 128
 # row is one float longer than MAX_D: when the threads of a warp read a column (thread t the
 # key of row t), 129-float rows put them in 32 different banks, 128-float rows all in one (from
 # the index arithmetic: bank = (t * row + e) mod 32).
-TILE_SHAPE = (KEYS_PER_CHUNK, MAX_D + 1)
+SHAPE_CONSTANTS["TILE_SHAPE"] = tuple((keys, MAX_D + 1) for keys in SHAPE_CONSTANTS["KEYS_PER_CHUNK"])
+TILE_SHAPE = SHAPE_CONSTANTS["TILE_SHAPE"][0 if SIMULATOR_SHAPES else 1]
 # CUDA's limit on the threads of a block: version 1's block is one kv head's group of query heads.
 MAX_THREADS_PER_BLOCK = 1024
 # The merge kernel: 16 output components x 4 heads per block, x along d_k.

@@ -40,7 +40,10 @@ ROWS_PER_BLOCK = 32
 # 32 blocks, half of them). On the simulator 32: each simulated thread costs time to start and
 # to wait at the 2 x (2 + log2 32) = 14 barriers of a row, and 32 threads already cover
 # ANDREA-sim's T = 32 with one score each.
-THREADS_PER_ROW = 32 if SIMULATOR_SHAPES else 128
+# The constants whose value differs between the simulator's launch and a GPU's: (simulator, GPU). A
+# check runs an answer at both (attention_lib.checks.shapes).
+SHAPE_CONSTANTS = {"THREADS_PER_ROW": (32, 128)}
+THREADS_PER_ROW = SHAPE_CONSTANTS["THREADS_PER_ROW"][0 if SIMULATOR_SHAPES else 1]
 # v3: one warp of 32 lanes per row, 4 rows (128 threads) a block. A warp's lanes meet at each
 # shuffle; rows are independent, so a block needs no barrier at all.
 WARP_SIZE = 32

@@ -1,0 +1,121 @@
+"""The limits an exercise's kernel must meet besides right values, each measured and named when broken.
+
+An exercise states its limits in its text and declares them in ``Exercise.limits``; once a case's
+values are right, the judge measures each on that case's traced launches (``measure.trace``) or on
+what the GPU compiler made of the answer (``measure.compiler``), and the first one broken is the
+verdict, with what was measured and the limit beside it:
+
+- ``MostLoads(array, most)``: every element of a global array read at most `most` times (reuse
+  through shared memory or registers); ``no_reuse``.
+- ``Coalesced(array, most)``: at every load site of the array, a warp's load touches at most `most`
+  128-byte segments on average (neighbouring threads, neighbouring addresses); ``uncoalesced``.
+- ``SharedLoadsPerThread(most)``: no thread reads shared memory more than `most` times (a tree
+  reduction reads about 2 log2(n) slots a thread, a serial loop in one thread about n);
+  ``serial_reduction``.
+- ``RefilledTiles()``: every step of a tiled loop writes every slot of its tiles that it reads
+  (``stale_tile``).
+- ``NoLocalMemory()``: ptxas reports a stack frame of 0 bytes (no local memory); ``local_memory``.
+
+`most` is a number or a function of the case (and of the configuration's constants, which are
+in place while it is called). ``float32`` arithmetic and compiling at all are not limits an
+exercise declares: the judge checks them for every answer that runs on a GPU.
+"""
+
+from dataclasses import dataclass
+from typing import Callable, Union
+
+from attention_lib.platform import where
+
+
+def _value(most, case):
+    return most(case) if callable(most) else most
+
+
+def _traces_with(traces, array):
+    return [t for t in traces if array in t.arrays()]
+
+
+@dataclass
+class MostLoads:
+    """Every element of global array `array` read at most `most` times."""
+
+    array: str
+    most: Union[int, Callable]
+    why: str = "copy it into shared memory (or a register) once and reuse it from there"
+    code: str = "no_reuse"
+
+    def broken(self, traces, case, compiled):
+        limit = _value(self.most, case)
+        reads = max((int(t.loads(self.array).max(initial=0)) for t in _traces_with(traces, self.array)), default=0)
+        if reads > limit:
+            return (f"the values are right, but an element of {self.array} was read up to {reads} times from "
+                    f"global memory, where the limit is {limit}: {self.why}")
+        return None
+
+
+@dataclass
+class Coalesced:
+    """A warp's load of `array` touches at most `most` 128-byte segments, at every load site."""
+
+    array: str
+    most: Union[float, Callable] = 2
+    code: str = "uncoalesced"
+
+    def broken(self, traces, case, compiled):
+        limit = _value(self.most, case)
+        for traced in _traces_with(traces, self.array):
+            segments, filename, line = traced.worst_warp_load(self.array)
+            if segments > limit:
+                return (f"the values are right, but a warp's load of {self.array} at "
+                        f"{where.describe_with_code(filename, line)} touched {segments:.1f} segments of 128 "
+                        f"bytes on average, where the limit is {limit:g}: neighbouring threads of a warp "
+                        "(consecutive threadIdx.x) should read neighbouring addresses")
+        return None
+
+
+@dataclass
+class SharedLoadsPerThread:
+    """No thread reads shared memory more than `most` times."""
+
+    most: Union[int, Callable]
+    code: str = "serial_reduction"
+    why: str = "split the work over the threads, round after round, instead of leaving it to a few"
+
+    def broken(self, traces, case, compiled):
+        limit = _value(self.most, case)
+        reads = max((t.shared_loads_per_thread() for t in traces), default=0)
+        if reads > limit:
+            return (f"the values are right, but one thread read shared memory {reads} times, where the limit "
+                    f"is {limit}: {self.why}")
+        return None
+
+
+@dataclass
+class RefilledTiles:
+    """Every step writes every slot it reads of its shared tiles."""
+
+    code: str = "stale_tile"
+
+    def broken(self, traces, case, compiled):
+        for traced in traces:
+            stale = traced.stale_read()
+            if stale is not None:
+                return (f"{stale}: it holds an old number (on a GPU, at the first step, whatever the memory "
+                        "held). Every step must write every slot of its tiles that it reads, a 0 where the "
+                        "element lies past an edge")
+        return None
+
+
+@dataclass
+class NoLocalMemory:
+    """ptxas gives the kernel a stack frame of 0 bytes."""
+
+    code: str = "local_memory"
+    compiled_limit = True
+
+    def broken(self, traces, case, compiled):
+        if compiled is None or compiled.stack_bytes is None or compiled.stack_bytes == 0:
+            return None
+        return (f"the values are right, but ptxas gives the kernel a {compiled.stack_bytes}-byte stack frame "
+                f"({compiled.registers} registers): an array it indexes with a number known only at run time "
+                "lives in local memory (device DRAM)")

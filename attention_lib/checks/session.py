@@ -1,0 +1,62 @@
+"""What one check records while its cases run: the launches it compiles for a GPU, the traced launches
+of the current case, and whether its launches must be simulated.
+
+The judge opens a ``Session`` for each check; the launch functions it hands an exercise's run
+(``engine.plain_launch``, ``engine.race_finding_launch``) report every launch to it. The first
+launch of each kernel that holds the answer's code (the answer itself, or a check's kernel built
+around the student's device function) is kept with the argument types of that launch; once every
+case is right, ``compiled()`` sends them to the GPU compiler (whose process was started when the
+check began, so it is ready by then) and waits for what it made of them. An answer whose cases
+fail is not compiled: its verdict is already given. A kernel of the library alone is not
+compiled: the kernel report holds it.
+"""
+
+from attention_lib.measure import compiler, shipping, signatures
+
+_current = None
+
+
+def current():
+    """The session of the check being judged, or None outside a check."""
+    return _current
+
+
+class Session:
+    """One check's record: open it with ``with Session(exercise, answer):``."""
+
+    def __init__(self, gpu_code=True):
+        self.gpu_code = gpu_code
+        self.launches = {}           # id(kernel) -> (kernel, described argument types), first launch
+        if gpu_code:
+            compiler.start()         # the compiling process starts while the cases run
+        self.traces = []             # the current case's traced launches (measure.trace.Traced)
+        self.simulate = False        # launch every kernel on the simulator (the other configuration)
+
+    def __enter__(self):
+        global _current
+        self._outer, _current = _current, self
+        return self
+
+    def __exit__(self, *exc):
+        global _current
+        _current = self._outer
+        return False
+
+    def launched(self, kernel, args):
+        """A launch of `kernel` with `args`: its first one is kept, when it holds the answer's code."""
+        if not self.gpu_code or id(kernel) in self.launches or shipping.importable(kernel) is not None:
+            return
+        self.launches[id(kernel)] = (kernel, [signatures.describe(a) for a in args])
+
+    def compiled(self):
+        """[compiler.Compiled, or the message saying why a kernel cannot be sent to the compiler] for
+        every kernel kept, in launch order; all are sent before the first answer is awaited."""
+        pending = []
+        for kernel, args in self.launches.values():
+            try:
+                pending.append(compiler.submit(kernel, args))
+            except shipping.SourceUnavailable as error:       # nothing to say about the answer itself
+                pending.append(compiler.Pending(None, compiler.Compiled(unavailable=str(error))))
+            except shipping.Unshippable as error:
+                pending.append(str(error))
+        return [p if isinstance(p, str) else p.result() for p in pending]

@@ -1,0 +1,149 @@
+"""One launch on the simulator with every access recorded, and what a check measures from it.
+
+``Traced(kernel, griddim, blockdim, *args)`` runs the kernel once under the sanitizer's trace
+(every load and store with its thread, its barrier interval and its source line) and answers the
+questions a check asks of a kernel's structure, each from that one run:
+
+- ``races()``: the data races (sanitizer.Race), empty when none;
+- ``loads(name)``: how often each element of an array was read (reuse);
+- ``warp_segments(name)``, ``worst_warp_load(name)``: the 128-byte segments a warp's load touches
+  (coalescing): on average, and at the load site that touches the most;
+- ``shared_loads_per_thread()``: the most shared-memory reads one thread made (a tree reduction
+  reads about 2 log2(n) slots a thread, a serial loop in one thread n);
+- ``barriers``: the most barriers a thread passed;
+- ``unwritten_read()``: the first read of a shared slot that no thread of its block had written
+  (on a GPU it holds whatever the memory held);
+- ``stale_read()``: in a kernel that refills its tiles every step, the first read of a slot that
+  was not written again since an earlier step read it.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from attention_lib.measure import sanitizer
+from attention_lib.platform import where
+
+
+@dataclass
+class SharedRead:
+    """A read of a shared slot that did not hold a value written for it."""
+
+    array: str
+    index: tuple
+    block: tuple
+    thread: tuple
+    filename: str
+    line: int
+    never_written: bool
+
+    def __str__(self):
+        when = "which no thread of its block had written" if self.never_written else \
+            "which no thread wrote again after an earlier step read it"
+        return (f"thread {self.thread} of block {self.block} read {self.array}{list(self.index)} at "
+                f"{where.describe_with_code(self.filename, self.line)}, {when}")
+
+
+class Traced:
+    """One launch on the simulator with every access recorded (see the module's docstring).
+
+    args: NumPy arrays (outputs are written in place), simulator or GPU device arrays, scalars. An
+    out-of-bounds index raises the sanitizer's IndexError, a divergent barrier the simulator's
+    BarrierError.
+    """
+
+    def __init__(self, kernel, griddim, blockdim, *args, sharedmem=0):
+        self.launch = sanitizer._launch(kernel, griddim, blockdim, args, sanitizer._TRACE, sharedmem)
+
+    def races(self):
+        """The races found, as sanitizer.Race objects (empty when none)."""
+        return sanitizer._races(self.launch)
+
+    @property
+    def barriers(self):
+        """The most barriers one thread passed."""
+        return self.launch.barriers
+
+    def arrays(self, space=None):
+        """The names of the recorded arrays (of `space`, "global" or "shared", if given)."""
+        return [name for name, target in self.launch.targets.items() if space is None or target.space == space]
+
+    def loads(self, name):
+        """Loads of each element of array `name`, an int array of its shape."""
+        target = self.launch.targets[name]
+        elements = [element for element, kind, *_ in target.trace if kind == sanitizer.LOAD]
+        size = int(np.prod(target.shape))
+        return np.bincount(np.asarray(elements, dtype=np.int64), minlength=size).reshape(target.shape)
+
+    def _warp_requests(self, name, segment_bytes):
+        """{(warp, barrier interval, site, n): set of segments} of the loads of array `name`: the n-th
+        load each lane of a warp makes at one source line in one barrier interval is one instruction
+        of the warp (a loop's iterations are separate loads, as the warp runs them in step)."""
+        target = self.launch.targets[name]
+        requests, made = {}, {}
+        for element, kind, (block, thread), interval, site, _ in target.trace:
+            if kind == sanitizer.LOAD:
+                warp = self.launch.global_id(block, thread) // 32
+                n = made[block, thread, interval, site] = made.get((block, thread, interval, site), -1) + 1
+                requests.setdefault((warp, interval, site, n), set()).add(
+                    element * target.dtype.itemsize // segment_bytes)
+        return requests
+
+    def warp_segments(self, name, segment_bytes=128):
+        """Mean number of `segment_bytes` segments of array `name` that one warp's load touches.
+
+        The n-th loads of the lanes of one warp (32 consecutive threads, x fastest) from one source
+        line in one barrier interval are taken as one instruction; on a GPU each segment it touches
+        is a separate memory transaction. 32 float32 side by side: 1 segment; one per row: up to 32.
+        """
+        requests = self._warp_requests(name, segment_bytes)
+        return float(np.mean([len(s) for s in requests.values()])) if requests else 0.0
+
+    def worst_warp_load(self, name, segment_bytes=128):
+        """(mean segments per warp load, filename, line) of the load site of array `name` whose warp
+        loads touch the most segments on average; (0.0, None, None) when it is never read."""
+        by_site = {}
+        for (_, _, site, _), segments in self._warp_requests(name, segment_bytes).items():
+            by_site.setdefault(site, []).append(len(segments))
+        if not by_site:
+            return 0.0, None, None
+        site, counts = max(by_site.items(), key=lambda item: np.mean(item[1]))
+        return float(np.mean(counts)), site[0], site[1]
+
+    def shared_loads_per_thread(self):
+        """The most reads of shared memory one thread made, over every shared array."""
+        counts = {}
+        for name in self.arrays(sanitizer.SHARED):
+            for _, kind, who, *_ in self.launch.targets[name].trace:
+                if kind == sanitizer.LOAD:
+                    counts[who] = counts.get(who, 0) + 1
+        return max(counts.values(), default=0)
+
+    def _shared_reads(self, refilled):
+        """The first SharedRead of a slot holding no value written for it, or None. refilled: also
+        a slot read again, in a later interval, without a write since its last read."""
+        for name in self.arrays(sanitizer.SHARED):
+            target = self.launch.targets[name]
+            last_write, last_read = {}, {}              # (block, element) -> barrier interval
+            for element, kind, (block, thread), interval, site, _ in target.trace:
+                slot = (block, element)
+                if kind != sanitizer.LOAD:
+                    last_write[slot] = interval
+                    continue
+                written, read = last_write.get(slot), last_read.get(slot)
+                stale = refilled and written is not None and read is not None and written < read < interval
+                if written is None or stale:
+                    index = tuple(int(i) for i in np.unravel_index(element, target.shape))
+                    return SharedRead(name, index, block, thread, site[0], site[1], written is None)
+                last_read[slot] = interval
+        return None
+
+    def unwritten_read(self):
+        """The first read of a shared slot that no thread of its block had written, or None."""
+        return self._shared_reads(refilled=False)
+
+    def stale_read(self):
+        """In a kernel whose every step refills its tiles: the first read of a slot that no thread
+        wrote in that step (an unwritten slot, or one last written before an earlier step read
+        it), or None. Not for kernels that load a tile once and read it over many steps."""
+        return self._shared_reads(refilled=True)
