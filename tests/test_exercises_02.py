@@ -80,6 +80,23 @@ def test_02_scaled_scores(mistake, diagnosis, says):
     assert says in result.message, result.message
 
 
+@cuda.jit
+def naive_in_float64(q, k, inv_sqrt_dk, s):
+    """The warm-up's solution with its sum begun as a Python float: float64 on a GPU."""
+    j, i = cuda.grid(2)
+    h = cuda.blockIdx.z
+    if i < s.shape[1] and j < s.shape[2]:
+        acc = 0.0
+        for c in range(q.shape[2]):
+            acc += q[h, i, c] * k[h, j, c]
+        s[h, i, j] = acc * inv_sqrt_dk
+
+
+def test_02_a_python_float_in_the_warm_up_is_float64_arithmetic():
+    result = verdict("02_scaled_scores", naive_in_float64)
+    assert result.diagnosis == "float64_arithmetic" and "acc = 0.0" in result.message, result.message
+
+
 def test_02_swapped_q_and_k_are_named_on_the_square_case():
     result = verdict("02_scaled_scores", naive("q_and_k_swapped"))
     assert "T_q = 7, T_k = 7, d_k = 7" in result.message
@@ -100,29 +117,38 @@ def scores_kt(mistake=None):
             else inv_sqrt_dk
         kt_scale = inv_sqrt_dk if mistake in ("scale_in_kt", "scale_twice") else float32(1.0)
         acc = float32(0.0)
-        for c0 in range(0, q.shape[2], TILE):
+        if mistake == "zeroed_once":               # the tiles zeroed before the loop, not at every step
+            q_tile[ty, tx] = float32(0.0)
+            kt_tile[ty, tx] = float32(0.0)
+        steps = q.shape[2] + 1 if mistake == "extra_step" else q.shape[2]
+        for c0 in range(0, steps, TILE):
             q_ok = i < q.shape[1] and c0 + tx < q.shape[2]
-            if mistake == "no_zero_fill":
+            kt_ok = c0 + ty < kt.shape[1] and j < kt.shape[2]
+            if mistake in ("no_zero_fill", "zeroed_once", "bounded_loop"):
                 if q_ok:
                     q_tile[ty, tx] = q[h, i, c0 + tx] * q_scale
-            else:
-                q_tile[ty, tx] = q[h, i, c0 + tx] * q_scale if q_ok else float32(0.0)
-            if mistake == "uncoalesced":           # right values, but a warp walks down kt's columns
+                if kt_ok:
+                    kt_tile[ty, tx] = kt[h, c0 + ty, j] * kt_scale
+            elif mistake == "uncoalesced":         # right values, but a warp walks down kt's columns
                 key = cuda.blockIdx.x * TILE + ty
                 ok = c0 + tx < kt.shape[1] and key < kt.shape[2]
-                kt_tile[tx, ty] = kt[h, c0 + tx, key] * kt_scale if ok else float32(0.0)
-            elif mistake == "no_zero_fill":
-                if c0 + ty < kt.shape[1] and j < kt.shape[2]:
-                    kt_tile[ty, tx] = kt[h, c0 + ty, j] * kt_scale
+                kt_tile[tx, ty] = kt[h, c0 + tx, key] if ok else float32(0.0)
+                q_tile[ty, tx] = q[h, i, c0 + tx] * q_scale if q_ok else float32(0.0)
+            elif mistake == "uncoalesced_q":       # right values, but a warp walks down q's columns
+                row = cuda.blockIdx.y * TILE + tx
+                ok = row < q.shape[1] and c0 + ty < q.shape[2]
+                q_tile[tx, ty] = q[h, row, c0 + ty] * q_scale if ok else float32(0.0)
+                kt_tile[ty, tx] = kt[h, c0 + ty, j] if kt_ok else float32(0.0)
             else:
-                ok = c0 + ty < kt.shape[1] and j < kt.shape[2]
-                kt_tile[ty, tx] = kt[h, c0 + ty, j] * kt_scale if ok else float32(0.0)
+                q_tile[ty, tx] = q[h, i, c0 + tx] * q_scale if q_ok else float32(0.0)
+                kt_tile[ty, tx] = kt[h, c0 + ty, j] * kt_scale if kt_ok else float32(0.0)
             if mistake == "barrier_in_if":
                 if i < q.shape[1]:
                     cuda.syncthreads()
             elif mistake != "no_first_barrier":
                 cuda.syncthreads()
-            for cc in range(TILE):
+            width = min(TILE, q.shape[2] - c0) if mistake == "bounded_loop" else TILE
+            for cc in range(width):
                 if mistake == "untiled":
                     if c0 + cc < q.shape[2] and i < q.shape[1] and j < kt.shape[2]:
                         acc += q[h, i, c0 + cc] * q_scale * kt[h, c0 + cc, j]
@@ -137,6 +163,27 @@ def scores_kt(mistake=None):
     return kernel
 
 
+@cuda.jit
+def scores_kt_in_float64(q, kt, inv_sqrt_dk, s):
+    """The solution with its sum begun as a Python float: float64 on a GPU."""
+    q_tile = cuda.shared.array((TILE, TILE), float32)
+    kt_tile = cuda.shared.array((TILE, TILE), float32)
+    j, i = cuda.grid(2)
+    h, tx, ty = cuda.blockIdx.z, cuda.threadIdx.x, cuda.threadIdx.y
+    acc = 0.0
+    for c0 in range(0, q.shape[2], TILE):
+        inside = i < q.shape[1] and c0 + tx < q.shape[2]
+        q_tile[ty, tx] = q[h, i, c0 + tx] * inv_sqrt_dk if inside else float32(0.0)
+        inside = c0 + ty < kt.shape[1] and j < kt.shape[2]
+        kt_tile[ty, tx] = kt[h, c0 + ty, j] if inside else float32(0.0)
+        cuda.syncthreads()
+        for c in range(TILE):
+            acc += q_tile[ty, c] * kt_tile[c, tx]
+        cuda.syncthreads()
+    if i < q.shape[1] and j < kt.shape[2]:
+        s[h, i, j] = acc
+
+
 def test_02_the_library_kernel_is_the_main_solution():
     assert EXERCISES["02_scores_kt"].solution is scores.scores_kt_kernel
     assert verdict("02_scores_kt", as_answer(scores.scores_kt_kernel)).diagnosis == "ok"
@@ -144,22 +191,40 @@ def test_02_the_library_kernel_is_the_main_solution():
 
 @pytest.mark.parametrize("mistake, diagnosis, says", [
     (None, "ok", "correct at every size"),
+    ("bounded_loop", "ok", "correct at every size"),      # no zero fill, the sum stops at d_k: right too
     ("no_scale", "missing_scale", "without the scale"),
     ("scale_twice", "scale_applied_twice", "applied twice"),
-    ("scale_in_kt", "scale_not_folded", "q_tile holds q's elements unscaled"),
-    ("scale_at_end", "scale_not_folded", "the scale was applied elsewhere"),
-    ("scale_per_term", "scale_not_folded", "q_tile holds q's elements unscaled"),
-    ("no_zero_fill", "edge_not_zeroed", "the latest fill of the tile did not write"),
+    ("scale_in_kt", "scale_not_folded", "one holds them unscaled"),
+    ("scale_at_end", "scale_not_folded", "one holds them unscaled"),
+    ("scale_per_term", "scale_not_folded", "one holds them unscaled"),
+    ("no_zero_fill", "stale_tile", "which no thread of its block had written"),
+    ("zeroed_once", "edge_not_zeroed", "still held an earlier step's value"),
     ("no_first_barrier", "race", "race on shared"),
     ("no_second_barrier", "race", "race on shared"),
     ("barrier_in_if", "divergent_barrier", "undefined on a GPU"),
-    ("untiled", "no_reuse", "an element of q was read up to 33 times (tiled: 2)"),
-    ("uncoalesced", "uncoalesced", "segments of 128 bytes"),
+    ("untiled", "no_reuse", "an element of q was read up to 2 times from global memory, where the limit is 1"),
+    ("uncoalesced", "uncoalesced", "a warp's load of kt"),
+    ("uncoalesced_q", "uncoalesced", "a warp's load of q"),
+    ("extra_step", "too_many_barriers", "passed 4 barriers, where the limit is 2"),
 ])
 def test_02_scores_kt(mistake, diagnosis, says):
     result = verdict("02_scores_kt", scores_kt(mistake))
     assert (result.diagnosis, result.passed) == (diagnosis, diagnosis == "ok"), result.message
     assert says in result.message, result.message
+
+
+def test_02_a_python_float_in_the_sum_is_float64_arithmetic():
+    result = verdict("02_scores_kt", scores_kt_in_float64)
+    assert result.diagnosis == "float64_arithmetic", result.message
+    assert "acc = 0.0" in result.message, result.message
+
+
+def test_02_the_cases_reach_every_edge_of_the_tile():
+    """Partly used and whole tiles along T_q, T_k and d_k, and d_k a whole number of steps."""
+    cases = EXERCISES["02_scores_kt"].cases_for("simulator")
+    for axis in (1, 2, 3):                                 # T_q, T_k, d_k
+        assert {c[axis] % TILE for c in cases} >= {0, 1}, axis
+    assert any(c[3] > TILE and c[3] % TILE == 1 for c in cases)     # a last step of one column
 
 
 @pytest.mark.parametrize("exercise_id", ["02_scaled_scores", "02_scores_kt"])

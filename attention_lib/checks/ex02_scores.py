@@ -10,26 +10,32 @@ so rows past the x extent of the grid are never written (and on a GPU neighbouri
 would write a row apart).
 
 ``02_scores_kt`` (main): K arrives already transposed, kt (BH, d_k, T_k), as some KV caches
-store it. The student writes the loop body of scores_kt_kernel: a guarded q tile (the scale
-folded in) and kt tile, two barriers, TILE multiply-adds. Every case is traced on the
-simulator: races, and ``edge_not_zeroed`` (a thread read a slot of a tile that the latest fill
-did not write: past an edge it keeps an earlier step's value). On the values: ``missing_scale``,
-``scale_applied_twice``; with right values, ``scale_not_folded`` (q_tile does not hold q times
-the scale, read from the shared array after a one-block case), then on the last case
-``no_reuse`` (reads per element counted) and ``uncoalesced`` (segments per warp load of kt).
+store it; the student writes scores_kt_kernel's whole body from its contract. Every case is
+traced on the simulator (races, divergent barriers, and the engine's ``stale_tile`` for a slot
+read before any write). On wrong values: ``edge_not_zeroed`` (a thread that writes a score read
+a slot its block's latest fill did not write: an earlier step's value), ``missing_scale``,
+``scale_applied_twice``. With right values: ``scale_not_folded`` (after FOLD_CASE, no shared
+array holds q times the scale among the slots its block wrote), then the declared limits:
+``no_reuse`` (an element of q read more than ceil(T_k / TILE) times, of kt more than
+ceil(T_q / TILE)), ``uncoalesced`` (a warp's load of q or kt touching over 4 segments of 128
+bytes on average at one line), ``too_many_barriers`` (more than two barriers per step along
+d_k: a step past its end).
 """
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 from numba import cuda
 
 from attention_lib import reference
 from attention_lib.measure import sanitizer
+from attention_lib.platform import where
 from attention_lib.platform.launch import ceil_div
 from attention_lib.stages import scores
 from attention_lib.checks.engine import (Diagnosed, Exercise, host_output, output_array, read_output, register,
                                          traced_launch, unwritten)
+from attention_lib.checks.limits import Coalesced, MostLoads
 
 
 def _run_scores(kernel, case, rng, launch):
@@ -60,6 +66,14 @@ def _check_grid_axes(got, expected, grid):
             "y over queries (the rows i); on a GPU such threads would also write addresses a row apart"))
 
 
+def _warm_up_cases(configuration):
+    """(BH, T_q, T_k, d_k): all ones first; then T_q = T_k = d_k = 7, where both transposes stay in
+    bounds; T_q != T_k next; then a tile + 1 keys and two tiles + 1 queries in 3 heads: partly used
+    blocks, and rows beyond the grid's x extent (two tiles + 1 rows, keys in two tiles)."""
+    tile = scores.TILE
+    return [(1, 1, 1, 1), (2, 7, 7, 7), (2, 7, 5, 5), (3, 2 * tile + 1, tile + 1, 24)]
+
+
 def _diagnose(got, expected, q, k):
     """Name the mistake when `got` equals a known wrong formula; None otherwise."""
     d_k = q.shape[-1]
@@ -88,10 +102,7 @@ register(Exercise(
     title="s[h, i, j] = (q[h, i] . k[h, j]) * inv_sqrt_dk, one thread per score",
     kind="kernel",
     run=_run_scores,
-    # (BH, T_q, T_k, d_k): all ones first; then T_q = T_k = d_k = 7, where both transposes stay
-    # in bounds; T_q != T_k next; then sizes that leave partly used blocks, several heads, and
-    # rows beyond the grid's x extent (33 > 2 blocks of 16 keys).
-    cases=[(1, 1, 1, 1), (2, 7, 7, 7), (2, 7, 5, 5), (3, 33, 17, 24)],
+    cases=_warm_up_cases,
     describe_case=lambda c: f"BH = {c[0]}, T_q = {c[1]}, T_k = {c[2]}, d_k = {c[3]}",
     hint=("one thread per score, one grid layer per head: the thread of row i and column j "
           "computes one dot product of length d_k and scales it"),
@@ -108,11 +119,30 @@ register(Exercise(
 ))
 
 
+# A warp of a 16 x 16 block is two rows of 16 threads; 16 neighbouring float32 are 64 bytes, which lie
+# in at most 2 segments of 128 bytes: a coalesced load touches at most 4. One that walks down a column
+# of rows over 128 bytes apart touches one segment per thread.
+COALESCED_SEGMENTS = 4
+
+
 # --- The main exercise: K^T given ----------------------------------------------------------
 
+def _kt_cases(configuration):
+    """(BH, T_q, T_k, d_k), from the tile: one score; FOLD_CASE, one block per head and one partial
+    step along d_k (the tile of q then holds a head's whole q, where the fold is read); T_q a whole
+    tile, T_k one past two, d_k one whole step (an extra step shows in the barriers); T_q one past
+    a tile, T_k two whole tiles, d_k one past two steps (a last step of one column; rows of q and kt
+    at least 128 bytes apart, so a load walking down a column touches a segment per thread)."""
+    tile = scores.TILE
+    return [(1, 1, 1, 1), FOLD_CASE, (1, tile, 2 * tile + 1, tile), (1, tile + 1, 2 * tile, 2 * tile + 1)]
+
+
+FOLD_CASE = (2, 7, 9, 5)
+
+
 def _run_scores_kt(kernel, case, rng, launch):
-    """Every case is traced (the cases are small): races, stale tile slots, the q tile's contents,
-    and on the last case reads per element and segments per warp load."""
+    """Every case traced: races, barriers and reads of unwritten slots (the engine), the tile of q
+    after FOLD_CASE, and the limits (reads per element, segments per warp load, barriers)."""
     bh, t_q, t_k, d_k = case
     q = rng.standard_normal((bh, t_q, d_k)).astype(np.float32)
     k = rng.standard_normal((bh, t_k, d_k)).astype(np.float32)
@@ -122,138 +152,138 @@ def _run_scores_kt(kernel, case, rng, launch):
     expected = reference.scores(q, k)
     got = host_output((bh, t_q, t_k))
     traced = traced_launch(kernel, grid, block, q, kt, inv_sqrt_dk, got)
-    for name in ("q_tile", "kt_tile"):
-        _check_fills(traced, name, t_q, t_k)
-    if np.allclose(got, expected, rtol=1e-5, atol=1e-5):
-        if case == FOLD_CASE:
-            _check_fold(traced, q, inv_sqrt_dk)
-        if case == KT_CASES[-1]:
-            _check_reuse(traced, t_q, t_k)
-            _check_coalescing(traced)
-    return got, expected, q, k
+    reused = traced.loads("q").max(initial=0) <= ceil_div(t_k, scores.TILE)    # else no_reuse says it
+    if case == FOLD_CASE and reused and np.allclose(got, expected, rtol=1e-5, atol=1e-5):
+        _check_fold(traced, q, inv_sqrt_dk)
+    return got, expected, q, k, traced
 
 
-def _check_fills(traced, name, t_q, t_k):
-    """edge_not_zeroed when a thread that owns a score read a slot of shared array `name` that the
-    block's latest fill before the read did not write: the slot holds an earlier step's value, or
-    was never written (on a GPU, whatever the memory held: even a NaN). A thread past the edge of
-    s may read anything: its sum is never written."""
-    target = traced.launch.targets.get(name)
-    if target is None:
-        return
-    fills = defaultdict(lambda: defaultdict(set))         # block -> barrier interval -> slots stored
-    for element, kind, (blk, _), interval, _, _ in target.trace:
-        if kind == sanitizer.STORE:
-            fills[blk][interval].add(element)
-    tile = scores.TILE
-    for element, kind, (blk, thread), interval, _, _ in target.trace:
-        owns_a_score = blk[1] * tile + thread[1] < t_q and blk[0] * tile + thread[0] < t_k
-        if kind != sanitizer.LOAD or not owns_a_score:
+def _written_by_the_last_block(traced):
+    """{shared array: (block, values)}: the slots the launch's last block wrote to each of its shared
+    arrays, with what they hold after it (blocks run one after another; a slot no thread wrote holds
+    garbage, so it is left out)."""
+    found = {}
+    for name in traced.arrays(sanitizer.SHARED):
+        stores = [(who[0], element) for element, kind, who, *_ in traced.launch.targets[name].trace
+                  if kind == sanitizer.STORE]
+        if not stores:
             continue
-        latest = max((n for n in fills[blk] if n <= interval), default=None)
-        if latest is None or element not in fills[blk][latest]:
-            slot = ", ".join(str(int(v)) for v in np.unravel_index(element, target.shape))
-            raise Diagnosed("edge_not_zeroed", (
-                f"thread {thread} of block {blk} read {name}[{slot}], a slot the latest fill of the tile did not "
-                "write: it still holds an earlier step's value, or nothing at all. Past an edge of q, kt or d_k "
-                "every slot must still be written, with a value that adds nothing to the sum"))
+        last = stores[-1][0]
+        slots = sorted({element for blk, element in stores if blk == last})
+        contents = next(view for view in traced.launch._shared.values() if view._target.name == name)
+        found[name] = last, np.array(contents._ary).ravel()[slots]
+    return found
 
 
-def _shared_contents(traced, name):
-    """What shared array `name` holds after a traced launch (the last block's last fill), or None.
-
-    The sanitizer keeps one array per declaration for the whole launch (its _Launch._shared)."""
-    for view in traced.launch._shared.values():
-        if view._target.name == name:
-            return np.array(view._ary)
-    return None
+def _holds_all(values, wanted):
+    """Whether every number of `wanted` stands among `values` (float32 rounding allowed)."""
+    return bool(np.isclose(values[None, :], wanted.ravel()[:, None], rtol=1e-6, atol=0).any(axis=1).all())
 
 
 def _check_fold(traced, q, inv_sqrt_dk):
-    """scale_not_folded when, after a case of one block per head and one step along d_k, q_tile
-    does not hold a head's q elements times the scale (in any arrangement)."""
-    tile = _shared_contents(traced, "q_tile")
-    if tile is None:
+    """scale_not_folded when, after a case of one block per head and one step along d_k, no shared
+    array holds the last block's head of q times the scale among the slots it wrote."""
+    written = _written_by_the_last_block(traced)
+    if any(_holds_all(values, q[blk[2]] * inv_sqrt_dk) for blk, values in written.values()):
         return
-    held = np.sort(tile[tile != 0])
-    heads = [np.sort((q[h] * inv_sqrt_dk).ravel()) for h in range(len(q))]
-    if not any(held.shape == want.shape and np.allclose(held, want, rtol=1e-6, atol=0) for want in heads):
-        plain = any(held.shape == np.sort(q[h].ravel()).shape and np.allclose(held, np.sort(q[h].ravel()))
-                    for h in range(len(q)))
-        raise Diagnosed("scale_not_folded", (
-            "the values are right, but q_tile " + ("holds q's elements unscaled" if plain else
-                                                    "does not hold q's elements times the scale") +
-            ": the scale was applied elsewhere (to kt's tile, in the multiply-adds, or to the sum). Multiply "
-            "each element of q by inv_sqrt_dk as it is copied into q_tile, so the sum is already the score"))
+    unscaled = any(_holds_all(values, q[blk[2]]) for blk, values in written.values())
+    raise Diagnosed("scale_not_folded", (
+        "the values are right, but after this case (one block per head, one step along d_k) no shared array "
+        "holds q's elements times inv_sqrt_dk among the slots its block wrote" +
+        ("; one holds them unscaled" if unscaled else "") +
+        ": the contract has the scale multiplied into the tile of q as it is copied, so the sum is the score"))
 
 
-def _check_reuse(traced, t_q, t_k):
-    """no_reuse when an element of q or kt is read more often than a tiled kernel reads it."""
-    q_ceiling, kt_ceiling = ceil_div(t_k, scores.TILE), ceil_div(t_q, scores.TILE)
-    q_reads, kt_reads = int(traced.loads("q").max()), int(traced.loads("kt").max())
-    if q_reads > q_ceiling or kt_reads > kt_ceiling:
-        raise Diagnosed("no_reuse", (
-            f"the values are right, but an element of q was read up to {q_reads} times (tiled: {q_ceiling}) "
-            f"and one of kt up to {kt_reads} times (tiled: {kt_ceiling}); copy each tile into shared "
-            "memory once and let the block read it from there"))
-
-
-# A warp of a 16 x 16 block spans two rows of a tile: a coalesced kt load touches 2 to 4
-# segments; one that walks down kt's columns touches one per thread, 16 or more.
-COALESCED_SEGMENTS = 4
-
-
-def _check_coalescing(traced):
-    """uncoalesced when a warp's load of kt touches many segments: neighbouring threads, far addresses."""
-    segments = traced.warp_segments("kt")
-    if segments > COALESCED_SEGMENTS:
-        raise Diagnosed("uncoalesced", (
-            f"the values are right, but each warp's load of kt touched {segments:.1f} segments of 128 bytes "
-            f"on average (a coalesced load: at most {COALESCED_SEGMENTS}); let neighbouring threads (threadIdx.x) "
-            "read neighbouring elements of kt's last axis"))
-
-
-def _diagnose_kt(got, expected, q, k):
-    """missing_scale (q.k) and scale_applied_twice (q.k / d_k); None for any other wrong value."""
-    d_k = q.shape[-1]
-    raw = reference.scores(q, k, scale=False)
-    if np.allclose(got, raw, rtol=1e-4, atol=1e-4):
-        return "missing_scale", ("the scores are q.k without the scale: multiply each element of q by "
-                                 "inv_sqrt_dk as it is copied into q_tile")
-    if d_k > 1 and np.allclose(got, raw / d_k, rtol=1e-4, atol=1e-4):
-        return "scale_applied_twice", (
-            f"the scores came out divided by d_k = {d_k}: inv_sqrt_dk was applied twice (to both tiles, or on "
-            "the load and again in the sum); fold it into q_tile only")
+def _read_before_refill(traced, t_q, t_k):
+    """The first read, by a thread that writes a score, of a shared slot its block did not write in
+    the latest fill before the read (an earlier step's value), as a message; None if there is none."""
+    tile = scores.TILE
+    for name in traced.arrays(sanitizer.SHARED):
+        target = traced.launch.targets[name]
+        fills = defaultdict(lambda: defaultdict(set))        # block -> barrier interval -> slots stored
+        for element, kind, (blk, _), interval, _, _ in target.trace:
+            if kind == sanitizer.STORE:
+                fills[blk][interval].add(element)
+        for element, kind, (blk, thread), interval, site, _ in target.trace:
+            owns_a_score = blk[1] * tile + thread[1] < t_q and blk[0] * tile + thread[0] < t_k
+            if kind != sanitizer.LOAD or not owns_a_score:
+                continue
+            latest = max((n for n in fills[blk] if n <= interval), default=None)
+            if latest is not None and element not in fills[blk][latest]:
+                slot = [int(v) for v in np.unravel_index(element, target.shape)]
+                return (f"thread {thread} of block {blk} read {name}{slot} at "
+                        f"{where.describe_with_code(*site)}, a slot the block's latest fill did not write: it "
+                        "still held an earlier step's value")
     return None
 
 
-# (BH, T_q, T_k, d_k): one score; T_q != T_k, both under a tile, d_k odd: one block per head and one
-# step, so q_tile ends holding a head's whole q (the fold is read there); then two blocks down and
-# two across, partly used, two steps along d_k (the second partial), for the counts.
-KT_CASES = [(1, 1, 1, 1), (2, 7, 9, 5), (1, 17, 31, 20)]
-FOLD_CASE = KT_CASES[1]
+def _diagnose_kt(got, expected, q, k, traced):
+    """edge_not_zeroed (a score summed a slot its step did not write), missing_scale (q.k) and
+    scale_applied_twice (q.k / d_k); None for any other wrong value."""
+    t_q, t_k = got.shape[-2:]
+    stale = _read_before_refill(traced, t_q, t_k)
+    if stale:
+        return "edge_not_zeroed", (f"{stale}. Past an edge of q, kt or d_k every slot a score sums must still be "
+                                   "written in that step, with a value that adds nothing")
+    d_k = q.shape[-1]
+    raw = reference.scores(q, k, scale=False)
+    if np.allclose(got, raw, rtol=1e-4, atol=1e-4):
+        return "missing_scale", ("the scores are q.k without the scale: the contract has each element of q "
+                                 "multiplied by inv_sqrt_dk as it is copied into its tile")
+    if d_k > 1 and np.allclose(got, raw / d_k, rtol=1e-4, atol=1e-4):
+        return "scale_applied_twice", (
+            f"the scores came out divided by d_k = {d_k}: inv_sqrt_dk was applied twice (to both tiles, or on "
+            "the load and again in the sum); the contract has it in the tile of q only")
+    return None
+
+
+@dataclass
+class MostBarriers:
+    """No thread passes more than `most(case)` barriers (a limit this exercise declares: the steps
+    along d_k, two barriers each)."""
+
+    most: object
+    code: str = "too_many_barriers"
+
+    def broken(self, traces, case, compiled):
+        limit = self.most(case)
+        passed = max((t.barriers for t in traces), default=0)
+        if passed > limit:
+            steps = ceil_div(case[3], scores.TILE)
+            return (f"the values are right, but a thread passed {passed} barriers, where the limit is {limit}: "
+                    f"{steps} step{'s' if steps > 1 else ''} of {scores.TILE} along d_k = {case[3]}, two barriers "
+                    "each; every barrier more makes the whole block wait once more")
+        return None
+
 
 register(Exercise(
     exercise_id="02_scores_kt",
-    title="tiled scores with K given transposed, kt (BH, d_k, T_k): the loop body",
+    title="tiled scores with K given transposed, kt (BH, d_k, T_k): coalesced tiles, the scale folded in",
     kind="kernel",
     run=_run_scores_kt,
-    cases=KT_CASES,
+    cases=_kt_cases,
     describe_case=lambda c: f"BH = {c[0]}, T_q = {c[1]}, T_k = {c[2]}, d_k = {c[3]}",
-    hint=("the same march along d_k as a tiled matmul, but K^T is already in memory: think about "
-          "which index of kt neighbouring threads should vary so that their reads sit side by side, "
-          "and put the scale where each element of q passes once per tile"),
+    hint=("a block needs only 16 rows of q and 16 columns of kt: copy them into shared memory a slice "
+          "of d_k at a time, each element by one thread, and choose for each array which of its indices "
+          "neighbouring threads (threadIdx.x) vary, so that a warp reads neighbouring addresses"),
     more_hints=(
-        "where answers go wrong: the kt tile is laid out like kt itself, column c first and key second, so "
-        "it needs no transposing on the way in; transposing it anyway gives wrong values or a slow load",
-        "and the edges: a slot whose element lies past T_q, T_k or d_k must still be written, with a value "
-        "that adds nothing, and both barriers are needed, one before reading the tiles and one before "
-        "refilling them"),
-    rtol=1e-5,     # float32 sums of up to 20 products of standard normals, against float64
+        "where answers go wrong: the plan, step by step along d_k. Each thread copies one element of q, "
+        "times the scale, into the tile of q, with threadIdx.x along d_k (q's last axis), and one element "
+        "of kt into the tile of kt, with threadIdx.x along the keys (kt's last axis): kt's tile can keep "
+        "kt's own layout, no transposing. A slot past an edge of T_q, T_k or d_k gets a 0. Then a barrier, "
+        "the 16 multiply-adds of the thread's row of one tile by its column of the other, and a second "
+        "barrier before the next copy",
+        "and the edges: every thread copies and reaches both barriers, also those whose score lies past "
+        "the edge of s; only the final write is guarded"),
+    rtol=1e-5,     # float32 sums of up to 33 products of standard normals, against float64
     atol=1e-5,
     diagnose=_diagnose_kt,
-    diagnoses=("edge_not_zeroed", "missing_scale", "scale_applied_twice", "scale_not_folded", "no_reuse",
-               "uncoalesced"),
+    diagnoses=("edge_not_zeroed", "missing_scale", "scale_applied_twice", "scale_not_folded",
+               "too_many_barriers"),
+    limits=(MostLoads("q", lambda case: ceil_div(case[2], scores.TILE)),
+            MostLoads("kt", lambda case: ceil_div(case[1], scores.TILE)),
+            Coalesced("q", COALESCED_SEGMENTS), Coalesced("kt", COALESCED_SEGMENTS),
+            MostBarriers(lambda case: 2 * ceil_div(case[3], scores.TILE))),
     solution=scores.scores_kt_kernel,
     forbidden=(scores.scores_kt, scores.launch_scores, scores.tile_dot, scores.dot_qk_tiles),
 ))
