@@ -3,7 +3,7 @@ Python floats in it.
 
 - ``functions_reached(answer)``: the Python functions of the answer (a function, a kernel, or a
   tuple of them) and of every function it reaches through its globals and closure values, outside
-  the library's stages.
+  the library's stages (a copy of a stage function, run in names of its own, is the answer's).
 - ``python_floats(answer)``: [(filename, line, text)] of every float that Python types as a
   float64 (a literal such as ``0.0``, ``math.inf``, ``float(...)``) that is not made float32 on
   the spot (``np.float32(0.0)``, ``float32(...)``): those assigned to a variable first (the
@@ -13,6 +13,7 @@ Python floats in it.
 
 import ast
 import inspect
+import sys
 import textwrap
 import types
 
@@ -35,8 +36,10 @@ def functions_reached(answer, seen=None):
         function = getattr(part, "py_func", part)
         if not isinstance(function, types.FunctionType) or id(function) in seen:
             continue
-        if (function.__module__ or "").startswith("attention_lib.stages"):
-            continue
+        module = sys.modules.get(function.__module__ or "")
+        if (function.__module__ or "").startswith("attention_lib.stages") and module is not None \
+                and function.__globals__ is vars(module):
+            continue                                  # the library's own function, not a copy of it
         seen[id(function)] = function
         values = [function.__globals__.get(name) for name in function.__code__.co_names]
         values += [cell.cell_contents for cell in function.__closure__ or () if _filled(cell)]
