@@ -16,7 +16,8 @@ def verdict(exercise_id, answer):
 
 
 def test_every_exercise_has_two_hints_without_code():
-    for exercise_id in ("00_scale_add", "00_transpose", "00_warp_divergence"):
+    for exercise_id in ("00_scale_add", "00_transpose_grid", "00_transpose", "00_warp_divergence",
+                        "00_predict_segments"):
         hints = EXERCISES[exercise_id].hints
         assert len(hints) >= 2 and hints[1].startswith("where answers go wrong")
         for text in hints:
@@ -65,6 +66,20 @@ def only_the_first_block(alpha, x, y, out):
 
 
 @cuda.jit
+def blocks_interleaved(alpha, x, y, out):
+    i = cuda.threadIdx.x * cuda.gridDim.x + cuda.blockIdx.x   # every element once, but lanes 2 or more apart
+    if i < out.shape[0]:
+        out[i] = alpha * x[i] + y[i]
+
+
+@cuda.jit
+def reads_x_twice(alpha, x, y, out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = y[i] + alpha * x[i] if x[i] == x[i] else x[i]    # a test that reads x again
+
+
+@cuda.jit
 def calls_the_library(alpha, x, y, out):
     basics.scale_add_kernel(alpha, x, y, out)
 
@@ -85,6 +100,8 @@ def test_the_solution_passes(capsys):
     (forgets_alpha, "wrong_values", "entries differ"),
     (skips_the_last_element, "wrong_values", "never written"),
     (only_the_first_block, "race", "blocks never wait for each other"),     # every block writes the same elements: an inter-block race
+    (blocks_interleaved, "uncoalesced", "at n = 65 (blocks of 64): the values are right, but a warp's load of x"),
+    (reads_x_twice, "no_reuse", "an element of x was read up to 3 times from global memory, where the limit is 1"),
     (calls_the_library, "calls_given_code", "scale_add_kernel"),
     (basics.scale_add_kernel, "calls_given_code", "scale_add_kernel"),
     (not_written_yet, "not_implemented", "not implemented yet"),
@@ -98,17 +115,10 @@ def test_planted_mistakes_get_their_diagnosis(answer, diagnosis, says):
     assert says in result.message
 
 
-# --- 00_transpose --------------------------------------------------------------------------
+# --- 00_transpose_grid --------------------------------------------------------------------
 
 def transpose_grid(rows, cols, block):
     return ceil_div(cols, block[0]), ceil_div(rows, block[1])
-
-
-@cuda.jit
-def transpose_kernel(a, out):
-    col, row = cuda.grid(2)
-    if row < a.shape[0] and col < a.shape[1]:
-        out[col, row] = a[row, col]
 
 
 def swapped_grid(rows, cols, block):
@@ -121,6 +131,52 @@ def rounded_down_grid(rows, cols, block):
 
 def one_block_too_many(rows, cols, block):
     return cols // block[0] + 1, rows // block[1] + 1
+
+
+def hard_coded_block(rows, cols, block):
+    return ceil_div(cols, 16), ceil_div(rows, 8)
+
+
+def true_division(rows, cols, block):
+    return cols / block[0], rows / block[1]
+
+
+@pytest.mark.parametrize("answer, diagnosis, says", [
+    (transpose_grid, "ok", "correct at every size"),
+    (swapped_grid, "grid_axes_swapped",
+     "at a matrix of 7 rows and 15 columns in blocks of 16 threads across (x) and 8 down (y): the grid (x, y) "
+     "is (1, 2), expected (1, 1): the grid's x counts blocks across the columns"),
+    (rounded_down_grid, "grid_too_small",
+     "at a matrix of 9 rows and 17 columns in blocks of 16 threads across (x) and 8 down (y): the grid (x, y) "
+     "is (1, 1), which covers only 8 rows and 16 columns; round the number of blocks up"),
+    (one_block_too_many, "grid_too_large",
+     "at a matrix of 8 rows and 16 columns in blocks of 16 threads across (x) and 8 down (y): the grid (x, y) "
+     "is (2, 2), expected (1, 1): it covers 16 rows and 32 columns, with whole blocks that have nothing to do"),
+    (hard_coded_block, "grid_too_small", "at a matrix of 9 rows and 100 columns in blocks of 32 threads across"),
+    (true_division, "wrong_values", "a grid counts whole blocks"),
+    (lambda rows, cols, block: (1, 1, 1), "wrong_shape", "the result has shape (3,), expected (2,)"),
+    (lambda rows, cols, block: 1, "wrong_shape", "expected a pair (blocks along x, blocks along y)"),
+    (basics.grid_2d, "calls_given_code", "grid_2d"),
+])
+def test_00_transpose_grid(answer, diagnosis, says):
+    result = verdict("00_transpose_grid", answer)
+    assert (result.diagnosis, result.passed) == (diagnosis, diagnosis == "ok"), result.message
+    assert says in result.message, result.message
+
+
+def test_the_grid_cases_name_the_matrix_they_ask_about():
+    """Each verdict names the matrix and block of the case that failed, nothing else."""
+    result = verdict("00_transpose_grid", swapped_grid)
+    assert result.message.count("rows") == 2 and "(1 rows" not in result.message, result.message
+
+
+# --- 00_transpose --------------------------------------------------------------------------
+
+@cuda.jit
+def transpose_kernel(a, out):
+    col, row = cuda.grid(2)
+    if row < a.shape[0] and col < a.shape[1]:
+        out[col, row] = a[row, col]
 
 
 @cuda.jit
@@ -143,20 +199,39 @@ def no_guard(a, out):
     out[c, r] = a[r, c]
 
 
+@cuda.jit
+def guard_on_out(a, out):
+    c, r = cuda.grid(2)
+    if r < out.shape[0] and c < out.shape[1]:
+        out[c, r] = a[r, c]
+
+
+@cuda.jit
+def lanes_down_the_columns(a, out):
+    """Every element once, right values: but a block's threads walk down its columns first."""
+    tid = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    r = cuda.blockIdx.y * cuda.blockDim.y + tid % cuda.blockDim.y
+    c = cuda.blockIdx.x * cuda.blockDim.x + tid // cuda.blockDim.y
+    if r < a.shape[0] and c < a.shape[1]:
+        out[c, r] = a[r, c]
+
+
+@cuda.jit
+def transpose_of_library(a, out):
+    basics.transpose_kernel(a, out)
+
+
 @pytest.mark.parametrize("answer, diagnosis, says", [
-    ((transpose_kernel, transpose_grid), "ok", "correct at every size"),
-    ((transpose_kernel, swapped_grid), "grid_axes_swapped",
-     "for a matrix of 8 rows and 16 columns in blocks of 16 threads across (x) and 8 down (y), the grid (x, y) "
-     "is (1, 2), expected (1, 1): the grid's x counts blocks across the columns"),
-    ((transpose_kernel, rounded_down_grid), "grid_too_small",
-     "for a matrix of 9 rows and 17 columns in blocks of 16 threads across (x) and 8 down (y), the grid (x, y) "
-     "is (1, 1), which covers only 8 rows and 16 columns; round the number of blocks up"),
-    ((transpose_kernel, one_block_too_many), "grid_too_large", "with whole blocks that have nothing to do"),
-    ((row_from_x, transpose_grid), "row_is_x", "at a of shape (19, 7) (19 rows, 7 columns)"),
-    ((copies, transpose_grid), "not_transposed", "at a of shape (7, 7)"),
-    ((no_guard, transpose_grid), "out_of_bounds", "out-of-bounds "),
-    ((transpose_kernel, basics.grid_2d), "calls_given_code", "grid_2d"),
-    ((basics.transpose_kernel, transpose_grid), "calls_given_code", "transpose_kernel"),
+    (transpose_kernel, "ok", "correct at every size"),
+    (row_from_x, "row_is_x", "at a of 19 rows and 7 columns (blocks of 16 threads across (x) and 8 down (y)): "
+                             "21 entries of out were never written: those of a's rows 16 and on"),
+    (copies, "not_transposed", "at a of 7 rows and 7 columns"),
+    (no_guard, "out_of_bounds", "out-of-bounds "),
+    (guard_on_out, "out_of_bounds", "global array 'a' has shape (19, 7)"),
+    (lanes_down_the_columns, "uncoalesced", "at a of 5 rows and 40 columns (blocks of 16 threads across (x) and 8 down (y)): the values are right, but a warp's load of a"),
+    (transpose_of_library, "calls_given_code", "transpose_kernel"),
+    (basics.transpose_kernel, "calls_given_code", "transpose_kernel"),
+    ((transpose_kernel, transpose_grid), "not_a_kernel", "expected a @cuda.jit kernel"),
 ])
 def test_00_transpose(answer, diagnosis, says):
     result = verdict("00_transpose", answer)
@@ -207,6 +282,11 @@ def stub(rows, cols, block):
     raise NotImplementedError()
 
 
+def edge_inclusive(rows, cols, block):
+    """col <= cols: the column just past the edge counted inside (wrong where a warp's columns end there)."""
+    return warps_with(x_fastest, split)(rows, cols + 1, block)[:, :ceil_div(cols, block[0])]
+
+
 @pytest.mark.parametrize("answer, diagnosis, says", [
     (divergent_warps, "ok", "correct at every size"),
     (warps_with(x_fastest, split), "ok", "correct at every size"),
@@ -216,6 +296,7 @@ def stub(rows, cols, block):
     (warps_with(x_fastest, lambda inside: not inside.all()), "idle_warp_counted",
      "at a 1 x 1 matrix, blocks of 16 threads across (x) and 8 down (y): a warp whose threads all fail the guard"),
     (warps_with(lambda lanes, bx, by: (lanes // 32, lanes % 32), split), "wrong_values", "entries differ"),
+    (edge_inclusive, "wrong_values", "at a 5 x 31 matrix, blocks of 16 threads across (x) and 8 down (y)"),
     (warps_with(x_fastest, lambda inside: inside.any()), "wrong_values", "entries differ"),
     (lambda rows, cols, block: divergent_warps(rows, cols, block).transpose(1, 0, 2), "wrong_shape",
      "at a 21 x 20 matrix, blocks of 16 threads across (x) and 8 down (y): the result has shape (2, 3, 4), "
@@ -227,3 +308,47 @@ def test_00_warp_divergence(answer, diagnosis, says):
     result = verdict("00_warp_divergence", answer)
     assert (result.diagnosis, result.passed) == (diagnosis, diagnosis == "ok"), result.message
     assert says in result.message, result.message
+
+
+# --- 00_predict_segments -------------------------------------------------------------------------
+
+def footprint(stride):
+    addresses = np.arange(32) * stride * 4                       # bytes
+    return len(set(addresses // 128)), len(set(addresses // 32))
+
+
+@pytest.mark.parametrize("answer, diagnosis, says", [
+    (footprint, "ok", "correct at every size"),
+    (lambda stride: footprint(stride)[::-1], "pair_swapped", "at stride 1 (lane l reads float32 element 1 * l): "
+                                                              "the answer is (4, 1), expected (1, 4)"),
+    (lambda stride: (len(set(np.arange(32) * stride // 128)), len(set(np.arange(32) * stride // 32))),
+     "elements_not_bytes", "at stride 1 (lane l reads float32 element 1 * l): the answer is (1, 1), expected (1, 4)"),
+    (lambda stride: (31 * stride * 4 // 128 + 1, 31 * stride * 4 // 32 + 1), "span_counted",
+     "at stride 16 (lane l reads float32 element 16 * l): the answer is (16, 63), expected (16, 32)"),
+    (lambda stride: (min(stride, 32), min(4 * stride, 32)), "wrong_values",
+     "at stride 0 (lane l reads float32 element 0 * l): the answer (segments, sectors) is (0, 0), expected (1, 1)"),
+    (lambda stride: (1, 4), "wrong_values", "at stride 0 (lane l reads float32 element 0 * l): the answer (segments, sectors) is (1, 4)"),
+    (lambda stride: 1, "wrong_shape", "expected a pair (segments, sectors)"),
+    (basics.warp_load_footprint, "calls_given_code", "warp_load_footprint"),
+    (lambda stride: basics.warp_load_footprint(stride), "calls_given_code", "warp_load_footprint"),
+])
+def test_00_predict_segments(answer, diagnosis, says):
+    result = verdict("00_predict_segments", answer)
+    assert (result.diagnosis, result.passed) == (diagnosis, diagnosis == "ok"), result.message
+    assert says in result.message, result.message
+
+
+def test_the_sanitizer_counts_what_the_footprint_predicts():
+    """The prediction is what the sanitizer measures for a warp reading a[lane * stride]."""
+    from attention_lib.measure.trace import Traced
+
+    @cuda.jit
+    def read_strided(a, out, stride):
+        lane = cuda.threadIdx.x
+        out[lane] = a[lane * stride]
+
+    for stride in (0, 1, 2, 3, 8, 31, 32, 33, 64):
+        a = np.zeros(32 * max(stride, 1), np.float32)
+        traced = Traced(read_strided, 1, 32, a, np.zeros(32, np.float32), stride)
+        measured = traced.warp_segments("a"), traced.warp_segments("a", segment_bytes=32)
+        assert measured == basics.warp_load_footprint(stride), stride

@@ -1,16 +1,21 @@
-"""Notebook 00's exercises: a first element-wise kernel with its bounds guard, a 2-D one and the
-grid that covers it, then the warps of a 2-D launch.
+"""Notebook 00's exercises: a first element-wise kernel with its bounds guard, the grid of a 2-D
+launch and a 2-D kernel, the warps of a 2-D launch, and a prediction of what one warp's load moves.
 
-``00_scale_add`` (warm-up): out = alpha * x + y, one thread per element (basics.scale_add_kernel).
-``00_transpose`` (main): the answer is a pair (transpose_kernel, transpose_grid): the student
-computes the grid for a (rows, cols) matrix and a non-square block (basics.grid_2d), and writes
-the 2-D kernel (basics.transpose_kernel). Named mistakes: ``grid_axes_swapped``,
-``grid_too_small``, ``grid_too_large`` (the grid function, asked about several shapes before any
-launch), ``row_is_x`` (the kernel takes the row from the grid's x: part of the matrix is never
-written) and ``not_transposed`` (a copy).
+``00_scale_add`` (warm-up): out = alpha * x + y, one thread per element (basics.scale_add_kernel);
+limits: each element of x and y read once, every warp's load of them one 128-byte segment.
+``00_transpose_grid``: the smallest grid of a block that covers a (rows, cols) matrix, x across the
+columns (basics.grid_2d). Named mistakes: ``grid_axes_swapped``, ``grid_too_small``,
+``grid_too_large``.
+``00_transpose`` (main): out = a^T, one thread per element of a, launched on the library's grid
+(basics.transpose_kernel); limits: each element of a read once, a warp's load of a at most 4
+segments. Named mistakes: ``row_is_x`` (the kernel takes the row from the grid's x: part of the
+matrix is never written) and ``not_transposed`` (a copy).
 ``00_warp_divergence``: which warps of a 2-D launch split at the bounds guard
 (basics.divergent_warps). Named mistakes: ``lanes_y_fastest`` (a block's threads dealt out to
 warps down y first) and ``idle_warp_counted`` (a warp with no thread inside counted as split).
+``00_predict_segments``: the 128-byte segments and 32-byte sectors one warp's strided load touches
+(basics.warp_load_footprint), predicted before the sanitizer counts them. Named mistakes:
+``pair_swapped``, ``elements_not_bytes``, ``span_counted``.
 """
 
 import numpy as np
@@ -18,7 +23,9 @@ from numba import cuda
 
 from attention_lib.stages import basics
 from attention_lib.stages.basics import TRANSPOSE_BLOCK, WARP_SIZE  # noqa: F401  (the notebook imports TRANSPOSE_BLOCK here)
+from attention_lib.checks.cases import edges
 from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register, unwritten
+from attention_lib.checks.limits import Coalesced, MostLoads
 from attention_lib.platform.launch import ceil_div
 
 
@@ -37,59 +44,107 @@ register(Exercise(
     title="out[i] = alpha * x[i] + y[i], one thread per element",
     kind="kernel",
     run=_run_scale_add,
-    # 1 and 7: fewer threads than a block; 64: exactly one block; 65 and 200: a partly used last block.
-    cases=[1, 7, 64, 65, 200],
+    # 1: fewer threads than a block; around one and two blocks of 64: a last block with one thread
+    # in use, full, or one thread short.
+    cases=edges(basics.THREADS_PER_BLOCK),
     describe_case=lambda n: f"n = {n} (blocks of {basics.THREADS_PER_BLOCK})",
     hint=("one thread per element: the thread's global index comes from its block and its place in "
           "the block, and the threads of the last block that fall past the end do nothing"),
     more_hints=("where answers go wrong: the thread's place in its block alone repeats in every block "
                 "(add the threads of the blocks before it), and the guard compares the index with the "
                 "length of the vector, which the last block overshoots",),
+    limits=(MostLoads("x", 1, why="one thread per element reads its own element once"),
+            MostLoads("y", 1, why="one thread per element reads its own element once"),
+            Coalesced("x", 1), Coalesced("y", 1)),
     solution=basics.scale_add_kernel,
     forbidden=(basics.scale_add,),
 ))
 
 
-# --- The main exercise: a 2-D kernel and its grid ------------------------------------------
-
-# (rows, cols) the grid function is asked about before anything is launched.
-GRID_SHAPES = [(1, 1), (8, 16), (9, 17), (40, 5), (5, 40), (100, 3)]
-
+# --- The grid of a 2-D launch ------------------------------------------------------------------
 
 def _blocks_words(block):
     return f"blocks of {block[0]} threads across (x) and {block[1]} down (y)"
 
 
-def _check_grid(transpose_grid):
-    """Diagnosed unless transpose_grid gives the smallest grid that covers each matrix."""
-    bx, by = TRANSPOSE_BLOCK
-    for rows, cols in GRID_SHAPES:
-        got = tuple(int(g) for g in transpose_grid(rows, cols, TRANSPOSE_BLOCK))
-        want = basics.grid_2d(rows, cols, TRANSPOSE_BLOCK)
-        if got == want:
-            continue
-        # One convention throughout: the matrix in rows and columns, the grid as (x, y) blocks.
-        where = (f"for a matrix of {rows} rows and {cols} columns in {_blocks_words(TRANSPOSE_BLOCK)}, "
-                 f"the grid (x, y) is {got}")
-        covers = f"{got[1] * by} rows and {got[0] * bx} columns"
-        if got == (ceil_div(rows, bx), ceil_div(cols, by)) or got == want[::-1]:
-            raise Diagnosed("grid_axes_swapped", (
-                f"{where}, expected {want}: the grid's x counts blocks across the columns, its y blocks "
-                "down the rows"))
-        if got[0] * bx < cols or got[1] * by < rows:
-            raise Diagnosed("grid_too_small", f"{where}, which covers only {covers}; round the number of blocks up")
+def _grid_cases(block=TRANSPOSE_BLOCK):
+    """(rows, cols, block): one element; one short of a block, a whole block and one more, in both
+    directions; wide and tall; then other blocks (a grid function that reads the block, not 16 and 8)."""
+    bx, by = block
+    return [(1, 1, block), (by - 1, bx - 1, block), (by, bx, block), (by + 1, bx + 1, block),
+            (2 * by, 2 * bx + 1, block), (5 * by, 5, block), (5, 5 * by, block), (100, 3, block),
+            (9, 100, (32, 4)), (33, 7, (8, 8))]
+
+
+def _run_grid(transpose_grid, case, rng, launch):
+    rows, cols, block = case
+    got = transpose_grid(rows, cols, block)
+    want = basics.grid_2d(rows, cols, block)
+    try:
+        got = tuple(got)
+    except TypeError:
+        raise Diagnosed("wrong_shape", f"the grid is {got!r}, expected a pair (blocks along x, blocks along y)")
+    if len(got) == 2 and got != want:
+        _diagnose_grid(got, want, rows, cols, block)
+    return np.asarray(got, np.float64), np.asarray(want, np.float64)
+
+
+def _diagnose_grid(got, want, rows, cols, block):
+    """Diagnosed when the pair `got` is a typical wrong grid; returns when it is none of them."""
+    bx, by = block
+    if not all(float(g).is_integer() for g in got):
+        raise Diagnosed("wrong_values", f"the grid (x, y) is {got}, expected {want}: a grid counts whole blocks")
+    got = tuple(int(g) for g in got)
+    covers = f"{got[1] * by} rows and {got[0] * bx} columns"
+    if got == (ceil_div(rows, bx), ceil_div(cols, by)) or got == want[::-1]:
+        raise Diagnosed("grid_axes_swapped", (
+            f"the grid (x, y) is {got}, expected {want}: the grid's x counts blocks across the columns, "
+            "its y blocks down the rows"))
+    if got[0] * bx < cols or got[1] * by < rows:
+        raise Diagnosed("grid_too_small", f"the grid (x, y) is {got}, which covers only {covers}; round the "
+                                          "number of blocks up")
+    if (got[0] - 1) * bx >= cols or (got[1] - 1) * by >= rows:
         raise Diagnosed("grid_too_large", (
-            f"{where}, expected {want}: it covers {covers}, with whole blocks that have nothing to do"))
+            f"the grid (x, y) is {got}, expected {want}: it covers {covers}, with whole blocks that have "
+            "nothing to do"))
 
 
-def _run_transpose(answer, shape, rng, launch):
-    transpose_kernel, transpose_grid = answer
-    _check_grid(transpose_grid)
+register(Exercise(
+    exercise_id="00_transpose_grid",
+    title="the smallest grid of (bx, by) blocks that covers a (rows, cols) matrix, x across the columns",
+    kind="function",
+    run=_run_grid,
+    cases=_grid_cases(),
+    describe_case=lambda c: f"a matrix of {c[0]} rows and {c[1]} columns in {_blocks_words(c[2])}",
+    hint=("a grid counts blocks in each direction: enough blocks of the block's width to cover the "
+          "columns, and enough of its height to cover the rows"),
+    more_hints=("where answers go wrong: CUDA's x comes first and runs across the columns (the "
+                "fastest-moving index), y down the rows; and a count of blocks rounds up, so that a "
+                "partly used block at the edge still gets launched",),
+    rtol=0.0,
+    atol=0.0,
+    diagnoses=("grid_axes_swapped", "grid_too_small", "grid_too_large"),
+    solution=basics.grid_2d,
+))
+
+
+# --- The main exercise: a 2-D kernel ------------------------------------------------------------
+
+def _transpose_cases(block=TRANSPOSE_BLOCK):
+    """(rows, cols): one element; square under one block (a copy is seen); more rows than a block's
+    x covers and fewer columns than its y (a row taken from x misses rows); wide; tall; exactly one
+    block; a whole block down and one column short of two across."""
+    bx, by = block
+    return [(1, 1), (by - 1, by - 1), (bx + 3, by - 1), (by - 3, 5 * by), (2 * bx + 1, bx + 1), (by, bx),
+            (2 * by, 2 * bx - 1)]
+
+
+def _run_transpose(transpose_kernel, shape, rng, launch):
     rows, cols = shape
     a = rng.standard_normal((rows, cols)).astype(np.float32)
     full, out = output_array((cols, rows), guard=TRANSPOSE_BLOCK[0] * TRANSPOSE_BLOCK[1] * (rows + cols))
-    grid = transpose_grid(rows, cols, TRANSPOSE_BLOCK)
-    launch(transpose_kernel, tuple(grid), TRANSPOSE_BLOCK, cuda.to_device(a), out)
+    grid = basics.grid_2d(rows, cols, TRANSPOSE_BLOCK)
+    launch(transpose_kernel, grid, TRANSPOSE_BLOCK, cuda.to_device(a), out)
     got = read_output(full, out)
     _diagnose_transpose(got, a, grid)
     return got, np.ascontiguousarray(a.T)
@@ -106,30 +161,33 @@ def _diagnose_transpose(got, a, grid):
         reached = (r < grid[0] * bx) & (c < grid[1] * by)
         if np.array_equal(~never, reached):
             raise Diagnosed("row_is_x", (
-                f"{int(never.sum())} entries were never written, those of rows {grid[0] * bx} and on, "
-                "or columns past the grid's y: cuda.grid(2) gives (x, y), and x is the column"))
+                f"{int(never.sum())} entries of out were never written: those of a's rows {grid[0] * bx} and on, "
+                f"and a's columns {grid[1] * by} and on, exactly what a kernel taking the row from the grid's x "
+                "misses: cuda.grid(2) gives (x, y), and x is the column"))
     elif rows == cols > 1 and np.array_equal(got, a):
         raise Diagnosed("not_transposed", "out equals a: element (r, c) of a must land at (c, r) of out")
 
 
 register(Exercise(
     exercise_id="00_transpose",
-    title="out = a^T: a 2-D kernel and the grid that covers the matrix",
-    kind="kernel and grid",
+    title="out = a^T: a 2-D kernel, one thread per element of a",
+    kind="kernel",
     run=_run_transpose,
-    # (rows, cols): one element; square, under one block; then more rows than a block's x
-    # covers and fewer columns (a row taken from x misses rows), wide and tall, partly used blocks.
-    cases=[(1, 1), (7, 7), (19, 7), (5, 40), (33, 17)],
-    describe_case=lambda s: f"a of shape {s} ({s[0]} rows, {s[1]} columns)",
-    hint=("give every element of a a thread: the grid counts blocks in each direction, and in the "
-          "kernel each thread finds its row and column from its place in the grid"),
-    more_hints=("where answers go wrong: CUDA's x comes first and is the column (the fastest-moving "
-                "index), y is the row; a count of blocks rounds up, and then the last blocks hang over "
-                "the edge, so their extra threads must do nothing",),
+    cases=_transpose_cases(),
+    describe_case=lambda s: f"a of {s[0]} rows and {s[1]} columns ({_blocks_words(TRANSPOSE_BLOCK)})",
+    hint=("each thread finds its element of a from its place in the 2-D grid, and writes it where the "
+          "transpose puts it; the threads of the edge blocks that fall outside a do nothing"),
+    more_hints=("where answers go wrong: the grid's x is the column (the fastest-moving index), y the "
+                "row, so that neighbouring threads of a warp read neighbouring elements of a row of a; "
+                "and the guard compares the row with a's rows and the column with a's columns",),
     rtol=0.0,     # a transpose moves values: exactly equal
     atol=0.0,
-    diagnoses=("grid_axes_swapped", "grid_too_small", "grid_too_large", "row_is_x", "not_transposed"),
-    solution=(basics.grid_2d, basics.transpose_kernel),
+    limits=(MostLoads("a", 1, why="one thread per element reads its own element once"),
+            # A warp is two rows of 16 threads: two runs of 64 bytes, each within one segment
+            # or across two (a row of a starts anywhere); lanes down a column touch 8 or more.
+            Coalesced("a", 4)),
+    diagnoses=("row_is_x", "not_transposed"),
+    solution=basics.transpose_kernel,
     forbidden=(basics.transpose,),
 ))
 
@@ -178,15 +236,24 @@ def _run_warps(divergent_warps, case, rng, launch):
     return got.astype(np.float64) if got.dtype.kind in "biuf" else got, expected.astype(np.float64)
 
 
+def _warp_cases(warp=WARP_SIZE):
+    """(rows, cols, block): one element (one split warp, three idle); blocks half a warp wide, so
+    that a warp spans two rows (the bottom edge splits the warp holding the last row and the next);
+    blocks one warp wide (the bottom edge never splits); 8 x 8 blocks (a warp spans four rows); one
+    long row in blocks two warps wide. Then edges on a warp's boundary: the last column one short of
+    the end of a warp's columns, and a matrix exactly one warp wide in blocks two warps wide (its
+    second warp wholly outside: idle, not split)."""
+    half = warp // 2
+    return [(1, 1, (half, 8)), (21, 20, (half, 8)), (7, 40, (warp, 4)), (19, 13, (8, 8)), (3, 100, (2 * warp, 1)),
+            (5, 2 * half - 1, (half, 8)), (3, warp, (2 * warp, 1)), (2 * (warp // 8) + 1, 8, (8, 8))]
+
+
 register(Exercise(
     exercise_id="00_warp_divergence",
     title="divergent_warps(rows, cols, block): the warps of a 2-D launch that split at the bounds guard",
     kind="function",
     run=_run_warps,
-    # (rows, cols, block): one element (one split warp, three idle); 21 rows in blocks 16 wide
-    # (a warp spans two rows: the bottom edge splits one); blocks one warp wide (the bottom edge
-    # never splits, the right edge always); 8 x 8 blocks (a warp spans four rows); one long row.
-    cases=[(1, 1, (16, 8)), (21, 20, (16, 8)), (7, 40, (32, 4)), (19, 13, (8, 8)), (3, 100, (64, 1))],
+    cases=_warp_cases(),
     describe_case=lambda c: f"a {c[0]} x {c[1]} matrix, {_blocks_words(c[2])}",
     hint=("a warp is 32 threads of one block whose linear ids follow each other, the id counting along "
           "x first; a warp splits at the guard when some of its threads land inside the matrix and "
@@ -198,4 +265,65 @@ register(Exercise(
     atol=0.0,
     diagnoses=("lanes_y_fastest", "idle_warp_counted"),
     solution=basics.divergent_warps,
+))
+
+
+# --- Predict, then measure: what one warp's load moves --------------------------------------------
+
+def _footprints(stride, segment, sector):
+    """(segments, sectors) of lane l reading element l * stride, with segments and sectors of the
+    given sizes in the same unit as the addresses."""
+    addresses = np.arange(WARP_SIZE) * stride
+    return len(set(addresses // segment)), len(set(addresses // sector))
+
+
+def _span(stride):
+    """Every segment and sector from the first address to the last, touched or not."""
+    last = (WARP_SIZE - 1) * stride * basics.FLOAT32_BYTES
+    return last // basics.SEGMENT_BYTES + 1, last // basics.SECTOR_BYTES + 1
+
+
+def _run_footprint(warp_load_footprint, stride, rng, launch):
+    got = warp_load_footprint(stride)
+    expected = basics.warp_load_footprint(stride)
+    try:
+        got = tuple(int(g) if float(g).is_integer() else float(g) for g in got)
+    except (TypeError, ValueError):
+        raise Diagnosed("wrong_shape", f"the answer is {got!r}, expected a pair (segments, sectors)")
+    if len(got) == 2 and got != expected:
+        in_elements = _footprints(stride, basics.SEGMENT_BYTES, basics.SECTOR_BYTES)
+        if got == expected[::-1]:
+            raise Diagnosed("pair_swapped", (
+                f"the answer is {got}, expected {expected}: the pair is (segments, sectors), and a 128-byte "
+                "segment holds four 32-byte sectors, so sectors are never fewer"))
+        if got == in_elements:
+            raise Diagnosed("elements_not_bytes", (
+                f"the answer is {got}, expected {expected}: segments and sectors are counted in bytes, and "
+                "a float32 takes 4 of them (a segment holds 32 float32, a sector 8)"))
+        if got == _span(stride):
+            raise Diagnosed("span_counted", (
+                f"the answer is {got}, expected {expected}: it counts every segment from the first address "
+                "to the last, but only those a lane reads are moved (32 lanes touch at most 32)"))
+        raise Diagnosed("wrong_values", f"the answer (segments, sectors) is {got}, expected {expected}")
+    return np.asarray(got, np.float64), np.asarray(expected, np.float64)
+
+
+register(Exercise(
+    exercise_id="00_predict_segments",
+    title="(segments, sectors) one warp's load touches when lane l reads element l * stride",
+    kind="function",
+    run=_run_footprint,
+    # Neighbours; one number for all (a broadcast); 2, 3, 8: a few lanes a sector or a segment;
+    # 16, 31, 32, 33: about one segment a lane; 64, 100: lanes far apart.
+    cases=[1, 0, 2, 3, 8, 16, 31, 32, 33, 64, 100],
+    describe_case=lambda s: f"stride {s} (lane l reads float32 element {s} * l)",
+    hint=("write down the byte address each of the 32 lanes reads, and see which 128-byte segment and "
+          "which 32-byte sector it falls in: the warp's load moves each one touched, once"),
+    more_hints=("where answers go wrong: addresses are in bytes (a float32 takes 4), several lanes that "
+                "fall in one segment share it, and segments between the lanes that no lane reads are not "
+                "moved",),
+    rtol=0.0,
+    atol=0.0,
+    diagnoses=("pair_swapped", "elements_not_bytes", "span_counted"),
+    solution=basics.warp_load_footprint,
 ))

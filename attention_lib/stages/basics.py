@@ -8,6 +8,7 @@ Element-wise kernels on vectors of length n, one CUDA thread per element:
 - ``transpose_kernel``: out[c, r] = a[r, c], a 2-D grid over a (rows, cols) matrix.
 - ``grid_2d``: the smallest 2-D grid covering a (rows, cols) matrix, x across the columns.
 - ``divergent_warps``: which warps of a 2-D launch have threads on both sides of the bounds guard.
+- ``warp_load_footprint``: the 128-byte segments and 32-byte sectors one warp's strided load touches.
 - Launchers ``add``, ``scale_add``, ``whoami``, ``whoami_2d``, ``transpose``: validate, copy, pick
   the grid, return NumPy. ``add``, ``scale_add`` and ``transpose`` take a ``kernel=`` argument so
   that the exercise checks can launch a student's kernel exactly as the library launches its own.
@@ -29,6 +30,10 @@ BLOCK_2D = (8, 8)
 TRANSPOSE_BLOCK = (16, 8)
 # Threads of a block are dealt out to warps of 32 in order of their linear id (x fastest).
 WARP_SIZE = 32
+# Global memory moves 32-byte sectors; 4 sectors make a 128-byte segment (a cache line).
+SEGMENT_BYTES = 128
+SECTOR_BYTES = 32
+FLOAT32_BYTES = 4
 
 
 # --- NumPy reference ---------------------------------------------------------------------
@@ -118,6 +123,13 @@ def divergent_warps(rows, cols, block):
                 inside = (row < rows) & (col < cols)
                 diverges[block_y, block_x, warp] = inside.any() and not inside.all()
     return diverges
+
+
+def warp_load_footprint(stride):
+    """(segments, sectors): how many 128-byte segments and 32-byte sectors one warp's load touches
+    when lane l reads float32 element l * stride of an array that starts on a segment boundary."""
+    addresses = np.arange(WARP_SIZE) * stride * FLOAT32_BYTES        # (32,) bytes from the start
+    return len(set(addresses // SEGMENT_BYTES)), len(set(addresses // SECTOR_BYTES))
 
 
 # --- Launchers ---------------------------------------------------------------------------
