@@ -107,6 +107,10 @@ def fused(mistake=None):
             last_row = cuda.blockIdx.y * TILE
         first_col = cuda.blockIdx.x * TILE
         leave = first_col > last_row + offset
+        if mistake == "full_tile":                          # the tile's last row uncut at T_q: right too
+            leave = first_col > cuda.blockIdx.y * TILE + TILE - 1 + offset
+        elif mistake == "ge_full_tile":                     # >= for >: wrong when T_k - T_q is 1 modulo TILE
+            leave = first_col >= cuda.blockIdx.y * TILE + TILE - 1 + offset
         if mistake == "per_thread":
             leave = j > i + offset                          # differs between the threads of a diagonal tile
         elif mistake == "no_skip":
@@ -136,13 +140,16 @@ def fused(mistake=None):
     (None, "ok", "correct at every size"),
     ("per_thread", "divergent_barrier", "undefined on a GPU"),
     ("no_skip", "skips_too_few", "tiles wholly in the future were computed"),
-    ("first_row", "skips_visible_tile", "T_q = 9, T_k = 33"),
+    ("full_tile", "ok", "correct at every size"),
+    ("ge_full_tile", "skips_visible_tile", "T_q = 16, T_k = 17, d_k = 5: the block of tile (row block 0, col block 1) "
+                                           "skipped it, but query 15 sees key 16 there"),
+    ("first_row", "skips_visible_tile", "its last query against its first key"),
     ("tile_no_offset", "skips_visible_tile", "its last query against its first key"),
     ("skip_unwritten", "skipped_tile_not_written", "still owes each of its scores a -inf"),
     ("no_guard", "out_of_bounds", "out-of-bounds "),
     ("no_diagonal_mask", "diagonal_tile_unmasked", "written unmasked"),
     ("diagonal_too", "mask_includes_diagonal", "the diagonal is masked too"),
-    ("score_no_offset", "mask_ignores_offset", "T_q = 9, T_k = 33"),
+    ("score_no_offset", "mask_ignores_offset", "T_q = 16, T_k = 17"),
     ("no_scale", "missing_scale", "without the scale"),
 ])
 def test_03_causal_scores(mistake, diagnosis, says):
@@ -183,8 +190,12 @@ def skip_test(mistake=None):
         if mistake == "first_row_for_future":
             last_row = first_row
         future = first_col > last_row + offset
+        if mistake == "ge_full_tile":                       # >= for >: wrong when T_k - T_q is 1 modulo TILE
+            future = first_col >= first_row + TILE - 1 + offset
         if mistake == "window_zero_literal":
             past = last_col <= first_row + offset - window
+        elif mistake == "window_lt":                        # < for <=: a tile whose last key is just too old is kept
+            past = window > 0 and last_col < first_row + offset - window
         else:
             past = window > 0 and last_col <= first_row + offset - window
         if mistake == "future_only":
@@ -198,7 +209,11 @@ def skip_test(mistake=None):
     ("future_only", "skips_too_few", "the ones missed lie before the window"),
     ("past_only", "skips_too_few", "the ones missed lie above the diagonal"),
     ("first_row_for_future", "skips_visible_tile", "was skipped but holds a visible score"),
-    ("no_offset", "skips_visible_tile", "T_q = 9, T_k = 33"),
+    ("no_offset", "skips_visible_tile", "T_q = 16, T_k = 17"),
+    ("ge_full_tile", "skips_visible_tile", "T_q = 16, T_k = 17, window = 0: tile (row block 0, col block 1) was "
+                                           "skipped but holds a visible score (query 15, key 16)"),
+    ("window_lt", "skips_too_few", "T_q = 16, T_k = 48, window = 17: the values are right, but 0 of the 1 wholly "
+                                   "masked tiles were skipped; the ones missed lie before the window"),
     ("window_zero_literal", "window_zero_not_none", "0 means no window"),
 ])
 def test_03_tile_skip(mistake, diagnosis, says):

@@ -37,6 +37,7 @@ from attention_lib import reference
 from attention_lib.platform.launch import ceil_div
 from attention_lib.stages import mask, scores
 from attention_lib.stages.scores import TILE
+from attention_lib.checks import cases
 from attention_lib.checks.engine import (Diagnosed, Exercise, host_output, output_array, read_output, register,
                                          traced_launch, unwritten)
 
@@ -219,6 +220,8 @@ def _diagnose_causal_scores(got, expected, q, k, skipped_area):
                 (j > i, ("mask_ignores_offset",
                  f"T_k = {t_k} keys but T_q = {t_q} queries: query i sits at position i + {offset}; "
                  "mask j > i + (T_k - T_q)"))]
+    if offset:      # at an offset of 1 the two read alike; a mask of the diagonal failed at offset 0 before
+        variants[2], variants[3] = variants[3], variants[2]
     for pattern, named in variants:
         if not np.array_equal(neg_inf, pattern[None] | skipped_area):
             continue
@@ -235,19 +238,25 @@ def _diagnose_causal_scores(got, expected, q, k, skipped_area):
     return None
 
 
-# (BH, T_q, T_k, d_k): one score; 20 x 20 in two heads (2 x 2 tiles, one skipped, partly used);
-# 9 queries that are the last of 33 positions (offset 24: nothing to skip, but a test that forgets
-# the offset, or tests the tile's first row, skips visible tiles); 40 queries against 17 keys (the
-# first 23 rows see nothing: whole tiles skipped below the diagonal's start); 33 x 33 with d_k 20
-# (3 x 3 tiles, 3 skipped, two steps along d_k).
-CAUSAL_CASES = [(1, 1, 1, 1), (2, 20, 20, 5), (1, 9, 33, 5), (1, 40, 17, 5), (1, 33, 33, 20)]
+def _causal_cases(configuration):
+    """(BH, T_q, T_k, d_k), from the tile: one score; then T_k - T_q at 0, +-1, a tile - 1, a tile and a
+    tile + 1, and more queries than keys (cases.offsets: a tile test written with >= for > is wrong
+    exactly when the offset is 1 modulo the tile), the first in two heads; 9 queries that are the
+    last of two tiles + 1 positions, in two heads (a test that forgets the offset, or tests the
+    tile's first row, skips visible tiles); two tiles + 1, d_k a tile + 4 (3 x 3 tiles, 3 skipped,
+    two steps along d_k)."""
+    tile = scores.TILE
+    pairs = cases.offsets(tile)
+    return ([(1, 1, 1, 1)] + [(2 if n == 0 else 1, t_q, t_k, 5) for n, (t_q, t_k) in enumerate(pairs)]
+            + [(2, tile // 2 + 1, 2 * tile + 1, 5), (1, 2 * tile + 1, 2 * tile + 1, tile + 4)])
+
 
 register(Exercise(
     exercise_id="03_causal_scores",
     title="causal_scores_kernel: skip the tiles wholly in the future, block by block, then mask the diagonal tiles",
     kind="kernel",
     run=_run_causal_scores,
-    cases=CAUSAL_CASES,
+    cases=_causal_cases,
     describe_case=lambda c: f"BH = {c[0]}, T_q = {c[1]}, T_k = {c[2]}, d_k = {c[3]}",
     hint=("decide from the block's position alone whether its whole tile lies in the future: then "
           "every thread of the block writes minus infinity and leaves together; otherwise every "
@@ -326,18 +335,26 @@ def _judge_skipped(skipped, visible, t_q, t_k, window):
             f"were skipped; the ones missed lie {kind}"))
 
 
-# (BH, T_q, T_k, window): one score; 9 queries against 33 keys (offset 24), a narrow window, two
-# heads; 40 x 40 with tiles skipped on both sides of the band; 33 x 33 with window 0 (none: the
-# causal mask alone); 33 queries against 17 keys with a window wider than the context, rows
-# 0..15 fully masked.
-TILE_SKIP_CASES = [(1, 1, 1, 1), (2, 9, 33, 5), (1, 40, 40, 7), (1, 33, 33, 0), (1, 33, 17, 40)]
+def _tile_skip_cases(configuration):
+    """(BH, T_q, T_k, window), from the tile: one score; the causal edge at every offset of
+    cases.offsets with window 0 (none); the windows of cases.window_edges, whose edge falls on a
+    tile's first or last key or one key either side, with one row of query tiles (a tile of queries,
+    the last of three tiles of keys) and once with three (the band's edge on tile (2, 0)); 9 queries
+    that are the last of two tiles + 1 keys, a narrow window, two heads; more queries than keys
+    under a window wider than the context."""
+    tile = scores.TILE
+    windows = cases.window_edges(tile)
+    return ([(1, 1, 1, 1)] + [(1, t_q, t_k, 0) for t_q, t_k in cases.offsets(tile)]
+            + [(1, tile, t, window) for t, window in windows] + [(1, 3 * tile, 3 * tile, tile + 1)]
+            + [(2, tile // 2 + 1, 2 * tile + 1, 5), (1, 2 * tile + 1, tile + 1, 2 * tile + 8)])
+
 
 register(Exercise(
     exercise_id="03_tile_skip",
     title="tile_is_masked(row_block, col_block, t_q, t_k, window): may a sliding-window kernel skip this tile?",
     kind="device function",
     run=_run_tile_skip,
-    cases=TILE_SKIP_CASES,
+    cases=_tile_skip_cases,
     describe_case=lambda c: f"BH = {c[0]}, T_q = {c[1]}, T_k = {c[2]}, window = {c[3]}",
     hint=("a tile may be skipped when even its most favourable score is masked: find, for each edge "
           "of the visible band, the corner of the tile that comes closest to it"),

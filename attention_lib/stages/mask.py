@@ -73,9 +73,9 @@ def causal_scores_kernel(q, k, inv_sqrt_dk, s):
     t_q, t_k = s.shape[1], s.shape[2]
     last_row = min((cuda.blockIdx.y + 1) * TILE, t_q) - 1   # the tile's last real query
     first_col = cuda.blockIdx.x * TILE                      # the tile's first key
-    if first_col > last_row + (t_k - t_q):  # even its nearest score is in the future; blockIdx only,
-        if i < t_q and j < t_k:             # so the whole block takes this branch: no q, no k
-            s[h, i, j] = -math.inf
+    if first_col > last_row + (t_k - t_q):  # even its nearest score is in the future; blockIdx only, so
+        if j < t_k:                         # the whole block leaves, loading nothing. Every i < T_q: the
+            s[h, i, j] = -math.inf          # last row of tiles is never skipped (its last query sees T_k - 1)
         return
     acc = tile_dot(q, k, h, i, j)           # every thread of the block calls it: it has barriers
     if i < t_q and j < t_k:                 # a diagonal tile masks its upper part, the future
