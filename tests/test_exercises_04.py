@@ -1,7 +1,8 @@
 """Notebook 04's exercises: each solution gets ok, each typical mistake its own diagnosis, in one line.
 
-The solutions below are the library's code (the notebook's solution cells), copied: the library's
-own kernel would be refused as given code.
+The solution is checked as a student submits it (mutation.solution_copy: the library's code in a new
+function; the library's own kernel would be refused as given code). The mistakes below are the
+solution with one thing changed, the way students write them.
 """
 
 import math
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from attention_lib.checks import EXERCISES, check
+from attention_lib.checks import EXERCISES, check, mutation
 from attention_lib.stages import softmax
 from attention_lib.stages.softmax import (FULL_MASK, THREADS_PER_ROW, WARP_SIZE, WARPS_PER_BLOCK, merge_stats,
                                           strided_write, strided_zeros)
@@ -149,8 +150,48 @@ def row_softmax_stub(s, out):
     raise NotImplementedError()
 
 
-def test_the_row_softmax_solution_passes():
-    result = verdict("04_row_softmax", row_softmax_solution)
+@cuda.jit
+def row_softmax_total_from_a_python_float(s, out):
+    row = cuda.grid(1)
+    if row >= s.shape[0]:
+        return
+    row_max = np.float32(-math.inf)
+    for j in range(s.shape[1]):
+        row_max = max(row_max, s[row, j])
+    if row_max == -math.inf:
+        for j in range(s.shape[1]):
+            out[row, j] = 0.0
+        return
+    total = 0.0                                        # a Python float: float64 on a GPU
+    for j in range(s.shape[1]):
+        total += math.exp(s[row, j] - row_max)
+    for j in range(s.shape[1]):
+        out[row, j] = math.exp(s[row, j] - row_max) / total
+
+
+@cuda.jit
+def row_softmax_max_from_a_python_float(s, out):
+    row = cuda.grid(1)
+    if row >= s.shape[0]:
+        return
+    row_max = -math.inf                                # float64, and so is every s - row_max
+    for j in range(s.shape[1]):
+        row_max = max(row_max, s[row, j])
+    if row_max == -math.inf:
+        for j in range(s.shape[1]):
+            out[row, j] = 0.0
+        return
+    total = np.float32(0.0)
+    for j in range(s.shape[1]):
+        total += math.exp(s[row, j] - row_max)
+    for j in range(s.shape[1]):
+        out[row, j] = math.exp(s[row, j] - row_max) / total
+
+
+@pytest.mark.parametrize("answer", [lambda: mutation.solution_copy(EXERCISES["04_row_softmax"]),
+                                    lambda: row_softmax_solution])
+def test_the_row_softmax_solution_passes(answer):
+    result = verdict("04_row_softmax", answer())
     assert result.passed and result.diagnosis == "ok", result
 
 
@@ -165,6 +206,8 @@ def test_the_row_softmax_solution_passes():
     (skips_the_last_row, "wrong_values", "never written"),
     (row_softmax_by_the_library, "calls_given_code", "strided_"),
     (row_softmax_stub, "not_implemented", "Hint"),
+    (row_softmax_total_from_a_python_float, "float64_arithmetic", "total = 0.0"),
+    (row_softmax_max_from_a_python_float, "float64_arithmetic", "row_max = -math.inf"),
 ])
 def test_row_softmax_mistakes_get_their_diagnosis(answer, diagnosis, says):
     result = verdict("04_row_softmax", answer)
@@ -333,10 +376,70 @@ def tree_stub(partial, value, take_max):
     raise NotImplementedError()
 
 
-@pytest.mark.parametrize("answer", [tree_solution, tree_interleaved])
+@cuda.jit(device=True)
+def tree_serial_in_thread_0(partial, value, take_max):
+    """Right values, no tree: thread 0 walks every slot while the others wait."""
+    tid = cuda.threadIdx.x
+    partial[tid] = value
+    cuda.syncthreads()
+    if tid == 0:
+        acc = partial[0]
+        for other in range(1, THREADS_PER_ROW):
+            acc = max(acc, partial[other]) if take_max else acc + partial[other]
+        partial[0] = acc
+    cuda.syncthreads()
+    result = partial[0]
+    cuda.syncthreads()
+    return result
+
+
+@cuda.jit(device=True)
+def tree_every_thread_adds_every_slot(partial, value, take_max):
+    """Right values, no tree: every thread walks every slot itself."""
+    tid = cuda.threadIdx.x
+    partial[tid] = value
+    cuda.syncthreads()
+    acc = partial[0]
+    for other in range(1, THREADS_PER_ROW):
+        acc = max(acc, partial[other]) if take_max else acc + partial[other]
+    cuda.syncthreads()
+    return acc
+
+
+@cuda.jit(device=True)
+def tree_for_32_threads(partial, value, take_max):
+    """The simulator's block size written as a number: right at 32 threads, not at a GPU's 128."""
+    tid = cuda.threadIdx.x
+    partial[tid] = value
+    cuda.syncthreads()
+    stride = 16
+    while stride > 0:
+        if tid < stride:
+            other = partial[tid + stride]
+            partial[tid] = max(partial[tid], other) if take_max else partial[tid] + other
+        cuda.syncthreads()
+        stride //= 2
+    result = partial[0]
+    cuda.syncthreads()
+    return result
+
+
+@pytest.mark.parametrize("answer", [lambda: mutation.solution_copy(EXERCISES["04_block_reduction"]),
+                                    lambda: tree_solution, lambda: tree_interleaved])
 def test_the_block_reduction_solution_passes(answer):
-    result = verdict("04_block_reduction", answer)
+    result = verdict("04_block_reduction", answer())
     assert result.passed and result.diagnosis == "ok", result
+    assert "and a GPU's" in result.message
+
+
+def test_the_block_reduction_runs_at_a_gpus_block_size_too():
+    from attention_lib.checks import shapes
+    exercise = EXERCISES["04_block_reduction"]
+    assert exercise.both_shapes
+    with shapes.configured(shapes.GPU, tree_solution):
+        assert softmax.THREADS_PER_ROW == 128
+        assert (2, 2 * 128 + 5, "large") in exercise.cases_for(shapes.GPU)
+    assert softmax.THREADS_PER_ROW == 32 and (2, 2 * 32 + 5, "large") in exercise.cases_for(shapes.SIMULATOR)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")   # a racy tree may give 1 / 0
@@ -350,6 +453,9 @@ def test_the_block_reduction_solution_passes(answer):
     (tree_starting_too_wide, "out_of_bounds", "partial"),
     (tree_by_the_library, "calls_given_code", "block_"),
     (tree_stub, "not_implemented", "Hint"),
+    (tree_serial_in_thread_0, "serial_reduction", "read shared memory 66 times, where the limit is 24"),
+    (tree_every_thread_adds_every_slot, "serial_reduction", "a tree shares the work"),
+    (tree_for_32_threads, "tree_starts_narrow", "threads 0-31 only, out of 128"),
 ])
 def test_block_reduction_mistakes_get_their_diagnosis(answer, diagnosis, says):
     result = verdict("04_block_reduction", answer)
@@ -518,8 +624,31 @@ def warp_softmax_stub(s, out):
     raise NotImplementedError()
 
 
-def test_the_warp_softmax_solution_passes():
-    result = verdict("04_warp_softmax", warp_softmax_solution)
+@cuda.jit
+def warp_lanes_take_chunks(s, out):
+    """Right values, each score read twice, but lane i takes columns i * chunk to (i + 1) * chunk - 1:
+    a warp's load spreads over chunk times as many segments."""
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    chunk = (s.shape[1] + WARP_SIZE - 1) // WARP_SIZE
+    first, end = lane * chunk, min((lane + 1) * chunk, s.shape[1])
+    m, l = np.float32(-math.inf), np.float32(0.0)
+    for j in range(first, end):
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    for step in (16, 8, 4, 2, 1):
+        m_other = cuda.shfl_xor_sync(FULL_MASK, m, step)
+        l_other = cuda.shfl_xor_sync(FULL_MASK, l, step)
+        m, l = merge_stats(m, l, m_other, l_other)
+    for j in range(first, end):
+        out[row, j] = math.exp(s[row, j] - m) / l if m > -math.inf else np.float32(0.0)
+
+
+@pytest.mark.parametrize("answer", [lambda: mutation.solution_copy(EXERCISES["04_warp_softmax"]),
+                                    lambda: warp_softmax_solution])
+def test_the_warp_softmax_solution_passes(answer):
+    result = verdict("04_warp_softmax", answer())
     assert result.passed and result.diagnosis == "ok", result
 
 
@@ -529,7 +658,8 @@ def test_the_warp_softmax_solution_passes():
     (warp_sums_added_as_they_are, "online_softmax_no_rescale", "rescaled by exp(m_lane - m)"),
     (warp_shuffled_down, "result_not_broadcast", "lane 0's columns are right"),
     (warp_starting_from_zero, "wrong_neutral_value", "(-inf, 0)"),
-    (warp_three_passes, "stats_not_in_one_pass", "read 3 times"),
+    (warp_three_passes, "stats_not_in_one_pass", "read up to 3 times from global memory, where the limit is 2"),
+    (warp_lanes_take_chunks, "uncoalesced", "segments of 128 bytes on average, where the limit is 2"),
     (warp_raw_exponentials, "unstable_softmax", "Subtract the row maximum"),
     (warp_nan_on_fully_masked_rows, "fully_masked_row", "row 3 has every score -inf"),
     (warp_softmax_stub, "not_implemented", "Hint"),
@@ -539,9 +669,10 @@ def test_warp_softmax_mistakes_get_their_diagnosis(answer, diagnosis, says):
     assert (result.passed, result.diagnosis, says in result.message) == (False, diagnosis, True), result
 
 
-def test_hints_name_no_code():
+def test_hints_give_the_idea_then_the_plan_then_the_pitfalls_and_name_no_code():
     for exercise_id in ("04_row_softmax", "04_block_reduction", "04_warp_softmax"):
         hints = EXERCISES[exercise_id].hints
-        assert len(hints) >= 2 and hints[1].startswith("where answers go wrong")
+        assert len(hints) == 3 and hints[1].startswith("where each step goes")
+        assert hints[2].startswith("where answers go wrong")
         for text in hints:
             assert not any(code in text for code in ("=", "[", "cuda.", "syncthreads")), (exercise_id, text)

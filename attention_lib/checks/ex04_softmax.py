@@ -6,15 +6,27 @@
 ``04_block_reduction`` (main): ``block_reduce(partial, value, take_max)``, a device function: the
 max (take_max) or the sum of one value per thread over the block, by a tree in the shared array
 ``partial``, returned to every thread. The check runs softmax_kernel_v2 with the answer in the
-library's place (``softmax_around``), under the race finder on every case, and compares what every
-thread got from both reductions with the row's max and sum of exp(s - max).
+library's place (``softmax_around``), under the race finder on every case, at the simulator's
+THREADS_PER_ROW (32) and a GPU's (128), and compares what every thread got from both reductions
+with the row's max and sum of exp(s - max). Limit: no thread reads shared memory more than
+2 log2(THREADS_PER_ROW) + 2 times a reduction (``serial_reduction``: a loop over the slots in one
+thread reads THREADS_PER_ROW of them).
 
 ``04_warp_softmax`` (follow-up): a kernel with softmax_kernel_v3's signature, launched on v3's grid
 (one warp per row): each lane folds its columns into one (m, l) pair with ``merge_stats``, the
-warp merges the pairs with shuffles, each lane writes its columns.
+warp merges the pairs with shuffles, each lane writes its columns. Limits: every score read at most
+twice from global memory (``stats_not_in_one_pass``); a warp's load of s touches at most 2
+segments of 128 bytes on average (``uncoalesced``: lanes that each take a contiguous chunk of the
+row).
+
+The cases come from the constants (``TileCases``): rows around a block of ROWS_PER_BLOCK, rows of
+THREADS_PER_ROW + 5 and 2 THREADS_PER_ROW + 5 scores at either launch, more than 4 warps of
+columns; and from magnitudes: rows around +-1000, rows spanning about 1000, rows whose every
+score but the last 5 is -inf (the first block of columns, or the first 32 lanes' columns, wholly
+masked: a sliding window's band or left padding), causal rows with one fully masked.
 
 Besides the engine's diagnoses (``race``, ``divergent_barrier`` for a barrier or a shuffle that
-not every thread reaches, ``out_of_bounds``):
+not every thread reaches, ``out_of_bounds``, ``float64_arithmetic``):
 
 - ``unstable_softmax``: right on small scores, but overflow on scores around +1000 (the
   simulator's math.exp raises OverflowError, a GPU returns inf and then NaN) or 0 / 0 on
@@ -24,6 +36,8 @@ not every thread reaches, ``out_of_bounds``):
 - ``fully_masked_row``: a row whose every score is -inf came out NaN instead of all zeros;
 - ``tree_stops_early``: the tree left out its last rounds: slot 0 holds only every 2nd (4th,
   ...) thread's value;
+- ``tree_starts_narrow``: the first stride was less than half the block (a number that fits the
+  simulator's 32 threads, where a GPU's block has 128): slot 0 holds only the first threads' values;
 - ``result_not_broadcast``: only thread (lane) 0 got the row's result, the others kept a part;
 - ``wrong_neutral_value``: a lane started its pair from m = 0, not -inf: rows around -1000
   underflow to 0 / 0 while rows around +1000 come out right;
@@ -38,25 +52,39 @@ and a NaN the kernel computed (a fully masked row's 0 / 0) stays a NaN, which th
 
 import math
 import warnings
+from contextlib import contextmanager
 
 import numpy as np
 from numba import cuda
 
 from attention_lib import reference
-from attention_lib.measure import sanitizer
 from attention_lib.stages import softmax
 from attention_lib.stages.softmax import (THREADS_PER_ROW, WARP_SIZE, strided_max, strided_sum_exp,
                                           strided_write, strided_zeros)
-from attention_lib.checks.engine import (Diagnosed, Exercise, output_array, race_finding_launch, read_output,
-                                         register)
+from attention_lib.checks.engine import Exercise, output_array, race_finding_launch, read_output, register
+from attention_lib.checks.limits import Coalesced, MostLoads, SharedLoadsPerThread
 
 LARGE = 1000.0           # scores of the large case: exp(1000) overflows float32 (max about 88.7)
 SPREAD = 500.0           # half the span of a "spread" row's scores
+BAND = 5                 # a left-masked row's scores that are not -inf: its last BAND
 
 # The library code an answer to any of the three may not call: the kernels, their launchers,
 # and the helpers that make the passes over a row.
 _STAGE = (softmax.softmax_kernel_v1, softmax.softmax_kernel_v2, softmax.softmax_kernel_v3,
           softmax.launch_softmax, softmax.softmax, softmax.online_softmax, reference.softmax)
+
+
+class TileCases(list):
+    """An exercise's cases made from the stage's constants by `make()`, which reads them when
+    called: called with a configuration (the engine's cases_for does, with that configuration's
+    constants in place) it makes that configuration's cases; as a list it holds this process's."""
+
+    def __init__(self, make):
+        super().__init__(make())
+        self.make = make
+
+    def __call__(self, configuration):
+        return self.make()
 
 
 def _scores(rows, t_k, kind, rng):
@@ -71,6 +99,8 @@ def _scores(rows, t_k, kind, rng):
     elif kind == "masked":               # causal mask, and one row with every score masked
         s = reference.apply_causal_mask(s)
         s[min(3, rows - 1)] = -np.inf
+    elif kind == "left-masked":          # all but the last BAND scores -inf: the first block of
+        s[:, :-BAND] = -np.inf           # columns (a thread's, a lane's first ones) wholly masked
     return s.astype(np.float32)
 
 
@@ -102,15 +132,7 @@ def _run_softmax(kernel, case, rng, launch, version):
     expected = reference.softmax(s)
     if error is not None:                # nothing usable came out: every entry counts as wrong
         return np.full(s.shape, np.inf), expected, s, error
-    got = read_output(full, d_out)
-    if version == 3 and kind == "counted" and np.allclose(got, expected, rtol=1e-5, atol=1e-6):
-        loads = sanitizer.count_memory(kernel, grid, block, s, np.zeros_like(s)).loads("s")
-        if loads.max() > 2:
-            raise Diagnosed("stats_not_in_one_pass", (
-                f"the weights are right, but some scores were read {int(loads.max())} times: fold each score "
-                "into the lane's (m, l) pair with merge_stats in one pass, then read it once more to write "
-                "its weight (2 reads, where kernels 1 and 2 take 3)"))
-    return got, expected, s, error
+    return read_output(full, d_out), expected, s, error
 
 
 def _run_row_softmax(kernel, case, rng, launch):
@@ -181,14 +203,20 @@ register(Exercise(
     # (rows, T_k, kind): one score; 7 rows of 5 (fewer rows than a block; every column gets a
     # thread too, so a column softmax stays in bounds and is recognised); scores around +-1000
     # (overflow without the max), rows spanning about 1000 (a shift by the row's first score
-    # overflows in most of them), 33 rows (a partly used second block); causal -inf with one
-    # fully masked row.
-    cases=[(1, 1, "normal"), (7, 5, "normal"), (7, 33, "large"), (5, 19, "spread"), (33, 33, "masked")],
+    # overflows in most of them), a block and one row (a partly used second block) of causal
+    # -inf with one fully masked row; a block less one row, all but the last BAND scores -inf.
+    cases=[(1, 1, "normal"), (7, 5, "normal"), (7, 33, "large"), (5, 19, "spread"),
+           (softmax.ROWS_PER_BLOCK + 1, 33, "masked"), (softmax.ROWS_PER_BLOCK - 1, 40, "left-masked")],
     describe_case=lambda c: f"rows = {c[0]}, T_k = {c[1]} ({c[2]} scores)",
-    hint=("one thread owns one whole row: it walks the row once for the maximum, once for the sum "
-          "of the shifted exponentials, once for the weights"),
-    more_hints=("where answers go wrong: shifting by a score that is not the row's maximum (the first one, "
-                "say), and a row whose every score is -inf, where the maximum itself is -inf",),
+    hint=("one thread owns one whole row; the shift that keeps every exponential at most 1 is the row's "
+          "largest score, which the thread knows only after a first walk along the row"),
+    more_hints=("where each step goes: threads past the last row do nothing; a first walk finds the maximum, "
+                "starting from minus infinity as a float32; a row whose maximum is minus infinity gets zeros "
+                "and its thread is done; a second walk adds up the shifted exponentials in a float32 total; a "
+                "third writes each shifted exponential divided by that total",
+                "where answers go wrong: shifting by a score that is not the row's maximum (the first one, "
+                "say); a row whose every score is -inf, where the maximum itself is -inf; a total or a maximum "
+                "started from a plain Python number, which makes the arithmetic float64 on a GPU"),
     # float32 exp and sums of up to 33 terms against float64: relative errors around 1e-7 per weight.
     rtol=1e-5,
     atol=1e-6,
@@ -236,16 +264,17 @@ def softmax_around(block_reduce):
 
 def _thread_stats(s):
     """(rows, THREADS_PER_ROW) float64 each: the max of each thread's columns tid, tid + threads, ..."""
-    threads = THREADS_PER_ROW
+    threads = softmax.THREADS_PER_ROW
     padded = np.full((s.shape[0], -(-s.shape[1] // threads) * threads), -np.inf)
     padded[:, :s.shape[1]] = s
     return padded.reshape(s.shape[0], -1, threads).transpose(0, 2, 1)   # (rows, threads, columns each)
 
 
-def _tree_result(s, every):
+def _tree_result(s, every, width=None):
     """(rows, 2): the max, and the sum of exp(s - that max), over the columns of the threads tid with
-    tid % every == 0 only: what slot 0 holds when the tree stops log2(every) rounds early."""
-    per = _thread_stats(s.astype(np.float64))[:, ::every]          # (rows, threads / every, columns each)
+    tid % every == 0 only (what slot 0 holds when the tree stops log2(every) rounds early), and
+    tid < width (what it holds when the first stride was width / 2)."""
+    per = _thread_stats(s.astype(np.float64))[:, :width:every]     # (rows, threads / every, columns each)
     m = per.max(axis=(1, 2))
     shift = np.where(np.isneginf(m), 0.0, m)
     return np.stack([m, np.where(np.isneginf(m), 0.0, np.exp(per - shift[:, None, None]).sum(axis=(1, 2)))], -1)
@@ -256,22 +285,48 @@ def _row_stats(s):
     return _tree_result(s, 1)
 
 
+@contextmanager
+def _copy_sees_the_configuration(block_reduce):
+    """For the length of the block, a copy of the library's block_reduce made in a copy of the softmax
+    module's names (mutation.build: the solution as a student submits it, and its mutants) reads the
+    configuration's THREADS_PER_ROW, as a student's own function does: shapes.configured takes such
+    a copy for the library's own code and leaves its names alone. A student's function is untouched."""
+    names = getattr(block_reduce, "py_func", block_reduce).__globals__
+    copied = names is not vars(softmax) and names.get("__name__") == softmax.__name__
+    before = names.get("THREADS_PER_ROW")
+    if copied:
+        names["THREADS_PER_ROW"] = softmax.THREADS_PER_ROW
+    try:
+        yield
+    finally:
+        if copied:
+            names["THREADS_PER_ROW"] = before
+
+
 def _run_block_reduction(block_reduce, case, rng, _launch):   # race-checked on every case
     rows, t_k, kind = case
+    threads = softmax.THREADS_PER_ROW                  # the configuration's: 32, or a GPU's 128
     s = _scores(rows, t_k, kind, rng)
     out = cuda.device_array((rows, t_k), np.float32)
-    full, seen = output_array((rows, THREADS_PER_ROW, 2), guard=2 * THREADS_PER_ROW)
+    full, seen = output_array((rows, threads, 2), guard=2 * threads)
     try:
-        _launch_quietly(race_finding_launch, softmax_around(block_reduce), rows, THREADS_PER_ROW,
-                        cuda.to_device(s), out, seen)
+        with _copy_sees_the_configuration(block_reduce):
+            _launch_quietly(race_finding_launch, softmax_around(block_reduce), rows, threads,
+                            cuda.to_device(s), out, seen)
     except (OverflowError, ZeroDivisionError, FloatingPointError):
         if kind != "large":
             raise                        # not the overflow this case tests: the engine reports it
-        got = np.full((rows, THREADS_PER_ROW, 2), np.inf)            # nothing usable came out
+        got = np.full((rows, threads, 2), np.inf)                    # nothing usable came out
     else:
         got = read_output(full, seen)
-    expected = np.repeat(_row_stats(s)[:, None], THREADS_PER_ROW, axis=1)   # (rows, threads, 2)
+    expected = np.repeat(_row_stats(s)[:, None], threads, axis=1)   # (rows, threads, 2)
     return got, expected, s
+
+
+def _reads_per_reduction():
+    """The shared-memory reads one thread may make in one reduction: 2 a round (its slot and the
+    one a stride above), log2(THREADS_PER_ROW) rounds, the result, and one to spare."""
+    return 2 * int(math.log2(softmax.THREADS_PER_ROW)) + 2
 
 
 def _diagnose_block_reduction(got, expected, s):
@@ -281,16 +336,24 @@ def _diagnose_block_reduction(got, expected, s):
         return "result_not_broadcast", (
             "thread 0 got the row's result but other threads did not: every thread must read the "
             "result from slot 0 once the last round is over, not from its own slot")
-    every = 2
-    while every <= THREADS_PER_ROW:
+    every, threads = 2, softmax.THREADS_PER_ROW
+    while every <= threads:
         if np.allclose(first, _tree_result(s, every), **close):
             rounds = int(np.log2(every))
             return "tree_stops_early", (
                 f"slot 0 holds the result of only every {every}{'nd' if every == 2 else 'th'} thread: the tree "
                 f"stopped {rounds} "
                 f"round{'s' if rounds > 1 else ''} early; it halves the stride down to 1, log2(THREADS_PER_ROW) "
-                f"= {int(np.log2(THREADS_PER_ROW))} rounds")
+                f"= {int(np.log2(threads))} rounds")
         every *= 2
+    width = threads // 2
+    while width >= 2:
+        if np.allclose(first, _tree_result(s, 1, width), **close):
+            return "tree_starts_narrow", (
+                f"slot 0 holds the result of threads 0-{width - 1} only, out of {threads}: the first round's "
+                f"stride was {width // 2}, where it must be half the block, {threads // 2} at this launch (a "
+                "stride written as a number fits one block size: 32 threads a row on the simulator, 128 on a GPU)")
+        width //= 2
     return None
 
 
@@ -299,23 +362,37 @@ register(Exercise(
     title="block_reduce(partial, value, take_max): a block's max or sum by a tree in shared memory",
     kind="device function",
     run=_run_block_reduction,
-    # (rows, T_k, kind): one score (31 threads hold only the neutral value); rows of 7 negative
-    # scores; rows of 2 * THREADS_PER_ROW + 5 around +-1000 (each thread has two or three
-    # columns); causal rows with one fully masked (every thread leaves after the max).
-    cases=[(1, 1, "normal"), (3, 7, "negative"), (2, 2 * THREADS_PER_ROW + 5, "large"), (5, 33, "masked")],
+    # (rows, T_k, kind), at THREADS_PER_ROW 32 and a GPU's 128: one score (every other thread holds
+    # only the neutral value); rows of 7 negative scores; rows of 2 * THREADS_PER_ROW + 5 around
+    # +-1000 (each thread has two or three columns); THREADS_PER_ROW + 5 columns, all but the last
+    # 5 -inf (every thread's first column masked, 5 threads with a score); causal rows with one
+    # fully masked (every thread leaves after the max).
+    cases=TileCases(lambda: [(1, 1, "normal"), (3, 7, "negative"), (2, 2 * softmax.THREADS_PER_ROW + 5, "large"),
+                             (2, softmax.THREADS_PER_ROW + BAND, "left-masked"), (5, 33, "masked")]),
+    both_shapes=True,
+    limits=(SharedLoadsPerThread(lambda case: 2 * _reads_per_reduction(), why=(
+        "the check's kernel runs two reductions (the max, then the sum), each allowed 2 log2(THREADS_PER_ROW) "
+        "+ 2 reads a thread: a tree shares the work round after round; a loop over the slots in one thread "
+        "reads all THREADS_PER_ROW of them")),),
     describe_case=lambda c: f"rows = {c[0]}, T_k = {c[1]} ({c[2]} scores)",
     hint=("each thread puts its value in its own slot; then, round after round, the lower half of the "
           "slots still in play takes in the upper half, until slot 0 holds the whole block's result, "
           "which every thread reads"),
-    more_hints=("where answers go wrong: a barrier placed inside the test that picks the threads of a "
+    more_hints=("where each step goes: every thread writes its value to its slot, then waits for the others; "
+                "each round, the threads below the stride combine their slot with the one a stride above, and "
+                "the whole block waits before the stride halves; from half the block down to 1, "
+                "log2(THREADS_PER_ROW) rounds; every thread reads slot 0, and the block waits once more "
+                "before the slots can be reused",
+                "where answers go wrong: a barrier placed inside the test that picks the threads of a "
                 "round (every thread of the block must reach every barrier); a barrier missing after "
                 "the values are written, after a round, or after the result is read (the next "
-                "reduction reuses the slots)",),
+                "reduction reuses the slots); the first stride written as a number (32 threads here, 128 "
+                "on a GPU)"),
     # float32 exp and sums of up to 69 terms against float64: relative errors around 1e-6.
     rtol=1e-5,
     atol=1e-6,
     diagnose=_diagnose_block_reduction,
-    diagnoses=("result_not_broadcast", "tree_stops_early"),
+    diagnoses=("result_not_broadcast", "tree_stops_early", "tree_starts_narrow"),
     solution=softmax.block_reduce,
     forbidden=_STAGE + (softmax.block_max, softmax.block_sum),
 ))
@@ -371,18 +448,30 @@ register(Exercise(
     kind="kernel",
     run=_run_warp_softmax,
     # (rows, T_k, kind): one score (lanes 1-31 hold nothing, three warps of the block have no
-    # row); 3 rows of 7 negative scores; 6 rows of 70 (two blocks, the second with two warps,
-    # each lane two or three columns), counted: each score read at most twice; rows around
-    # +-1000; rows spanning about 1000; 33 causal rows with one fully masked.
-    cases=[(1, 1, "normal"), (3, 7, "negative"), (6, 70, "counted"), (6, 37, "large"), (5, 19, "spread"),
-           (33, 33, "masked")],
+    # row); 3 rows of 7 negative scores; 6 rows of 4 warps + 7 columns (two blocks, the second
+    # with two warps, each lane four or five columns: a lane that takes a chunk of the row reads
+    # 5 or more segments a warp load); rows around +-1000; rows spanning about 1000; 33 causal rows
+    # with one fully masked; rows whose first 32 columns are -inf (every lane's first pair masked).
+    cases=[(1, 1, "normal"), (3, 7, "negative"), (6, 4 * WARP_SIZE + 7, "normal"), (6, 37, "large"),
+           (5, 19, "spread"), (33, 33, "masked"), (5, WARP_SIZE + BAND, "left-masked")],
+    limits=(MostLoads("s", 2, code="stats_not_in_one_pass", why=(
+                "fold each score into the lane's (m, l) pair in one pass, then read it once more to write its "
+                "weight (2 reads, where kernels 1 and 2 take 3)")),
+            Coalesced("s", 2)),
     describe_case=lambda c: f"rows = {c[0]}, T_k = {c[1]} ({c[2]} scores)",
     hint=("each lane folds its own columns into one (m, l) pair as it reads them; then five exchanges "
           "with the lane whose number differs in one bit give every lane the pair of the whole row"),
-    more_hints=("where answers go wrong: a lane with no column that leaves before the exchanges (every "
+    more_hints=("where each step goes: the warp's number in the block and the block's number give the row, "
+                "the thread's number modulo 32 the lane; a warp past the last row leaves whole; each lane "
+                "starts from the pair that has seen nothing and walks the columns that start at its lane, "
+                "32 apart (the 32 lanes read 32 neighbouring scores at each step), merging each score in; "
+                "five butterfly exchanges, steps 16 down to 1, each merging the pair received; a fully masked "
+                "row gets zeros, any other its weights, each lane its own columns",
+                "where answers go wrong: a lane with no column that leaves before the exchanges (every "
                 "lane the mask names must make every shuffle call); adding two sums without bringing "
-                "them to the common maximum; and an exchange that leaves the result in lane 0 alone",),
-    # float32 exp and sums of up to 70 terms against float64: relative errors around 1e-6.
+                "them to the common maximum; an exchange that leaves the result in lane 0 alone; a lane "
+                "that takes a contiguous chunk of the row, so a warp's load spreads over many segments"),
+    # float32 exp and sums of up to 135 terms against float64: relative errors around 1e-6.
     rtol=1e-5,
     atol=1e-6,
     diagnose=_diagnose_warp,

@@ -35,11 +35,12 @@ from attention_lib.platform.validation import as_float32
 # v1: one thread per row, rows grouped 32 to a block (one warp).
 ROWS_PER_BLOCK = 32
 # v2: the threads that share one row; a power of two, as the tree reduction halves it each
-# round. On a GPU 128 (4 warps): ANDREA-120M's T = 1024 gives each thread 8 scores, and 16
-# resident blocks of 128 fill an H200 SM's 2,048 thread slots (blocks of 32 would stop at its
-# 32 blocks, half of them). On the simulator 32: each simulated thread costs time to start and
-# to wait at the 2 x (2 + log2 32) = 14 barriers of a row, and 32 threads already cover
-# ANDREA-sim's T = 32 with one score each.
+# round. On a GPU 128 (4 warps): ANDREA-120M's T = 1024 gives each thread 8 scores, and the
+# kernel report (36 registers a thread) lets an H200 SM hold 48 warps of kernel 2, 12 blocks of
+# 128 (blocks of 32 would stop at the SM's 32 blocks, 32 warps of its 64; notebook 04x). On
+# the simulator 32: each simulated thread costs time to start and to wait at the
+# 2 x (2 + log2 32) = 14 barriers of a row, and 32 threads already cover ANDREA-sim's T = 32
+# with one score each.
 # The constants whose value differs between the simulator's launch and a GPU's: (simulator, GPU). A
 # check runs an answer at both (attention_lib.checks.shapes).
 SHAPE_CONSTANTS = {"THREADS_PER_ROW": (32, 128)}
