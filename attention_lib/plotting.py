@@ -207,33 +207,47 @@ def plot_bench_roofline(results, ax=None, counted=True, only=None, title=None):
                          tensor_flop_per_s=limits.tensor_flop_per_s)
 
 
-def plot_tiled_matmul(T, d_model, d_out, tile, block, step, ax=None):
+def plot_tiled_matmul(T, d_model, d_out, tile, block, step, ax=None, cells=False, distinct=False, thread=None):
     """The classic tiled-matmul figure: out = x @ w, one output tile, the strips it reads.
 
     T, d_model, d_out: the sizes (drawn to scale); tile: the tile width; block: (bx, by), the
     output tile drawn; step: which TILE-wide step along d_model is highlighted. x (T, d_model)
     sits left of out (T, d_out), w (d_model, d_out) above it, so the block's strip of x (its
-    rows) and of w (its columns) line up with its tile. Returns the matplotlib axes.
+    rows) and of w (its columns) line up with its tile. cells: draw every element's cell;
+    distinct: x's strip and tile in blues, w's in greens (both blue otherwise); thread: (row, col)
+    of one output, whose row of x, column of w and cell of out are outlined. Returns the axes.
     """
     from matplotlib.patches import Rectangle
     bx, by = block
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 7 * (T + d_model) / (d_model + d_out)))
     gap = max(1, d_model // 10)
+    w_light, w_dark = ("#d3efcd", "#2ca02c") if distinct else ("#cfe3f7", "#1f77b4")
     # (x0, y0, width, height, colour, label) in element units; y grows downwards like a matrix
     boxes = [(0, d_model + gap, d_model, T, "whitesmoke", "x (T, d_model)"),
              (d_model + gap, 0, d_out, d_model, "whitesmoke", "w (d_model, d_out)"),
              (d_model + gap, d_model + gap, d_out, T, "whitesmoke", "out (T, d_out)"),
              (0, d_model + gap + by * tile, d_model, tile, "#cfe3f7", "the block's strip of x"),
-             (d_model + gap + bx * tile, 0, tile, d_model, "#cfe3f7", "the block's strip of w"),
+             (d_model + gap + bx * tile, 0, tile, d_model, w_light, "the block's strip of w"),
              (step * tile, d_model + gap + by * tile, tile, tile, "#1f77b4", f"x tile of step {step}"),
-             (d_model + gap + bx * tile, step * tile, tile, tile, "#1f77b4", f"w tile of step {step}"),
+             (d_model + gap + bx * tile, step * tile, tile, tile, w_dark, f"w tile of step {step}"),
              (d_model + gap + bx * tile, d_model + gap + by * tile, tile, tile, "#ff7f0e", f"out tile {block}")]
     for x0, y0, width, height, colour, label in boxes:
         ax.add_patch(Rectangle((x0, y0), width, height, facecolor=colour, edgecolor="black", lw=0.8,
                                label=label if colour != "whitesmoke" else None))
     for x0, y0, width, height, _, label in boxes[:3]:
         ax.text(x0 + 1, y0 - 1, label, ha="left", va="bottom", fontsize=9)      # above the matrix
+        if cells:                                                               # one cell per element
+            ax.vlines(x0 + np.arange(1, width), y0, y0 + height, color="grey", lw=0.3)
+            ax.hlines(y0 + np.arange(1, height), x0, x0 + width, color="grey", lw=0.3)
+    if thread is not None:
+        row, col = thread
+        top, left = d_model + gap, d_model + gap
+        for x0, y0, width, height, label in [(0, top + row, d_model, 1, f"row {row} of x: the thread's"),
+                                             (left + col, 0, 1, d_model, f"column {col} of w: the thread's")]:
+            ax.add_patch(Rectangle((x0, y0), width, height, fill=False, edgecolor="black", lw=2, label=label))
+        ax.add_patch(Rectangle((left + col, top + row), 1, 1, facecolor="#d62728", edgecolor="black", lw=1,
+                               label=f"out[{row}, {col}]: the thread's output"))
     ax.annotate("", xy=((step + 1.9) * tile, d_model + gap + (by + 0.5) * tile),
                 xytext=((step + 1) * tile, d_model + gap + (by + 0.5) * tile),
                 arrowprops=dict(arrowstyle="->", lw=1.5))

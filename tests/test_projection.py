@@ -394,11 +394,10 @@ def test_v4_compiles_to_16_byte_shared_loads_without_float64_or_local_memory():
 def test_v2_reads_only_tile_slots_written_in_their_step(rng, T, d_model, d_out):
     # tile_matmul writes every slot of both tiles at every step (a 0 past the edges), so no read
     # sees a number left from an earlier step or never written: what 01_tiled_matmul calls stale.
-    from attention_lib.checks.engine import Traced
-    from attention_lib.checks.ex01_projection import stale_read
+    from attention_lib.measure.trace import Traced
     x, w, b = random_problem(rng, T, d_model, d_out)
     grid, block = projection.projection_grid(T, d_out)
     out = np.zeros((T, d_out), np.float32)
     traced = Traced(projection.projection_kernel_v2, grid, block, x, w, b, out)
-    assert traced.races() == [] and stale_read(traced) is None
+    assert traced.races() == [] and traced.stale_read() is None
     assert np.allclose(out, reference.project(x, w, b), rtol=tolerance(d_model), atol=tolerance(d_model))

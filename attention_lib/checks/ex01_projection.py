@@ -1,31 +1,38 @@
-"""Notebook 01's exercises: the projection x @ w (+ b), first one thread per output, then tiled.
+"""Notebook 01's exercises: the projection x @ w (+ b), first one thread per output, then tiled; and
+the deep dive 01x's register micro-tile.
 
 ``01_projection_naive`` (warm-up): projection_kernel_v1's signature ``(x, w, b, out)``, one
-thread per output element, written before any kernel of the stage is shown. Named mistakes:
-``w_transposed`` (w[col, k] for w[k, col], seen on a square w, where it stays in bounds),
-``bias_missing`` and ``grid_axes_swapped`` (the row taken from the grid's x).
+thread per output element, written before any kernel of the stage is shown. Limits: every warp
+load of x and w within 2 segments of 128 bytes; float32 throughout (the engine compiles it).
+Named mistakes: ``w_transposed`` (w[col, k] for w[k, col], seen on a square w, where it stays in
+bounds), ``bias_missing`` and ``grid_axes_swapped`` (the row taken from the grid's x).
 
 ``01_tiled_matmul`` (main): the device function ``tile_matmul(x, w, row, col)`` of
-projection_kernel_v2, its two shared tiles declared: the student writes the walk along d_model
-(two guarded tile loads with a 0 past the edges, two barriers, the TILE multiply-adds). The check
-runs it inside v2's kernel, every case traced once: races (``race``), a barrier some threads skip
-(``divergent_barrier``), a tile slot read that no thread wrote in its step (``stale_tile``: the
-value of an earlier step, or on a GPU whatever was there), and, once the values are right, the
-reads per element of x and w against a tiled kernel's ceiling (``no_reuse``).
+projection_kernel_v2, tiles and all: the student declares the shared tiles and writes the walk
+along d_model. The check runs it inside v2's kernel, every case traced: races (``race``), a
+barrier some threads skip (``divergent_barrier``), and the declared limits: every slot read written
+in its step (``stale_tile``), each element of x read at most ceil(d_out / TILE) times and of w
+ceil(T / TILE) times (``no_reuse``), every warp load within 4 segments (``uncoalesced``), at most
+two barriers per step of the walk (``extra_barriers``).
+
+``01x_multiply_wide_tiles`` (deep dive 01x): the device function of projection_kernel_v3 that adds
+one step's products to a thread's 2 x 2 sums, run inside v3's kernel. Limits: at most 4 shared
+reads per k (``no_register_reuse``), no local memory (``local_memory``).
 """
 
-import warnings
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Union
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32
 
 from attention_lib import reference
-from attention_lib.measure import sanitizer
 from attention_lib.platform.launch import ceil_div
 from attention_lib.stages import projection
+from attention_lib.stages.projection import TILE, WIDE_TILE, load_wide_tiles, store_output
 from attention_lib.checks.engine import (Diagnosed, Exercise, host_output, output_array, read_output, register,
                                          traced_launch, unwritten)
+from attention_lib.checks.limits import Coalesced, MostLoads, NoLocalMemory, RefilledTiles, SharedLoadsPerThread
 
 
 class Case(NamedTuple):
@@ -80,6 +87,16 @@ def _diagnose_grid(got, grid, block):
                 "the columns of out"))
 
 
+def _naive_cases(tile=TILE):
+    """(T, d_model, d_out, bias): first a square w (as W_Q for all heads at once), so that w[col, k]
+    in place of w[k, col] stays in bounds and is named; then (33, 17, 20), where a kernel taking the
+    row from the grid's x misses row 32 and nothing a kernel ignoring blockIdx would also miss; then
+    the last block of rows and of columns holding 1, 2, 3, 4, 7, 15 or all 16 of its threads' outputs,
+    with and without bias."""
+    return [(1, 5, 5, False), (2 * tile + 1, tile + 1, tile + 4, False), (7, 24, 20, True),
+            (tile + 2, 9, 2 * tile + 3, True), (tile, tile, tile, True), (tile - 1, 2 * tile, 2 * tile - 1, False)]
+
+
 def _diagnose(got, expected, x, w, b):
     """Name the mistake when `got` equals a known wrong formula; None otherwise."""
     bias = b if b.shape[0] else 0.0
@@ -96,20 +113,18 @@ register(Exercise(
     title="out = x @ w (+ b), one thread per output element",
     kind="kernel",
     run=_run_projection,
-    # First a square w (as W_Q for all heads at once), so that w[col, k] in place of w[k, col]
-    # stays in bounds and is named; then sizes that are not multiples of the 16 x 16 block,
-    # one row only, several blocks down and across, with and without bias.
-    # (33, 17, 20) second: a kernel taking the row from the grid's x misses row 32 there, and
-    # nothing a kernel ignoring blockIdx would also miss.
-    cases=[Case(1, 5, 5, False), Case(33, 17, 20, False), Case(7, 24, 20, True), Case(18, 9, 35, True)],
+    cases=[Case(*c) for c in _naive_cases()],
     hint=("one thread per output element: the 2-D grid gives the thread its place in out, and the "
           "thread computes one dot product, of a row of x with a column of w"),
     more_hints=("where answers go wrong: the grid's x axis runs across the columns of out; w is "
                 "(d_model, d_out), so the summed index picks w's row; threads of the edge blocks "
                 "that fall outside out must do nothing; and the bias, when b is not empty",),
-    # float32 sums of up to 24 products of standard normals, against a float64 reference.
+    # float32 sums of up to 32 products of standard normals, against a float64 reference.
     rtol=1e-4,
     atol=1e-4,
+    # A warp is two rows of 16 threads of out: x's two rows, one number each (two segments at most);
+    # w's 16 neighbouring columns of one row, 64 bytes (one segment, or two across a boundary).
+    limits=(Coalesced("x", 2), Coalesced("w", 2)),
     diagnose=_diagnose,
     diagnoses=("w_transposed", "bias_missing", "grid_axes_swapped"),
     solution=projection.projection_kernel_v1,
@@ -119,7 +134,7 @@ register(Exercise(
 
 # --- The main exercise: the tiled walk along d_model -----------------------------------------
 
-def read_ceilings(T, d_out, tile=projection.TILE):
+def read_ceilings(T, d_out, tile=TILE):
     """The most reads of one element of x and of w that a TILE x TILE tiled projection makes.
 
     Each block of out reads its strip of x (TILE rows) and its strip of w (TILE columns) once:
@@ -127,6 +142,22 @@ def read_ceilings(T, d_out, tile=projection.TILE):
     of w by the ceil(T / TILE) blocks of its column.
     """
     return ceil_div(d_out, tile), ceil_div(T, tile)
+
+
+@dataclass
+class MostBarriers:
+    """No thread passes more than `most` barriers (a number, or a function of the case)."""
+
+    most: Union[int, Callable]
+    why: str = ""
+    code: str = "extra_barriers"
+
+    def broken(self, traces, case, compiled):
+        limit = self.most(case) if callable(self.most) else self.most
+        passed = max((t.barriers for t in traces), default=0)
+        if passed > limit:
+            return f"the values are right, but a thread passed {passed} barriers, where the limit is {limit}{self.why}"
+        return None
 
 
 _KERNELS = {}
@@ -148,82 +179,134 @@ def tiled_kernel(tile_matmul):
     return _KERNELS[tile_matmul]
 
 
-def stale_read(traced):
-    """The first read of a shared-memory slot that no thread of its block wrote since the slot was
-    read in an earlier barrier interval (or ever), as a sentence; None when every read sees a
-    value written for it.
-
-    In a tiled loop every step refills the tiles: a slot read at step s must have been written at
-    step s. One left alone (no 0 written past an edge) still holds step s - 1's number, and on a
-    GPU, at the first step, whatever the memory held before. The trace is in execution order, and
-    two threads of a block touching one slot in one interval are a race, found before this.
-    """
-    for name, target in traced.launch.targets.items():
-        if target.space != sanitizer.SHARED:
-            continue
-        last_write, last_read = {}, {}              # (block, element) -> barrier interval
-        for element, kind, (block, thread), interval, _, _ in target.trace:
-            slot = (block, element)
-            if kind != sanitizer.LOAD:
-                last_write[slot] = interval
-                continue
-            written, read = last_write.get(slot), last_read.get(slot)
-            if written is None or (read is not None and written < read < interval):
-                index = [int(i) for i in np.unravel_index(element, target.shape)]
-                when = "no thread ever wrote" if written is None else "no thread wrote again after its last step"
-                return (f"thread {thread} of block {block} read {name}{index}, which {when}: it holds an old "
-                        "number (on a GPU, at the first step, whatever the memory held). Every step must "
-                        "write every slot of both tiles, a 0 where the element lies past an edge")
-            last_read[slot] = interval
-    return None
-
-
 def _run_tiled(tile_matmul, case, rng, launch):
     x, w, b = _problem(case, rng)
     got = host_output((case.T, case.d_out))
     grid, block = projection.projection_grid(case.T, case.d_out)
     # One traced run answers everything: races (RaceFound), out-of-bounds indices, barriers some
-    # threads skip (the simulator's BarrierError), stale tile slots and the reads per element.
-    with warnings.catch_warnings():      # a race or a stale tile computes with whatever shared memory held
-        warnings.simplefilter("ignore", RuntimeWarning)       # (overflow: on a GPU, silently inf)
-        traced = traced_launch(tiled_kernel(tile_matmul), grid, block, x, w, b, got)
-    stale = stale_read(traced)
-    if stale:
-        raise Diagnosed("stale_tile", stale)
-    expected = reference.project(x, w, b if case.bias else None)
-    if np.allclose(got, expected, rtol=1e-4, atol=1e-4):
-        x_ceiling, w_ceiling = read_ceilings(case.T, case.d_out)
-        x_reads, w_reads = int(traced.loads("x").max()), int(traced.loads("w").max())
-        if x_reads > x_ceiling or w_reads > w_ceiling:
-            raise Diagnosed("no_reuse", (
-                f"the values are right, but an element of x was read up to {x_reads} times (a tiled kernel: "
-                f"{x_ceiling}) and one of w up to {w_reads} times (tiled: {w_ceiling}); copy each tile into "
-                "shared memory once and let the whole block read it from there"))
-    return got, expected
+    # threads skip (the simulator's BarrierError), and the limits, measured on its trace.
+    traced_launch(tiled_kernel(tile_matmul), grid, block, x, w, b, got)     # a device function: traced here
+    return got, reference.project(x, w, b if case.bias else None)
 
 
-TILED_CASES = [Case(1, 5, 3, False), Case(7, 24, 20, True), Case(18, 17, 33, False), Case(33, 40, 17, True)]
+def _tiled_cases(tile=TILE):
+    """(T, d_model, d_out, bias): one row and a d_model shorter than a tile; two steps along d_model,
+    the second half-empty, two blocks across; two blocks down and three across, the last of each
+    partly used; three blocks down and three steps; then d_model a whole number of tiles (a walk
+    must stop there: one step more only adds zeros), one block exactly, and one row past a block."""
+    return [Case(1, 5, 3, False), Case(7, 24, 20, True), Case(tile + 2, tile + 1, 2 * tile + 1, False),
+            Case(2 * tile + 1, 40, tile + 1, True), Case(tile, tile, tile, True),
+            Case(tile + 1, 2 * tile, tile - 1, False)]
+
+
+TILED_CASES = _tiled_cases()
 
 register(Exercise(
     exercise_id="01_tiled_matmul",
-    title="tile_matmul(x, w, row, col): the tiled walk along d_model, two guarded tile loads, two barriers",
+    title="tile_matmul(x, w, row, col): the dot product of a row of x and a column of w, with the whole block",
     kind="device function",
     run=_run_tiled,
-    # (1, 5, 3): one row, a d_model shorter than a tile; (7, 24, 20, bias): two steps along
-    # d_model, the second half-empty, two blocks across; (18, 17, 33): two blocks down and three
-    # across, the last of each partly used; (33, 40, 17, bias): three blocks down, three steps.
     cases=TILED_CASES,
-    hint=("each step along d_model: the block copies one TILE x TILE piece of x and one of w into "
-          "shared memory, one element per thread, waits, multiplies the pieces, and waits again"),
+    hint=("what can a block share? Its 16 rows of out all need the same rows of x, its 16 columns the same "
+          "columns of w: walk along d_model one tile-wide step at a time, the block copying one piece of "
+          "each into shared memory, one element per thread, and every thread multiplying from there"),
     more_hints=(
-        "where answers go wrong: a thread whose element lies past an edge of x or w must still write its "
-        "slot of the tile (with a value that adds nothing), or the slot keeps an old number",
+        "where answers go wrong, the plan: two shared tiles of TILE by TILE; per step, each thread copies "
+        "one element of the x piece (its own row, the step's column under its x) and one of the w piece "
+        "(the step's row under its y, its own column), a 0 where the element lies past an edge of x or w; "
+        "then a barrier, so that both tiles are complete; then TILE multiply-adds along its row of the x "
+        "tile and its column of the w tile; then a second barrier, so that no thread overwrites a tile "
+        "another still reads",
         "and the barriers: every thread of the block reaches both, also those whose output lies outside "
-        "out; without the second one a fast thread overwrites a tile with the next step's piece while "
-        "slower threads still read the old one (the race finder will say so)"),
+        "out (they copy elements their neighbours need); a barrier inside an if that some threads skip "
+        "hangs the block on a GPU or lets it run on with wrong values"),
     rtol=1e-4,     # float32 sums of up to 40 products of standard normals, against float64
     atol=1e-4,
-    diagnoses=("no_reuse",),
+    limits=(RefilledTiles(),
+            MostLoads("x", lambda case: read_ceilings(case.T, case.d_out)[0],
+                      why="copy each tile into shared memory once and let the whole block read it from there"),
+            MostLoads("w", lambda case: read_ceilings(case.T, case.d_out)[1],
+                      why="copy each tile into shared memory once and let the whole block read it from there"),
+            # A warp is two rows of 16 threads: two runs of 16 neighbours (64 bytes) of x or of w,
+            # each within one segment or across two.
+            Coalesced("x", 4), Coalesced("w", 4),
+            MostBarriers(lambda case: 2 * ceil_div(case.d_model, TILE),
+                         why=": two per step along d_model, and ceil(d_model / TILE) steps"),),
+    diagnoses=("no_reuse", "uncoalesced", "extra_barriers"),
     solution=(projection.tile_matmul, projection.projection_kernel_v2),
     forbidden=(projection.projection_kernel_v1,),
+))
+
+
+# --- Deep dive 01x: a 2 x 2 micro-tile in registers --------------------------------------------
+
+_WIDE_KERNELS = {}
+
+
+def wide_kernel(multiply_wide_tiles):
+    """projection_kernel_v3 around the device function `multiply_wide_tiles(x_tile, w_tile, acc00,
+    acc01, acc10, acc11)`; one kernel per function. Same arguments, grid and blocks as v3."""
+    if multiply_wide_tiles not in _WIDE_KERNELS:
+        @cuda.jit
+        def kernel(x, w, b, out):
+            x_tile = cuda.shared.array((WIDE_TILE, TILE), float32)
+            w_tile = cuda.shared.array((TILE, WIDE_TILE), float32)
+            row0 = cuda.blockIdx.y * WIDE_TILE + cuda.threadIdx.y
+            col0 = cuda.blockIdx.x * WIDE_TILE + cuda.threadIdx.x
+            acc00 = acc01 = acc10 = acc11 = float32(0.0)
+            for start in range(0, x.shape[1], TILE):
+                load_wide_tiles(x, w, x_tile, w_tile, start, row0, col0)
+                cuda.syncthreads()
+                acc00, acc01, acc10, acc11 = multiply_wide_tiles(x_tile, w_tile, acc00, acc01, acc10, acc11)
+                cuda.syncthreads()
+            store_output(out, b, row0, col0, acc00)
+            store_output(out, b, row0, col0 + TILE, acc01)
+            store_output(out, b, row0 + TILE, col0, acc10)
+            store_output(out, b, row0 + TILE, col0 + TILE, acc11)
+        _WIDE_KERNELS[multiply_wide_tiles] = kernel
+    return _WIDE_KERNELS[multiply_wide_tiles]
+
+
+def _run_wide(multiply_wide_tiles, case, rng, launch):
+    x, w, b = _problem(case, rng)
+    got = host_output((case.T, case.d_out))
+    grid, block = projection.projection_grid_v3(case.T, case.d_out)
+    traced_launch(wide_kernel(multiply_wide_tiles), grid, block, x, w, b, got)
+    return got, reference.project(x, w, b if case.bias else None)
+
+
+def shared_reads_ceiling(case, per_k=2 * projection.MICRO):
+    """The most shared reads a thread of v3 makes: per step of k, one number of each of its two rows of
+    x's tile and of its two columns of w's tile, TILE values of k a step."""
+    return per_k * TILE * ceil_div(case.d_model, TILE)
+
+
+def _wide_cases(tile=TILE, wide=WIDE_TILE):
+    """(T, d_model, d_out, bias): one output; one row and one column past a block's 32 x 32 tile (its
+    second rows and columns partly used) with two steps of k; a whole tile of rows, three blocks across;
+    a d_model one short of a step."""
+    return [Case(1, 5, 3, False), Case(wide + 1, tile + 1, wide - 1, False), Case(wide, 2 * tile, wide + 1, True),
+            Case(tile + 3, tile - 1, 2 * wide + 5, True)]
+
+
+register(Exercise(
+    exercise_id="01x_multiply_wide_tiles",
+    title="multiply_wide_tiles: one step's products added to a thread's 2 x 2 sums, from registers",
+    kind="device function",
+    run=_run_wide,
+    cases=_wide_cases(),
+    hint=("per value of k, the thread's two outputs of a row share one number of x, and its two outputs "
+          "of a column share one number of w: four numbers from shared memory feed four multiply-adds"),
+    more_hints=("where answers go wrong, the plan: for each k of the step, read the two numbers of x (rows "
+                "ty and ty plus TILE of x's tile) and the two of w (columns tx and tx plus TILE of w's tile) "
+                "into local variables once, then add the four products to the four sums; a local array "
+                "indexed by a loop variable may land in local memory, four named variables do not",),
+    rtol=1e-4,
+    atol=1e-4,
+    limits=(SharedLoadsPerThread(shared_reads_ceiling, code="no_register_reuse",
+                                 why="read each number of a tile once per k into a register, and use it for both "
+                                     "of its products"),
+            NoLocalMemory()),
+    diagnoses=("no_register_reuse",),
+    solution=projection.multiply_wide_tiles,
 ))
