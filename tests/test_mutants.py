@@ -50,12 +50,16 @@ def test_the_catalogue_makes_each_kind_of_change(monkeypatch):
         ast.parse(m.source)
 
 
-def test_every_exercise_with_a_solution_has_mutants_and_its_solution_copy_passes():
+def test_every_exercise_with_a_solution_has_mutants_each_with_a_key_of_its_own():
     for exercise_id, exercise in EXERCISES.items():
         if exercise.solution is None or exercise.kind == "kernel and grid":
             continue
-        assert mutation.mutants(exercise), exercise_id
-    # A copy is not the library's object, so it is not refused as given code.
+        keys = [m.key for m in mutation.mutants(exercise)]
+        assert keys and len(keys) == len(set(keys)), exercise_id     # two "<" on one line: "2nd on the line"
+
+
+
+def test_a_solution_copy_is_not_refused_as_given_code():
     assert check("00_scale_add", mutation.solution_copy(EXERCISES["00_scale_add"]), verbose=False).passed
 
 

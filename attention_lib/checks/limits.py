@@ -12,6 +12,9 @@ verdict, with what was measured and the limit beside it:
 - ``SharedLoadsPerThread(most)``: no thread reads shared memory more than `most` times (a tree
   reduction reads about 2 log2(n) slots a thread, a serial loop in one thread about n);
   ``serial_reduction``.
+- ``MostBarriers(most, why, code)``: no thread passes more than `most` barriers (a tiled loop's steps,
+  each with its two barriers; a step more makes the whole block wait once more); the code is the
+  exercise's.
 - ``RefilledTiles()``: every step of a tiled loop writes every slot of its tiles that it reads
   (``stale_tile``).
 - ``NoLocalMemory()``: ptxas reports a stack frame of 0 bytes (no local memory); ``local_memory``.
@@ -87,6 +90,23 @@ class SharedLoadsPerThread:
         if reads > limit:
             return (f"the values are right, but one thread read shared memory {reads} times, where the limit "
                     f"is {limit}: {self.why}")
+        return None
+
+
+@dataclass
+class MostBarriers:
+    """No thread passes more than `most` barriers; `why` (after a colon) says what the limit counts."""
+
+    most: Union[int, Callable]
+    why: str = ""
+    code: str = "too_many_barriers"
+
+    def broken(self, traces, case, compiled):
+        limit = _value(self.most, case)
+        passed = max((t.barriers for t in traces), default=0)
+        if passed > limit:
+            why = f": {self.why}" if self.why else ""
+            return f"the values are right, but a thread passed {passed} barriers, where the limit is {limit}{why}"
         return None
 
 

@@ -241,6 +241,8 @@ def _simulator_constants(node):
         yield f"{node.id} -> {value}", replace
 
 
+_ORDINALS = ("1st", "2nd", "3rd", "4th", "5th", "6th", "7th", "8th", "9th", "nth")
+
 OPERATORS = (_comparisons, _plus_minus_one, _swapped_indices, _swapped_arguments, _python_float, _statements,
              _simulator_constants)
 
@@ -263,6 +265,9 @@ def mutants(exercise):
                     continue
                 seen.add(text)
                 line = at_line[0] if at_line else getattr(node, "lineno", definition.lineno)
-                found.append(Mutant(f"{exercise.exercise_id}#{len(found) + 1}", line, lines[line - 1].strip(),
-                                    change, text + "\n"))
+                at = lines[line - 1].strip()
+                same = sum(1 for m in found if m.at == at and m.change.split(" (")[0] == change)
+                if same:                              # a second "< -> <=" on one line: its own key
+                    change = f"{change} ({_ORDINALS[min(same, len(_ORDINALS) - 1)]} on the line)"
+                found.append(Mutant(f"{exercise.exercise_id}#{len(found) + 1}", line, at, change, text + "\n"))
     return found
