@@ -1,6 +1,6 @@
 """Notebook 10's exercises: each solution gets ok, each typical mistake its own diagnosis, in one line;
-and what the notebook builds on them: the registers kernels' report rows, the launch counts and the
-lower bounds of the bench's entries.
+and what the notebook builds on them: the registers kernels' report rows, the work formulas against
+the bench's, the launch counts and the lower bounds of the bench's entries.
 
 The solutions below are the library's code (the notebook's solution cells), copied: the library's
 own code would be refused as given code.
@@ -16,8 +16,8 @@ import pytest
 from numba import cuda, float32
 
 from attention_lib.checks import EXERCISES, check
-from attention_lib.checks.ex10_performance import compiled_report
-from attention_lib.measure import bench, gpus
+from attention_lib.checks import mutation
+from attention_lib.measure import bench, bench_cases, gpus, kernel_report
 from attention_lib.stages import registers
 from attention_lib.stages.registers import D
 
@@ -118,14 +118,31 @@ def planted_kernels():
             out[i, j] = acc
 
     @cuda.jit
+    def rows_q_from_main_memory(q, k, out):              # the local array unused: q read for every key
+        i = cuda.grid(1)
+        if i >= q.shape[0]:
+            return
+        for j in range(k.shape[0]):
+            acc = float32(0.0)
+            for c in range(D):
+                acc += q[i, c] * k[j, c]
+            out[i, j] = acc
+
+    @cuda.jit
     def rows_not_written(q, k, out):
         raise NotImplementedError()
 
     return {f.py_func.__name__: f for f in (rows_in_local_memory, rows_in_registers, rows_one_loop_changed,
-                                            rows_in_float64, rows_half_loaded, rows_unguarded, rows_not_written)}
+                                            rows_in_float64, rows_half_loaded, rows_unguarded, rows_q_from_main_memory,
+                                            rows_not_written)}
 
 
 PLANTED = planted_kernels()
+
+
+def compiled_report(kernel):
+    """The kernel report's row of a (q, k, out) kernel at sm_90, one warp per block."""
+    return kernel_report.report_kernel(kernel, ["array(float32, 2d, C)"] * 3, registers.ROWS_PER_BLOCK, arch="sm_90")
 
 
 def test_the_kernel_report_tells_local_memory_from_registers():
@@ -138,7 +155,6 @@ def test_the_kernel_report_tells_local_memory_from_registers():
 def test_the_library_rows_are_the_notebooks_story():
     """What notebook 10 prints from the report: v1 keeps q_row in a stack frame; v2 none, more
     registers and fewer warps per SM, and a global load of k beside each of its D multiply-adds."""
-    from attention_lib.measure import kernel_report
     rows = kernel_report.report(names=["registers.row_scores_kernel_v1", "registers.row_scores_kernel_v2"])["kernels"]
     v1, v2 = rows["registers.row_scores_kernel_v1"], rows["registers.row_scores_kernel_v2"]
     assert v1["stack_bytes"] == 4 * D and v2["stack_bytes"] == 0
@@ -162,9 +178,11 @@ def test_the_registers_solution_passes():
 
 
 @pytest.mark.parametrize("name, diagnosis, says", [
-    ("rows_in_local_memory", "still_local_memory", f"{4 * D} bytes of stack frame"),
-    ("rows_one_loop_changed", "still_local_memory", "bytes of stack frame"),
-    ("rows_in_float64", "float64_arithmetic", "no float32 multiply-add (FFMA)"),
+    ("rows_in_local_memory", "local_memory", f"a {4 * D}-byte stack frame (32 registers)"),
+    ("rows_one_loop_changed", "local_memory", "-byte stack frame"),
+    ("rows_in_float64", "float64_arithmetic", "computes in float64"),
+    ("rows_q_from_main_memory", "no_reuse", "an element of q was read up to 19 times from global memory, where the "
+                                            "limit is 1"),
     ("rows_half_loaded", "wrong_values", "at T_q = 1, T_k = 1, D = 64: 1 of 1 entries differ"),
     ("rows_unguarded", "out_of_bounds", "out-of-bounds "),
     ("rows_not_written", "not_implemented", "not implemented yet"),
@@ -179,106 +197,91 @@ def test_a_plain_function_is_not_a_kernel():
     assert result.diagnosis == "not_a_kernel" and "decorate it with @cuda.jit" in result.message
 
 
-def test_no_compiler_is_said_in_one_line(monkeypatch):
-    from attention_lib.measure import kernel_report
-
-    def no_ptxas(*args, **kwargs):
-        raise FileNotFoundError("ptxas is not installed: install the course's compile extra")
-    monkeypatch.setattr(kernel_report, "report_kernel", no_ptxas)
-    result = verdict("10_registers", PLANTED["rows_in_registers"])
-    assert result.diagnosis == "not_compiled" and "install the course's compile extra" in result.message
-
-
 def test_the_library_kernels_are_refused_as_given_code():
     assert verdict("10_registers", registers.row_scores_kernel_v2).diagnosis == "calls_given_code"
 
 
-# --- 10_lower_bound (main): the least time a piece of work can take ------------------------------
+# --- 10_ideal_work (main): the FLOPs and ideal bytes of three kernels ----------------------------
 
-def lower_bound(flops, nbytes, launches, gpu, launch_s):               # the solution
-    times = {"compute": flops / gpu.fp32_flop_per_s,
-             "memory": nbytes / gpu.bytes_per_s,
-             "launch": launches * launch_s}
-    regime = max(times, key=times.get)
-    return times[regime], regime
-
-
-def times_of(flops, nbytes, launches, gpu, launch_s):
-    return flops / gpu.fp32_flop_per_s, nbytes / gpu.bytes_per_s, launches * launch_s
-
-
-def added(*args):
-    return sum(times_of(*args)), "compute"
+def ideal_work(kernel, s):                                            # the solution
+    if kernel == "softmax":
+        scores = s.BH * s.T * s.T
+        return 5 * scores, 4 * (scores + scores)
+    if kernel == "flash":
+        pairs = s.BH * s.T * (s.T + 1) // 2
+        rows = s.BH * s.T * s.d_k
+        return 2 * 2 * s.d_k * pairs, 4 * (4 * rows + s.BH * s.T)
+    cached = s.BH * s.T * s.d_k
+    return 2 * 2 * cached, 4 * (2 * cached + 2 * s.BH * s.d_k)
 
 
-def smallest(*args):
-    times = dict(zip(("compute", "memory", "launch"), times_of(*args)))
-    regime = min(times, key=times.get)
-    return times[regime], regime
+def changed(kernel_changed, flops=None, nbytes=None):
+    """The solution with one kernel's FLOPs or bytes replaced by a function of the sizes."""
+    def answer(kernel, s):
+        right = ideal_work(kernel, s)
+        if kernel != kernel_changed:
+            return right
+        return (right[0] if flops is None else flops(s), right[1] if nbytes is None else nbytes(s))
+    return answer
 
 
-def tensor_cores(flops, nbytes, launches, gpu, launch_s):
-    times = {"compute": flops / gpu.tensor_flop_per_s, "memory": nbytes / gpu.bytes_per_s, "launch": launches * launch_s}
-    regime = max(times, key=times.get)
-    return times[regime], regime
+WORK_MISTAKES = {
+    "bytes_as_elements": (changed("softmax", nbytes=lambda s: 2 * s.BH * s.T * s.T), "each is 4 bytes"),
+    "every_access_counted": (changed("softmax", nbytes=lambda s: 4 * 4 * s.BH * s.T * s.T),
+                             "every load and store the kernel requests"),
+    "arrays_missed": (changed("flash", nbytes=lambda s: 4 * 4 * s.BH * s.T * s.d_k), "leaves out lse, which the "
+                      "kernel also writes"),
+    "multiply_adds_not_flops": (changed("decode", flops=lambda s: 2 * s.BH * s.T * s.d_k), "a multiply-add is 2 FLOPs"),
+    "mask_ignored": (changed("flash", flops=lambda s: 4 * s.d_k * s.BH * s.T * s.T), "every (query, key) pair"),
+    "diagonal_missed": (changed("flash", flops=lambda s: 4 * s.d_k * s.BH * s.T * (s.T - 1) // 2),
+                        "query i sees key i too"),
+    "visible_scores_only": (changed("softmax", flops=lambda s: 5 * s.BH * s.T * (s.T + 1) // 2),
+                            "the masked ones too"),
+    "wrong_values": (changed("decode", nbytes=lambda s: 4 * (2 * s.BH * s.T * s.d_k + 3 * s.BH * s.d_k)),
+                     "the sanitizer counted 640 (elements: q 10 read, k_cache 70 read"),
+}
 
 
-def no_launches(flops, nbytes, launches, gpu, launch_s):
-    compute, memory, _ = times_of(flops, nbytes, launches, gpu, launch_s)
-    return max(compute, memory), "compute" if compute >= memory else "memory"
-
-
-def one_launch(flops, nbytes, launches, gpu, launch_s):
-    times = {"compute": flops / gpu.fp32_flop_per_s, "memory": nbytes / gpu.bytes_per_s, "launch": launch_s}
-    regime = max(times, key=times.get)
-    return times[regime], regime
-
-
-def regime_always_memory(*args):
-    return lower_bound(*args)[0], "memory"
-
-
-def regime_misspelt(*args):
-    return lower_bound(*args)[0], lower_bound(*args)[1].upper()
-
-
-def bytes_as_elements(flops, nbytes, launches, gpu, launch_s):
-    return lower_bound(flops, 4 * nbytes, launches, gpu, launch_s)
-
-
-def returns_seconds_only(*args):
-    return lower_bound(*args)[0]
-
-
-def not_written(flops, nbytes, launches, gpu, launch_s):
-    raise NotImplementedError()
-
-
-def test_the_lower_bound_solution_passes():
-    result = verdict("10_lower_bound", lower_bound)
+def test_the_ideal_work_solution_passes():
+    result = verdict("10_ideal_work", ideal_work)
     assert result.passed and result.diagnosis == "ok", result
+    assert verdict("10_ideal_work", mutation.solution_copy(EXERCISES["10_ideal_work"])).passed
 
 
-@pytest.mark.parametrize("answer, diagnosis, says", [
-    (added, "times_added", "they overlap"),
-    (smallest, "min_instead_of_max", "the smallest of the three"),
-    (tensor_cores, "tensor_core_peak", "without tensor cores"),
-    (no_launches, "launch_overhead_missing", "launches were left out"),
-    (one_launch, "launch_not_per_launch", "for all 2 launches"),
-    (regime_always_memory, "wrong_regime", "the regime is 'memory'"),
-    (regime_misspelt, "wrong_regime", "none of 'compute', 'memory', 'launch'"),
-    (bytes_as_elements, "wrong_values", "softmax v1 at ANDREA-120M"),
-    (returns_seconds_only, "raised_error", "must return the tuple (seconds, regime)"),
-    (not_written, "not_implemented", "not implemented yet"),
-])
-def test_lower_bound_mistakes_get_their_diagnosis(answer, diagnosis, says):
-    result = verdict("10_lower_bound", answer)
+@pytest.mark.parametrize("diagnosis", sorted(WORK_MISTAKES))
+def test_ideal_work_mistakes_get_their_diagnosis(diagnosis):
+    answer, says = WORK_MISTAKES[diagnosis]
+    result = verdict("10_ideal_work", answer)
     assert (result.passed, result.diagnosis) == (False, diagnosis) and says in result.message, result.message
 
 
-def test_the_library_lower_bound_is_refused_as_given_code():
-    assert verdict("10_lower_bound", bench.lower_bound).diagnosis == "calls_given_code"
+def test_every_named_work_mistake_is_planted():
+    assert set(EXERCISES["10_ideal_work"].diagnoses) <= set(WORK_MISTAKES)
 
+
+def test_a_wrong_return_is_said_in_one_line():
+    result = verdict("10_ideal_work", lambda kernel, s: ideal_work(kernel, s)[0])
+    assert result.diagnosis == "raised_error" and "must return the tuple (flops, nbytes)" in result.message
+
+
+def test_the_library_ideal_work_is_refused_as_given_code():
+    assert verdict("10_ideal_work", registers.ideal_work).diagnosis == "calls_given_code"
+
+
+@pytest.mark.parametrize("sizes", [bench_cases.BenchSizes(8, 12, 1024, 64), bench_cases.BenchSizes(1, 2, 7, 5)])
+def test_the_ideal_work_is_the_benchs_formulas(sizes):
+    """The bench's FLOPs and ideal bytes; fused attention's bytes also count the lse its kernel writes
+    (one float per query row), which the bench, timing inference, leaves out."""
+    entries = {e.name: e for e in bench_cases.REGISTRY}
+    for kernel, entry in (("softmax", "softmax v1"), ("flash", "flash v2"), ("decode", "decode v1")):
+        flops, nbytes = registers.ideal_work(kernel, sizes)
+        extra = 4 * sizes.BH * sizes.T if kernel == "flash" else 0
+        assert (flops, nbytes) == (entries[entry].flops(sizes), entries[entry].ideal_bytes(sizes) + extra), kernel
+    with pytest.raises(ValueError, match="kernel must be 'softmax', 'flash' or 'decode', got 'scores'"):
+        registers.ideal_work("scores", sizes)
+
+
+# --- What the notebook builds on them: the bench's lower bounds -----------------------------------
 
 def test_the_predictions_at_andrea_120m():
     """Notebook 10's table: each kernel's bound from its own figures, its launches those a run
@@ -297,4 +300,3 @@ def test_the_predictions_at_andrea_120m():
     assert rows["decode v1"]["ideal"][1] == rows["decode v2"]["ideal"][1] == "launch"
     assert rows["attention pipeline"]["launches"] == 3
     assert "projection v4" in bench.format_predictions(list(rows.values()))
-    assert EXERCISES["10_lower_bound"].solution is bench.lower_bound

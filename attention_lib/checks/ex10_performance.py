@@ -1,28 +1,31 @@
-"""Notebook 10's exercises: a local array kept in registers (warm-up), and the least time a kernel can
-take (main).
+"""Notebook 10's exercises: a local array kept in registers (warm-up), and the work three kernels cannot
+avoid (main).
 
 ``10_registers`` (warm-up): a kernel ``(q, k, out)`` computing out[i, j] = q[i] . k[j] for q (T_q, D),
 k (T_k, D), one thread per query row holding its row of q in a ``cuda.local.array``, written so that
 the array lives in registers (``registers.row_scores_kernel_v2``; the notebook gives
-``row_scores_kernel_v1``, whose array sits in local memory). It is judged on values (random data,
-awkward sizes) and then by its row of the kernel report for sm_90 (``compiled_report``: a stack
-frame of 0 bytes, float32 multiply-adds in the hot loop). Diagnoses: ``still_local_memory`` (a
-stack frame left: an index the compiler cannot know), ``float64_arithmetic`` (an accumulator typed
-float64), ``not_compiled`` (no compiler here, or the kernel does not compile for a GPU), besides
-the engine's.
+``row_scores_kernel_v1``, whose array sits in local memory). Judged on values (random data, blocks
+of 32 rows with the last one partly idle), then by its limits: every element of q read from main
+memory once (``no_reuse``: a kernel that reads q again for every key), and, from the engine's
+compile for sm_90, a stack frame of 0 bytes (``local_memory``, with ptxas's registers and stack
+bytes) and float32 arithmetic (``float64_arithmetic``).
 
-``10_lower_bound`` (main): a function ``lower_bound(flops, nbytes, launches, gpu, launch_s)`` ->
-``(seconds, regime)``, the least time that work can take on ``gpu`` (a ``gpus.GpuLimits``): the
-largest of the time at the FP32 peak, the time at full bandwidth and the launches' time, with
-the regime ("compute", "memory" or "launch") that sets it (``bench.lower_bound``). The cases are
-registry entries of the bench (FLOPs and ideal bytes by ``bench_cases``' formulas, their launches) at
-ANDREA-120M and ANDREA-sim on several GPUs, at two launch costs. Besides the engine's diagnoses:
-``times_added`` (the three times summed: they overlap), ``min_instead_of_max``,
-``tensor_core_peak`` (the tensor-core peak, which Numba's FP32 arithmetic cannot use),
-``launch_overhead_missing``, ``launch_not_per_launch`` (one launch's cost for the whole entry),
-``wrong_regime`` (the right time, the wrong or an unknown regime).
+``10_ideal_work`` (main): a function ``ideal_work(kernel, s)`` -> ``(flops, nbytes)`` for kernel
+"softmax" (rows of causally masked scores), "flash" (causal attention writing out and the lse) or
+"decode" (one query per head against a cache), at sizes ``s`` (a ``BenchSizes``). The FLOPs are
+held to the bench's formulas (2 per multiply-add, 5 per softmax score); the bytes to what the
+sanitizer counts when the library's kernel runs at those sizes: every element of every array it
+reads or writes, once (``softmax v1``, ``flash v2``, ``decode v1``). Besides the engine's diagnoses:
+``bytes_as_elements``, ``every_access_counted`` (the counted bytes, every request, instead of the
+ideal ones), ``arrays_missed`` (an array the kernel reads or writes left out, named),
+``multiply_adds_not_flops`` (half the FLOPs), ``mask_ignored`` (every pair of a causal head),
+``diagonal_missed`` (the pairs below the diagonal only), ``visible_scores_only`` (the softmax's
+masked scores left out, which its kernel reads and writes too).
 """
 
+import functools
+import importlib
+import itertools
 from typing import NamedTuple
 
 import numpy as np
@@ -30,30 +33,16 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.checks.engine import Exercise, output_array, read_output, register
-from attention_lib.measure import bench, gpus
-from attention_lib.measure.bench_cases import REGISTRY, BenchSizes
-from attention_lib.platform import runtime
+from attention_lib.checks.limits import MostLoads, NoLocalMemory
+from attention_lib.measure import bench, recording
+from attention_lib.measure.bench_cases import REGISTRY, BenchSizes, Inputs
 from attention_lib.stages import registers
 
 # --- The warm-up: keep a local array in registers ------------------------------------------
 
 D = registers.D
-ROWS_PER_BLOCK = registers.ROWS_PER_BLOCK
-# The sizes tried, (T_q, T_k), then what the compiler makes of the kernel for an H100 / H200.
-ROW_CASES = [(1, 1), (7, 19), (33, 5)]
-COMPILED = "the kernel report for sm_90"
-ARGUMENT_TYPES = ["array(float32, 2d, C)"] * 3          # q, k, out
-
-
-def compiled_report(kernel):
-    """The kernel report's row for a (q, k, out) kernel at sm_90, or {"error": one line} when it
-    cannot be made here (no compiler installed, or a kernel that does not compile for a GPU)."""
-    from attention_lib.measure import kernel_report
-    try:
-        return kernel_report.report_kernel(kernel, ARGUMENT_TYPES, ROWS_PER_BLOCK, arch="sm_90")
-    except Exception as error:  # the compiler's own error, whatever its class
-        lines = str(error).strip().splitlines() or [type(error).__name__]
-        return {"error": f"{type(error).__name__}: {lines[-1]}"}
+# (T_q, T_k): one row, a partial block, a block one row short, one block and one row.
+ROW_CASES = [(1, 1), (7, 19), (31, 2), (33, 5)]
 
 
 def launch_row_scores(kernel, q, k, launch):
@@ -68,34 +57,11 @@ def launch_row_scores(kernel, q, k, launch):
 
 
 def _run_rows(kernel, case, rng, launch):
-    if case == COMPILED:
-        report = compiled_report(kernel)
-        if "error" in report:
-            return np.array([np.inf, np.inf]), np.zeros(2), report
-        float64 = report["hot_loop"]["ffma"] == 0          # double-precision multiply-adds instead
-        return np.array([report["stack_bytes"], float(float64)]), np.zeros(2), report
     t_q, t_k = case
     q = rng.standard_normal((t_q, D)).astype(np.float32)
     k = rng.standard_normal((t_k, D)).astype(np.float32)
     got = launch_row_scores(kernel, cuda.to_device(q), cuda.to_device(k), launch)
-    return got, reference.scores(q, k, scale=False), None
-
-
-def _diagnose_rows(got, expected, report):
-    if report is None:                           # a case of values: the engine's diagnosis
-        return None
-    if "error" in report:
-        return "not_compiled", f"the compiler's report is unavailable: {report['error']}"
-    if report["stack_bytes"] > 0:
-        return "still_local_memory", (
-            f"correct values, but the kernel report says {report['stack_bytes']} bytes of stack frame "
-            f"(local memory, in device DRAM) and {report['registers']} registers: some index into the "
-            "local array is still unknown when the kernel is compiled")
-    return "float64_arithmetic", (
-        f"no local memory left ({report['registers']} registers), but the hot loop has no float32 "
-        f"multiply-add (FFMA) among its {report['hot_loop']['total']} instructions: a number typed as "
-        "float64 (a plain 0.0) makes every multiply-add double precision, far slower on most GPUs; "
-        "keep the arithmetic float32")
+    return got, reference.scores(q, k, scale=False)
 
 
 register(Exercise(
@@ -103,128 +69,167 @@ register(Exercise(
     title="a row-scores kernel whose local array lives in registers (stack frame 0 bytes)",
     kind="kernel",
     run=_run_rows,
-    cases=ROW_CASES + [COMPILED],
-    describe_case=lambda c: c if c == COMPILED else f"T_q = {c[0]}, T_k = {c[1]}, D = {D}",
+    cases=ROW_CASES,
+    describe_case=lambda c: f"T_q = {c[0]}, T_k = {c[1]}, D = {D}",
     hint=("a thread's local array becomes registers only when every index into it is a constant the compiler "
           "knows once it has unrolled the loops: which of the kernel's loop bounds does the compiler know, and "
           "which only the launch?"),
     more_hints=("where answers go wrong: changing one of the two loops over the row and not the other (both "
-                "index the local array), and an accumulator started from a plain zero, which Python types "
-                "as a float64",),
+                "index the local array), reading q from main memory again for every key instead of from the "
+                "local array, and an accumulator started from a plain zero, which Python types as a float64",),
     # float32 sums of 64 products of standard normals (values up to about 25) against float64.
     rtol=1e-5,
     atol=1e-4,
-    diagnose=_diagnose_rows,
-    diagnoses=("still_local_memory", "not_compiled"),
+    limits=(MostLoads("q", 1, why="copy the thread's row into its local array once and read it from there"),
+            NoLocalMemory()),
     solution=registers.row_scores_kernel_v2,
     forbidden=(registers.row_scores, registers.launch_row_scores),
 ))
 
 
-# --- The main exercise: the least time a kernel can take -----------------------------------
+# --- The main exercise: the work three kernels cannot avoid --------------------------------
 
-class Case(NamedTuple):
-    """One piece of work: a registry entry at a model's sizes, its launches, on a GPU, at a launch cost."""
+# The library kernel whose launch the sanitizer counts for each name of the contract.
+ENTRIES = {"softmax": "softmax v1", "flash": "flash v2", "decode": "decode v1"}
+KERNELS = tuple(ENTRIES)
+# Sizes (B, H, T, d_k): awkward, no dimension a multiple of another; one position.
+SIZES = (BenchSizes(1, 2, 7, 5), BenchSizes(2, 1, 16, 3), BenchSizes(1, 3, 1, 2))
 
-    entry: str
-    model: str           # "ANDREA-120M" or "ANDREA-sim"
-    launches: int        # the launches one run of the entry makes
-    gpu: str             # a name of gpus.KNOWN_GPUS
-    launch_s: float
 
-    def work(self):
-        """(flops, ideal bytes, launches) of the entry at the model's sizes (bench_cases' formulas)."""
-        entry = next(e for e in REGISTRY if e.name == self.entry)
-        sizes = BenchSizes.of(runtime.ANDREA_120M if self.model == "ANDREA-120M" else runtime.ANDREA_SIMULATOR)
-        return int(entry.flops(sizes)), int(entry.ideal_bytes(sizes)), self.launches
+class WorkCase(NamedTuple):
+    """One launch: a kernel of the contract at sizes (B, H, T, d_k)."""
 
-    def limits(self):
-        return next(limits for _, limits in gpus.KNOWN_GPUS if limits.name == self.gpu)
+    kernel: str
+    sizes: BenchSizes
 
     def __str__(self):
-        return f"({self.entry}, {self.model}, {self.gpu.removeprefix('NVIDIA ')}, launches of {self.launch_s * 1e6:g} us)"
+        s = self.sizes
+        return f"({self.kernel}, B {s.B}, H {s.H}, T {s.T}, d_k {s.d_k})"
+
+
+class Counted(NamedTuple):
+    """What one launch of the library's kernel did, counted by the sanitizer: {array: (elements
+    read, elements written)} (each element once), the bytes of every load and store, and its
+    FLOPs by the bench's formula."""
+
+    arrays: dict
+    every_access_bytes: int
+    flops: int
+
+    @property
+    def ideal_bytes(self):
+        return 4 * sum(read + written for read, written in self.arrays.values())
 
     def describe(self):
-        """The case with its figures, for a verdict that names it."""
-        flops, nbytes, launches = self.work()
-        return (f"{self.entry} at {self.model} on an {self.gpu}, launches of {self.launch_s * 1e6:g} us "
-                f"({flops:,} FLOPs, {nbytes:,} bytes, {launches} launch{'es' if launches > 1 else ''})")
+        parts = [f"{name} {read:,} read" if read else f"{name} {written:,} written"
+                 for name, (read, written) in self.arrays.items()]
+        return "elements: " + ", ".join(parts)
 
 
-def _run_bound(answer, case, rng, _launch):           # plain Python: no kernel to launch
-    flops, nbytes, launches = case.work()
-    gpu = case.limits()
-    result = answer(flops, nbytes, launches, gpu, case.launch_s)
+@functools.lru_cache(maxsize=None)
+def counted(kernel, sizes):
+    """Counted for the library's kernel named `kernel` at `sizes`, run once on the simulator (the
+    bench's own inputs, seeded) under sanitizer.count_memory; kept for the process."""
+    entry = next(e for e in REGISTRY if e.name == ENTRIES[kernel])
+    module = importlib.import_module(f"attention_lib.stages.{entry.module}")
+    run, _ = entry.prepare(module, sizes, Inputs(sizes))
+    with recording.recording_launches(count=True) as launches:
+        run()
+    arrays, every = {}, 0
+    for launch in launches:
+        every += launch.report.global_bytes
+        for name, traffic in launch.report.arrays.items():
+            if traffic.space == "global":
+                arrays[name] = (int((traffic.loads > 0).sum()), int((traffic.stores > 0).sum()))
+    return Counted(arrays, every, int(entry.flops(sizes)))
+
+
+def _run_work(answer, case, rng, _launch):              # plain Python: no kernel to launch
+    result = answer(case.kernel, case.sizes)
     if not isinstance(result, tuple) or len(result) != 2:
         got = f"a tuple of {len(result)}" if isinstance(result, tuple) else type(result).__name__
-        raise TypeError(f"lower_bound must return the tuple (seconds, regime), got {got}")
-    seconds, regime = result
-    want_seconds, want_regime = bench.lower_bound(flops, nbytes, launches, gpu, case.launch_s)
-    code = bench.REGIMES.index(regime) if regime in bench.REGIMES else -1
-    return (np.array([float(seconds), code]), np.array([want_seconds, bench.REGIMES.index(want_regime)]),
-            flops, nbytes, launches, gpu, case.launch_s, regime)
+        raise TypeError(f"ideal_work must return the tuple (flops, nbytes), got {got}")
+    truth = counted(case.kernel, case.sizes)
+    return (np.array([float(result[0]), float(result[1])]), np.array([float(truth.flops), float(truth.ideal_bytes)]),
+            case, truth)
 
 
-def _diagnose_bound(got, expected, flops, nbytes, launches, gpu, launch_s, regime):
-    """Name the slip when the time equals a known wrong formula, or only the regime is wrong."""
-    compute, memory, launch = flops / gpu.fp32_flop_per_s, nbytes / gpu.bytes_per_s, launches * launch_s
-    wrong = [("times_added", compute + memory + launch,
-              "the three times were added: the GPU computes while it loads, and the host queues the next "
-              "launch while the GPU runs, so they overlap and the slowest one alone sets the pace"),
-             ("min_instead_of_max", min(compute, memory, launch),
-              "the smallest of the three times was taken: the work cannot finish before the slowest of them")]
-    if gpu.tensor_flop_per_s:
-        wrong.append(("tensor_core_peak", max(flops / gpu.tensor_flop_per_s, memory, launch),
-                      f"the arithmetic was timed at the tensor-core peak ({gpu.tensor_flop_per_s / 1e12:g} "
-                      f"TFLOP/s): Numba's kernels compute in FP32 without tensor cores, "
-                      f"{gpu.fp32_flop_per_s / 1e12:g} TFLOP/s on an {gpu.name}"))
-    wrong += [("launch_overhead_missing", max(compute, memory),
-               f"the launches were left out: {launches} launch(es) of {launch_s * 1e6:g} us each take "
-               f"{launch * 1e6:g} us, longer here than the GPU's work"),
-              ("launch_not_per_launch", max(compute, memory, launch_s),
-               f"one launch's cost was counted for all {launches} launches: each launch costs the host launch_s")]
-    for code, seconds, message in wrong:
-        if not np.isclose(seconds, expected[0], rtol=1e-9) and np.isclose(got[0], seconds, rtol=1e-6):
-            return code, message
-    if np.isclose(got[0], expected[0], rtol=1e-6):
-        want = bench.REGIMES[int(expected[1])]
-        if got[1] < 0:
-            return "wrong_regime", (f"the time is right but the regime {regime!r} is none of "
-                                    f"{', '.join(repr(r) for r in bench.REGIMES)}: here it is {want!r}")
-        return "wrong_regime", (f"the time is right but the regime is {regime!r}: the largest of the three "
-                                f"times sets it, here {want!r}")
+def _flops_slip(got, want, case):
+    """(code, message) for FLOPs equal to a usual wrong count, else None."""
+    s = case.sizes
+    wrong = [("multiply_adds_not_flops", want / 2,
+              "half the FLOPs: a multiply-add is 2 FLOPs, and attention does two products per pair (q . k, "
+              "then the weight times v)")]
+    if case.kernel == "flash":
+        per_pair = want / (s.BH * s.T * (s.T + 1) // 2)
+        wrong += [("mask_ignored", per_pair * s.BH * s.T * s.T,
+                   "every (query, key) pair was counted: under the causal mask query i sees keys 0 .. i only, "
+                   "T (T + 1) / 2 pairs per head"),
+                  ("diagonal_missed", per_pair * s.BH * s.T * (s.T - 1) // 2,
+                   "the pairs below the diagonal were counted, not the diagonal: query i sees key i too, "
+                   "T (T + 1) / 2 pairs per head")]
+    if case.kernel == "softmax":
+        wrong.append(("visible_scores_only", 5 * s.BH * s.T * (s.T + 1) // 2,
+                      "only the visible scores were counted: the softmax kernel works on every score of its "
+                      "rows, the masked ones too (their weight is computed, 0)"))
+    for code, value, message in wrong:
+        if value != want and np.isclose(got, value, rtol=1e-12):
+            return code, f"{message}; got {got:,.0f} FLOPs, the formula gives {want:,.0f}"
     return None
 
 
+def _bytes_slip(got, want, truth):
+    """(code, message) for bytes equal to a usual wrong count, else None."""
+    if np.isclose(got, want / 4, rtol=1e-12):
+        return "bytes_as_elements", (f"{got:,.0f} is the number of float32 elements moved; each is 4 bytes: "
+                                     f"{want:,.0f} bytes")
+    if got != want and np.isclose(got, truth.every_access_bytes, rtol=1e-12):
+        return "every_access_counted", (f"{got:,.0f} bytes is every load and store the kernel requests (the "
+                                        "counted bytes, as if no cache caught anything); the ideal bytes count "
+                                        f"each element once: {want:,.0f}")
+    names = list(truth.arrays)
+    for size in range(1, len(names)):
+        for kept in itertools.combinations(names, size):
+            if np.isclose(got, 4 * sum(sum(truth.arrays[n]) for n in kept), rtol=1e-12):
+                missed = [n for n in names if n not in kept]
+                return "arrays_missed", (f"{got:,.0f} bytes counts {', '.join(kept)} but leaves out "
+                                         f"{', '.join(missed)}, which the kernel also "
+                                         + " and ".join(sorted({'reads' if truth.arrays[n][0] else 'writes'
+                                                                for n in missed}))
+                                         + f" ({truth.describe()})")
+    return None
+
+
+def _diagnose_work(got, expected, case, truth):
+    """Name the slip in the FLOPs or the bytes; the sanitizer's figures otherwise."""
+    if not np.isclose(got[0], expected[0], rtol=1e-12):
+        return _flops_slip(got[0], expected[0], case) or (
+            "wrong_values", f"the FLOPs: got {got[0]:,.0f}, the formula (2 per multiply-add, 5 per softmax score) "
+                            f"gives {expected[0]:,.0f}")
+    return _bytes_slip(got[1], expected[1], truth) or (
+        "wrong_values", f"the bytes: got {got[1]:,.0f}, the sanitizer counted {expected[1]:,.0f} ({truth.describe()}, "
+                        "4 bytes each)")
+
+
 register(Exercise(
-    exercise_id="10_lower_bound",
-    title="lower_bound(flops, nbytes, launches, gpu, launch_s): the least time a piece of work can take",
+    exercise_id="10_ideal_work",
+    title="ideal_work(kernel, s): the FLOPs and the ideal bytes of a softmax, fused attention and a decode step",
     kind="function",
-    run=_run_bound,
-    describe_case=Case.describe,
-    # Compute-bound first (the QKV projection at its ideal bytes), memory-bound (a softmax, and the
-    # in-place mask with no arithmetic at all), launch-bound (decoding: the split-K kernel and its
-    # merge; ANDREA-sim's three-launch pipeline), the pipeline again at launches of 5 us, then a T4
-    # (no tensor-core peak listed) with ANDREA-120M's fused attention.
-    cases=[Case("projection v1", "ANDREA-120M", 1, "NVIDIA H200", 20e-6),
-           Case("softmax v1", "ANDREA-120M", 1, "NVIDIA H200", 20e-6),
-           Case("mask v1", "ANDREA-120M", 1, "NVIDIA H100 SXM", 20e-6),
-           Case("decode v2", "ANDREA-120M", 2, "NVIDIA H200", 20e-6),
-           Case("attention pipeline", "ANDREA-sim", 3, "NVIDIA A100 40GB", 20e-6),
-           Case("attention pipeline", "ANDREA-sim", 3, "NVIDIA A100 40GB", 5e-6),
-           Case("flash v2", "ANDREA-120M", 1, "NVIDIA T4", 20e-6)],
-    hint=("three clocks run at once: the arithmetic at the FP32 peak, the bytes at the memory bandwidth, and "
-          "the host starting one launch after another; the work takes at least as long as the slowest, "
-          "and that one names the regime"),
-    more_hints=("where answers go wrong: adding the three times (they overlap), timing the arithmetic at the "
-                "tensor-core peak (Numba cannot use tensor cores), and counting the launch cost once for an "
-                "entry that launches many kernels",),
-    # Three divisions and a product of floats: the reference differs from a right answer by rounding.
-    rtol=1e-9,
-    atol=0.0,
-    diagnose=_diagnose_bound,
-    diagnoses=("times_added", "min_instead_of_max", "tensor_core_peak", "launch_overhead_missing",
-               "launch_not_per_launch", "wrong_regime"),
-    solution=bench.lower_bound,
-    forbidden=(bench.predictions,),
+    run=_run_work,
+    # Each kernel at each size: its first case early, so that a slip in one kernel is named at once.
+    cases=[WorkCase(kernel, sizes) for sizes in SIZES for kernel in KERNELS],
+    describe_case=str,
+    hint=("list what the kernel must read from main memory and what it must write, each array with its shape, "
+          "and count each element once; then count the arithmetic per score, or per pair of a query and a key "
+          "the mask lets through"),
+    more_hints=("where answers go wrong: elements counted where bytes are asked (a float32 is 4 bytes), an "
+                "output left out (fused attention also writes one number per query row), every pair of a "
+                "causal head counted (query i sees i + 1 keys), and a multiply-add counted as one FLOP",),
+    rtol=0.0,
+    atol=0.5,
+    diagnose=_diagnose_work,
+    diagnoses=("bytes_as_elements", "every_access_counted", "arrays_missed", "multiply_adds_not_flops",
+               "mask_ignored", "diagonal_missed", "visible_scores_only"),
+    solution=registers.ideal_work,
+    forbidden=(bench.predictions, bench.formula_results),
 ))

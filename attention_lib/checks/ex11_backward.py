@@ -5,7 +5,9 @@ d_rows, scale, d_raw)``: p, dp (BH, T_q, T_k) float32, the weights and their gra
 (BH, T_q), the row sums D_i = rowsum(dO o O)_i; scale 1/sqrt(d_k); it writes d_raw (BH, T_q,
 T_k) = scale * P o (dP - D), one thread per entry, on the scores' grid (x over keys j, y over
 queries i, z over heads h). The inputs are those of a real head (causal cases have P = 0 above
-the diagonal). Besides the engine's diagnoses, a wrong answer is compared with the usual slips:
+the diagonal). Limit: a warp's loads of p and dp touch at most 2 segments of 128 bytes on average
+(``uncoalesced``: threads along x walking down a column). Besides the engine's diagnoses, a wrong
+answer is compared with the usual slips:
 
 - ``gradient_to_masked_keys``: an entry where P = 0 (a key the query cannot see) got a nonzero
   gradient: the row-sum term was not multiplied by P (P o dP - D);
@@ -36,7 +38,9 @@ from typing import NamedTuple
 import numpy as np
 
 from attention_lib import reference
-from attention_lib.checks.engine import Exercise, host_output, register
+from attention_lib.checks import shapes
+from attention_lib.checks.engine import Diagnosed, Exercise, host_output, register, traced_launch
+from attention_lib.checks.limits import Coalesced, MostLoads, RefilledTiles
 from attention_lib.stages import backward, scores
 
 
@@ -122,6 +126,8 @@ register(Exercise(
     diagnose=_diagnose,
     diagnoses=("gradient_to_masked_keys", "missing_row_sum", "transposed_p", "missing_scale",
                "scale_applied_twice", "scale_inverted", "scale_on_one_term"),
+    # x along the keys: a warp's 32 threads read two rows of 16 neighbouring floats.
+    limits=(Coalesced("p", 2), Coalesced("dp", 2)),
     solution=backward.score_grad_kernel,
     forbidden=(backward.attention_backward, backward.launch_naive_backward),
 ))
@@ -131,7 +137,8 @@ register(Exercise(
 
 class TileCase(NamedTuple):
     """One launch of the dK/dV kernel around the answer: BH query heads on BH_kv key/value heads,
-    T_q queries against T_k keys, widths d_k and d_v, causal or not, a sliding window (0: none)."""
+    T_q queries against T_k keys, widths d_k and d_v, causal or not, a sliding window (0: none),
+    and scores of ordinary size or of about a thousand (large)."""
 
     BH: int
     BH_kv: int
@@ -141,34 +148,62 @@ class TileCase(NamedTuple):
     d_v: int
     causal: bool
     window: int = 0
+    large: bool = False
 
     def __str__(self):
         heads = f"BH {self.BH}" if self.BH == self.BH_kv else f"BH {self.BH} on BH_kv {self.BH_kv}"
         return (f"({heads}, T_q {self.T_q}, T_k {self.T_k}, d_k {self.d_k}, d_v {self.d_v}, "
-                f"{'causal' if self.causal else 'not causal'}{f', window {self.window}' if self.window else ''})")
+                f"{'causal' if self.causal else 'not causal'}{f', window {self.window}' if self.window else ''}"
+                f"{', scores up to 1200' if self.large else ''})")
+
+
+def tile_cases(configuration):
+    """The cases at a configuration's tiles (BLOCK_Q = BLOCK_K = t: 16 on the simulator, 32 on a GPU):
+    one pair (P = 1, dS = 0); queries the last t + 3 of t + 7 positions (the first query tile partly
+    visible, partial tiles both ways, d_k < d_v); three query tiles under a window of 5 (d_k > d_v);
+    two query heads on one K/V head, not causal; t + 7 queries on 9 keys (t - 2 see none: lse -inf);
+    scores up to 1200, where exp of a raw score overflows."""
+    t = backward.SHAPE_CONSTANTS["BLOCK_Q"][0 if configuration == shapes.SIMULATOR else 1]
+    return [TileCase(1, 1, 1, 1, 1, 1, True), TileCase(2, 2, t + 3, t + 7, 5, 7, True),
+            TileCase(1, 1, 2 * t + 1, 2 * t + 1, 7, 4, True, 5), TileCase(2, 1, t + 1, t + 1, 5, 3, False),
+            TileCase(1, 1, t + 7, 9, 3, 3, True), TileCase(1, 1, 9, 11, 4, 3, True, large=True)]
 
 
 def _inputs(case, rng):
+    """q, k, v, d_out (float64). Large: integer q and k (with d_k 4 the scale is 1/2, so every score
+    is exact in float32) and the last query's score with the last key 1200: exp(S) overflows
+    float32 (and the simulator's math.exp), exp(S - lse) never does."""
     q = rng.standard_normal((case.BH, case.T_q, case.d_k))
     k = rng.standard_normal((case.BH_kv, case.T_k, case.d_k))
+    if case.large:
+        q, k = np.round(q), np.round(100 * k)                  # scores of several hundred
+        q[:, -1], k[:, -1] = 2.0, 300.0                        # 2 * 300 * d_k * scale = 1200
     v = rng.standard_normal((case.BH_kv, case.T_k, case.d_v))
     d_out = rng.standard_normal((case.BH, case.T_q, case.d_v))
     return q, k, v, d_out
 
 
-def _run_tile(tile, case, rng, launch):
+UNSTABLE = ("exp of a raw score: on a GPU exp of a float32 past 88.7 is inf (and below -104 it is 0), so "
+            "exp(S) / exp(lse) is inf / inf or 0 / 0, NaN; here the simulator's math.exp raised {error} at a "
+            "score near 1200. Take the exponential of the difference, S - lse, which is never above 0")
+
+
+def _run_tile(tile, case, rng, _launch):
     q, k, v, d_out = _inputs(case, rng)
     window = case.window or None
     out = reference.attention(q, k, v, case.causal, window)                  # (BH, T_q, d_v)
     lse = backward.log_sum_exp(q, k, case.causal, window)                    # (BH, T_q), -inf: no key
     d_rows = np.sum(d_out * out, axis=-1)                                    # (BH, T_q)
-    dk, dv = host_output(k.shape), host_output(v.shape)                      # copied back by the launch
+    dk, dv = host_output(k.shape), host_output(v.shape)                      # written in place
     grid, block = backward.fused_grids(case.BH, case.T_q, case.T_k, case.BH_kv)["dkdv"]
     f32 = [a.astype(np.float32) for a in (q, k, v, d_out, lse, d_rows)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)     # a wrong answer's overflows: said once
-        launch(backward.dkdv_kernel_with(tile), grid, block, *f32, scores.scale_factor(case.d_k), case.causal,
-               np.int32(case.window), dk, dv)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)     # a wrong answer's overflows: said once
+            traced_launch(backward.dkdv_kernel_with(tile), grid, block, *f32, scores.scale_factor(case.d_k),
+                          case.causal, np.int32(case.window), dk, dv)
+    except (OverflowError, ZeroDivisionError) as error:     # the simulator's math.exp; a GPU gives inf, NaN
+        raise Diagnosed("unstable_softmax", UNSTABLE.format(error=type(error).__name__)) from None
     _, want_dk, want_dv = backward.backward(q, k, v, d_out, case.causal, window)
     return (np.concatenate([dk, dv], axis=-1), np.concatenate([want_dk, want_dv], axis=-1),
             q, k, v, d_out, case.causal, window)
@@ -188,9 +223,13 @@ def _folded_from_row_zero(t_q, t_k, causal, window):
 
 def _variant(q, k, v, d_out, causal, window, mistake=None):
     """dK and dV (concatenated on the last axis) of the dK/dV pass with one of the usual mistakes
-    (None: right), float64; pairs folded per `visible` (the mask, or what a loop from row 0 folds)."""
+    (None: right), float64; pairs folded per `visible` (the mask, or what a loop from row 0 folds).
+    None where the mistake makes no difference of its own (dP over d_k columns when d_k >= d_v: the
+    tile's padding, never written, is read, which the engine names)."""
     k_all, v_all = reference.share_kv_heads(k, q), reference.share_kv_heads(v, q)   # (BH, T_k, d)
-    (t_q, d_k), t_k = q.shape[1:], k.shape[1]
+    (t_q, d_k), (t_k, d_v) = q.shape[1:], v.shape[1:]
+    if mistake == "dp_over_d_k" and d_k >= d_v:
+        return None
     scale = 1.0 / math.sqrt(d_k)
     visible = reference.causal_mask(t_q, t_k, window) if causal else np.ones((t_q, t_k), bool)
     if mistake == "mask_ignored":
@@ -198,7 +237,8 @@ def _variant(q, k, v, d_out, causal, window, mistake=None):
     raw = q @ np.swapaxes(k_all, -1, -2)                                   # (BH, T_q, T_k), unscaled
     lse = backward.log_sum_exp(q, k, causal, window)[..., None]            # (BH, T_q, 1)
     d_i = np.sum(d_out * reference.attention(q, k, v, causal, window), axis=-1, keepdims=True)
-    dp = d_out @ np.swapaxes(v_all, -1, -2)
+    width = d_k if mistake == "dp_over_d_k" else d_v
+    dp = d_out[..., :width] @ np.swapaxes(v_all[..., :width], -1, -2)      # (BH, T_q, T_k)
     s = raw if mistake == "scores_not_scaled" else raw * scale
     shift, minus = {"lse_not_subtracted": (0.0, d_i), "lse_and_d_swapped": (d_i, lse)}.get(mistake, (lse, d_i))
     with np.errstate(invalid="ignore", over="ignore"):
@@ -223,6 +263,8 @@ TILE_MISTAKES = {
                        "the softmax's off-diagonal part",
     "row_sum_not_weighted": "dS_ij came out as P_ij dP_ij - D_i: the row sum belongs inside the factor P, "
                             "P_ij (dP_ij - D_i)",
+    "dp_over_d_k": "dP_ij = v_j . dO_i was summed over the first d_k columns: v and dO rows are d_v wide "
+                   "(here d_k < d_v, so the last columns were left out)",
     "dv_weighted_by_ds": "dV took dS_ij dO_i: the output is P V, so dV_j sums P_ij dO_i",
     "dk_weighted_by_p": "dK took P_ij Q_i: the scores' gradient is dS, so dK_j sums dS_ij Q_i",
     "p_and_ds_swapped": "P and dS swapped places: dV_j sums P_ij dO_i and dK_j sums dS_ij Q_i",
@@ -235,15 +277,17 @@ TILE_MISTAKES = {
 def _diagnose_tile(got, expected, q, k, v, d_out, causal, window):
     for code, message in TILE_MISTAKES.items():
         wrong = _variant(q, k, v, d_out, causal, window, code)
+        if wrong is None:
+            continue
         seen = np.isfinite(wrong)
         if (seen.any() and not np.allclose(wrong[seen], expected[seen], rtol=1e-4, atol=1e-5)
                 and np.allclose(got[seen], wrong[seen], rtol=1e-3, atol=1e-4)):
             return code, message
     if not np.isfinite(got).all():
         where = tuple(int(i) for i in np.argwhere(~np.isfinite(got))[0])
-        return "wrong_values", (f"dK or dV is {got[where]} at {where}: exp of a score without the lse subtracted "
-                                "overflows, and an lse of -inf belongs to a query that sees no key (never in "
-                                "rows_from .. rows_to - 1)")
+        return "wrong_values", (f"dK or dV is {got[where]} at (K/V head, key, column) {where}, where NumPy's is "
+                                f"{expected[where]:.4g}: a computed inf or NaN (an exponential that overflowed, or "
+                                "a query with lse -inf folded in)")
     return None
 
 
@@ -252,25 +296,94 @@ register(Exercise(
     title="dkdv_tile: recompute P_ij from the log-sum-exp and fold a tile of queries into key j's dK and dV",
     kind="device function",
     run=_run_tile,
-    # One pair (P = 1, dS = 0); queries the last 19 of 23 positions, partial tiles both ways; three
-    # query tiles under a sliding window of 5; two query heads on one K/V head, not causal; 14 of 23
-    # queries that see no key (lse -inf).
-    cases=[TileCase(1, 1, 1, 1, 1, 1, True), TileCase(2, 2, 19, 23, 7, 5, True),
-           TileCase(1, 1, 33, 33, 4, 6, True, 5), TileCase(2, 1, 17, 17, 5, 3, False),
-           TileCase(1, 1, 23, 9, 3, 3, True)],
-    hint=("for each query of the tile that sees key j: its score with the key, the weight P_ij rebuilt from "
-          "that score and the query's log-sum-exp (no pass over the row), then dS_ij from P_ij, dP_ij and the "
-          "row sum D_i; P weights the query's dO into dV, dS weights its q into dK"),
-    more_hints=("where answers go wrong: a score without the scale (the forward's lse is of scaled scores), "
-                "the two rows of stats read the other way round, D subtracted outside the factor P, and P and "
-                "dS swapped between dV and dK",),
-    # float32 scores, exp and sums of up to 33 terms against float64: errors around 1e-6.
+    cases=tile_cases,
+    hint=("for each query of the tile that sees key j: its score with the key, its weight rebuilt from that "
+          "score and the query's log-sum-exp (no pass over the row), then the score's gradient from the weight, "
+          "the weight's gradient and the row sum D; the weight times the query's dO goes into dV, the score's "
+          "gradient times its q into dK"),
+    more_hints=("where answers go wrong, and the plan: one loop over the rows rows_from to rows_to, each row once. "
+                "The score is the dot product of key j's k with the row's q over d_k columns, times the scale "
+                "(the forward's lse is of scaled scores). The weight is the exponential of the score minus the "
+                "row's lse, stats row 0, never the exponential of the score alone (it overflows past 88.7). "
+                "The weight's gradient dP is the dot product of key j's v with the row's dO over d_v columns; "
+                "the score's gradient is the weight times dP minus D, stats row 1, D inside the factor. Then add "
+                "the weight times each of the row's d_v dO values to dv_acc, and the score's gradient times each "
+                "of its d_k q values to dk_acc; the kernel scales dK once at the end",),
+    # float32 scores, exp and sums of up to 65 terms against float64: errors around 1e-6.
     rtol=1e-4,
     atol=5e-5,
     diagnose=_diagnose_tile,
-    diagnoses=tuple(TILE_MISTAKES),
+    diagnoses=tuple(TILE_MISTAKES) + ("unstable_softmax",),
+    both_shapes=True,
+    limits=(RefilledTiles(),),
     solution=backward.dkdv_tile,
     forbidden=(backward.dq_tile, backward.flash_backward_dkdv_kernel, backward.launch_fused_backward,
                backward.flash_attention_backward),
 ))
 
+
+# --- 11x_group_sum (the deep dive's): a shared K/V head's gradient sums its group --------------
+
+class GroupCase(NamedTuple):
+    """BH query heads' gradients summed into BH_kv key/value heads' of (T, d)."""
+
+    BH: int
+    BH_kv: int
+    T: int
+    d: int
+
+    def __str__(self):
+        return f"({self.BH} query heads on {self.BH_kv} K/V heads, T {self.T}, d {self.d})"
+
+
+def _run_group_sum(kernel, case, rng, launch):
+    per_head = rng.standard_normal((case.BH, case.T, case.d)).astype(np.float32)
+    shared = host_output((case.BH_kv, case.T, case.d))                 # written in place
+    launch(kernel, *backward.group_sum_grid(case.BH_kv, case.T, case.d), per_head, shared)
+    expected = backward.fold_kv_heads(per_head.astype(np.float64), shared.shape)
+    return shared, expected, per_head
+
+
+def _diagnose_group_sum(got, expected, per_head):
+    """Name a wrong grouping of the query heads; None otherwise."""
+    bh, bh_kv = per_head.shape[0], got.shape[0]
+    group, p = bh // bh_kv, per_head.astype(np.float64)
+    wrong = [("group_interleaved", p.reshape(group, bh_kv, *p.shape[1:]).sum(axis=0),
+              "K/V head g summed query heads g, g + BH_kv, g + 2 BH_kv, ...: query head h reads K/V head h // group, "
+              "so K/V head g's group is the consecutive heads g * group to (g + 1) * group - 1"),
+             ("group_not_summed", p[::group], "K/V head g got only the first query head of its group: every query "
+                                              "head of the group read it, and each adds its gradient")]
+    for code, candidate, message in wrong:
+        if not np.allclose(candidate, expected, rtol=1e-5, atol=1e-5) and np.allclose(got, candidate, rtol=1e-5,
+                                                                                      atol=1e-5):
+            return code, message
+    return None
+
+
+register(Exercise(
+    exercise_id="11x_group_sum",
+    title="group_sum_kernel(per_head, shared): each K/V head's gradient, the sum over its group of query heads",
+    kind="kernel",
+    run=_run_group_sum,
+    # No group (1 on 1); a group of 3 (6 on 2) whose T x d entries fill one block and a part (T 9, d 4:
+    # 36 entries in blocks of 32); multi-query (4 on 1); a group of 2 over several blocks.
+    cases=[GroupCase(1, 1, 1, 1), GroupCase(6, 2, 9, 4), GroupCase(4, 1, 5, 7), GroupCase(4, 2, 17, 3)],
+    hint=("one thread per element of the shared head's gradient: which K/V head (the block's second grid "
+          "index), which position and column (its place along the first); then the query heads that read that "
+          "K/V head, each adding its gradient at the same position and column"),
+    more_hints=("where answers go wrong, and the plan: query head h reads K/V head h // group, so the group of "
+                "K/V head g is the group consecutive query heads starting at g times group, not every BH_kv-th "
+                "head; the thread's flat index along the first grid axis splits into a position (the quotient by "
+                "d) and a column (the remainder), so neighbouring threads touch neighbouring addresses; the "
+                "last block hangs past T times d entries and its extra threads write nothing; the sum starts "
+                "from a float32 zero",),
+    # Sums of at most 4 float32 standard normals against float64.
+    rtol=1e-5,
+    atol=1e-5,
+    diagnose=_diagnose_group_sum,
+    diagnoses=("group_interleaved", "group_not_summed"),
+    limits=(MostLoads("per_head", 1, why="each query head's element is added into exactly one sum"),
+            Coalesced("per_head", 2)),
+    solution=backward.group_sum_kernel,
+    forbidden=(backward.fold_kv_heads, backward.launch_grouped_naive_backward),
+))

@@ -437,14 +437,23 @@ def flash_backward_dkdv_kernel(q, k, v, d_out, lse, d_rows, scale, causal, windo
     store_rows(dk, dv, g, j, dk_acc, dv_acc, scale)
 
 
-@functools.lru_cache(maxsize=None)
 def dkdv_kernel_with(tile):
     """flash_backward_dkdv_kernel compiled with `tile` (a device function with dkdv_tile's
-    contract) in dkdv_tile's place: the library's kernel around an exercise's answer."""
+    contract) in dkdv_tile's place: the library's kernel around an exercise's answer, with the
+    tile sizes BLOCK_Q and BLOCK_K this module holds when it is asked (a check runs an answer at
+    the simulator's and at a GPU's)."""
     if tile is dkdv_tile:
         return flash_backward_dkdv_kernel
+    return _dkdv_kernel_with(tile, BLOCK_Q, BLOCK_K)
+
+
+@functools.lru_cache(maxsize=None)
+def _dkdv_kernel_with(tile, block_q, block_k):
+    """dkdv_kernel_with's kernel, one per tile function and tile sizes: its names are a copy of the
+    module's, so the sizes it sees are those of the moment it was made."""
     fn = flash_backward_dkdv_kernel.py_func
-    return cuda.jit(types.FunctionType(fn.__code__, {**fn.__globals__, "dkdv_tile": tile}, fn.__name__))
+    names = {**fn.__globals__, "dkdv_tile": tile, "BLOCK_Q": block_q, "BLOCK_K": block_k}
+    return cuda.jit(types.FunctionType(fn.__code__, names, fn.__name__))
 
 
 @cuda.jit(device=True)

@@ -1,6 +1,7 @@
-"""Registers or local memory (notebook 10): unscaled scores out[i, j] = q[i] . k[j], one thread per
-query row, its row of q kept in a ``cuda.local.array`` so that q is read from main memory once per
-row instead of once per key.
+"""Notebook 10's stage: registers or local memory, and the work a kernel cannot avoid.
+
+Unscaled scores out[i, j] = q[i] . k[j], one thread per query row, its row of q kept in a
+``cuda.local.array`` so that q is read from main memory once per row instead of once per key.
 
 Where that array lives is the compiler's choice, which the kernel report shows (no GPU needed):
 registers have no addresses, so an array can live in registers only if every index into it is
@@ -16,6 +17,9 @@ in local memory: per-thread device memory (DRAM, cached in L1 and L2), one load 
   tile of k in shared memory (notebooks 02 and 07) saves.
 - ``KERNELS``, ``row_scores_grid``, ``launch_row_scores``, ``row_scores(q, k, version=2)``;
   ``row_scores_traffic``: global loads and stores, as ``sanitizer.count_memory`` counts them.
+- ``ideal_work(kernel, s)``: the FLOPs and the ideal bytes (every element of every array read or
+  written once) of one launch of the softmax, fused attention or a decode step (the notebook's
+  main exercise; its check counts the bytes with the sanitizer).
 """
 
 import numpy as np
@@ -110,3 +114,27 @@ def row_scores_flops(t_q, t_k):
     """2 FLOPs per multiply-add."""
     return 2 * t_q * t_k * D
 
+
+
+# --- The work a kernel cannot avoid (the main exercise) --------------------------------------
+
+def ideal_work(kernel, s):
+    """(FLOPs, ideal bytes) of one launch of `kernel` at sizes `s` (B, H, T, d_k; BH = B * H).
+
+    kernel: "softmax" (the rows of BH heads' T x T causally masked scores -> their weights),
+    "flash" (causal attention of BH heads: q, k, v (BH, T, d_k) -> out (BH, T, d_k) and the lse
+    (BH, T)) or "decode" (one query per head, q (BH, d_k), against caches of T keys and values
+    (BH, T, d_k) -> out (BH, d_k)). FLOPs: 2 per multiply-add, 5 per softmax score. Ideal bytes:
+    every element of every array the kernel reads or writes, once, float32.
+    """
+    if kernel == "softmax":
+        scores = s.BH * s.T * s.T                      # every score of every row, the masked ones too
+        return 5 * scores, 4 * (scores + scores)       # 4 bytes a float32: each read once, written once
+    if kernel == "flash":
+        pairs = s.BH * s.T * (s.T + 1) // 2            # query i sees keys 0 .. i
+        rows = s.BH * s.T * s.d_k                      # the elements of one (BH, T, d_k) array
+        return 2 * 2 * s.d_k * pairs, 4 * (4 * rows + s.BH * s.T)       # q, k, v, out; the lse
+    if kernel == "decode":
+        cached = s.BH * s.T * s.d_k                    # the K cache (the V cache is as large)
+        return 2 * 2 * cached, 4 * (2 * cached + 2 * s.BH * s.d_k)      # both caches; q and out
+    raise ValueError(f"kernel must be 'softmax', 'flash' or 'decode', got {kernel!r}")

@@ -13,7 +13,7 @@ The model, in NumPy (float64): x = E[tokens] + P[positions]; each layer adds the
 heads of attention(x W_Q, x W_K, x W_V) W_O to x (no MLP, no layer norm); logits = x U. The
 attention backward of every head is a function argument (``attention_grad``), the NumPy
 ``backward.backward`` by default, so the library's kernels can be checked against it while
-training. Adam, seeded: ``scripts/train_toy_model.py`` trains it and writes
+training. Adam (``adam_step``, one update), seeded: ``scripts/train_toy_model.py`` trains it and writes
 ``attention_lib/stages/data/toy_heads.npz``; ``load_trained`` reads it back.
 """
 
@@ -165,20 +165,25 @@ def induction_score(weights, lengths):
     return np.mean(picked, axis=0)
 
 
+def adam_step(params, grads, moments, step, lr=1e-2):
+    """One Adam update (beta 0.9 and 0.999) of every weight, in place. moments: {} before the first
+    step (step 1), then name -> (m, v) as this function leaves them."""
+    for n in params:
+        m, v = moments.get(n, (np.zeros_like(params[n]), np.zeros_like(params[n])))
+        m = 0.9 * m + 0.1 * grads[n]
+        v = 0.999 * v + 0.001 * grads[n] ** 2
+        params[n] -= lr * (m / (1 - 0.9 ** step)) / (np.sqrt(v / (1 - 0.999 ** step)) + 1e-8)
+        moments[n] = (m, v)
+
+
 def train(steps=400, batch=32, seed=0, lr=1e-2, log_every=100):
     """Adam on fresh induction batches; returns (params, history of (step, loss))."""
     rng = np.random.default_rng(seed)
-    params = init_params(rng)
-    m = {n: np.zeros_like(p) for n, p in params.items()}
-    v = {n: np.zeros_like(p) for n, p in params.items()}
-    history = []
+    params, moments, history = init_params(rng), {}, []
     for step in range(1, steps + 1):
         tokens, scored, _ = induction_batch(rng, batch)
         loss, grads, _ = loss_and_grads(params, tokens, scored)
-        for n in params:                                  # Adam, beta 0.9 and 0.999
-            m[n] = 0.9 * m[n] + 0.1 * grads[n]
-            v[n] = 0.999 * v[n] + 0.001 * grads[n] ** 2
-            params[n] -= lr * (m[n] / (1 - 0.9 ** step)) / (np.sqrt(v[n] / (1 - 0.999 ** step)) + 1e-8)
+        adam_step(params, grads, moments, step, lr)
         if step % log_every == 0 or step == 1:
             history.append((step, float(loss)))
     return params, history
