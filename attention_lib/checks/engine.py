@@ -483,7 +483,7 @@ def _limits_verdict(exercise, where, case, traces, compiled=None, compiled_limit
 def _run_case(exercise, answer, case, rng, where, judging):
     """The verdict of one case, or None when it is right within every limit."""
     judging.traces = []
-    launch = race_finding_launch if "kernel" in exercise.kind else plain_launch
+    launch = race_finding_launch if exercise.gpu_code else plain_launch          # GPU code: traced
     try:
         with warnings.catch_warnings():            # a wrong answer's overflow: the verdict says it once
             warnings.simplefilter("ignore")
