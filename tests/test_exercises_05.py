@@ -1,14 +1,16 @@
 """Notebook 05's exercises: each solution gets ok, each typical mistake its own diagnosis, in one line.
 
-The solutions below are the library's code (the notebook's solution cells), copied: the library's
-own kernel would be refused as given code.
+The solution is checked as a student submits it (mutation.solution_copy: the library's code in a new
+function; the library's own kernel would be refused as given code). The mistakes below are the
+solution with one thing changed, the way students write them.
 """
 
+import numpy as np
 import pytest
 from numba import cuda, float32
 
-from attention_lib.checks import EXERCISES, check
-from attention_lib.stages import projection
+from attention_lib.checks import EXERCISES, check, mutation
+from attention_lib.stages import projection, toy_model
 from attention_lib.stages.projection import TILE
 
 
@@ -87,8 +89,21 @@ def weighted_sum_stub(a, v, out):
     raise NotImplementedError()
 
 
-def test_the_weighted_sum_solution_passes():
-    result = verdict("05_weighted_sum", weighted_sum_solution)
+@cuda.jit
+def weighted_sum_python_float(a, v, out):
+    col, row = cuda.grid(2)
+    h = cuda.blockIdx.z
+    if row < a.shape[1] and col < v.shape[2]:
+        acc = 0.0                                      # a Python float: float64 on a GPU
+        for j in range(a.shape[2]):
+            acc += a[h, row, j] * v[h, j, col]
+        out[h, row, col] = acc
+
+
+@pytest.mark.parametrize("answer", [lambda: mutation.solution_copy(EXERCISES["05_weighted_sum"]),
+                                    lambda: weighted_sum_solution])
+def test_the_weighted_sum_solution_passes(answer):
+    result = verdict("05_weighted_sum", answer())
     assert result.passed and result.diagnosis == "ok", result
 
 
@@ -99,6 +114,7 @@ def test_the_weighted_sum_solution_passes():
     (weighted_sum_head_0, "race", "blocks never wait for each other"),     # every block writes the same elements: an inter-block race
     (weighted_sum_by_tile_matmul, "calls_given_code", "tile_matmul"),
     (weighted_sum_stub, "not_implemented", "Hint"),
+    (weighted_sum_python_float, "float64_arithmetic", "acc = 0.0"),
 ])
 def test_weighted_sum_mistakes_get_their_diagnosis(answer, diagnosis, says):
     result = verdict("05_weighted_sum", answer)
@@ -126,10 +142,13 @@ def causal_av_solution(a, v, out):
         out[h, row, col] = acc
 
 
-def causal_av(stop="block", barriers=(True, True), guard_loads=True):
-    """The solution with one thing changed: the stopping point (`stop`), a barrier left out, or
-    the loads unguarded."""
+def causal_av(stop="block", barriers=(True, True), guard_loads=True, zeroed=("a", "v"), a_across=True,
+              extra_step=False):
+    """The solution with one thing changed: the stopping point (`stop`), a barrier left out, the
+    loads unguarded, a tile not zeroed past the edges (`zeroed`), a's tile loaded down its columns
+    (neighbouring threads reading rows T_k apart), or one step more than the visible keys need."""
     first_barrier, second_barrier = barriers
+    zero_a, zero_v = "a" in zeroed, "v" in zeroed
 
     @cuda.jit
     def kernel(a, v, out):
@@ -150,8 +169,21 @@ def causal_av(stop="block", barriers=(True, True), guard_loads=True):
             k_end = min(t_k, (cuda.blockIdx.y + 1) * TILE)
         else:                                          # "own query": differs between a block's threads
             k_end = min(t_k, row + 1 + t_k - t_q)
-        for start in range(0, k_end, TILE):
-            if guard_loads:
+        for start in range(0, k_end + 1 if extra_step else k_end, TILE):
+            if not a_across:                           # thread (tx, ty) loads query block_row + tx, key start + ty
+                query = cuda.blockIdx.y * TILE + tx
+                a_tile[tx, ty] = a[h, query, start + ty] if query < t_q and start + ty < k_end else float32(0.0)
+                v_tile[ty, tx] = v[h, start + ty, col] if start + ty < k_end and col < d_v else float32(0.0)
+            elif not (zero_a and zero_v):              # one tile left as it was past the edges
+                if row < t_q and start + tx < k_end:
+                    a_tile[ty, tx] = a[h, row, start + tx]
+                elif zero_a:
+                    a_tile[ty, tx] = float32(0.0)
+                if start + ty < k_end and col < d_v:
+                    v_tile[ty, tx] = v[h, start + ty, col]
+                elif zero_v:
+                    v_tile[ty, tx] = float32(0.0)
+            elif guard_loads:
                 a_tile[ty, tx] = a[h, row, start + tx] if row < t_q and start + tx < k_end else float32(0.0)
                 v_tile[ty, tx] = v[h, start + ty, col] if start + ty < k_end and col < d_v else float32(0.0)
             else:
@@ -169,14 +201,29 @@ def causal_av(stop="block", barriers=(True, True), guard_loads=True):
 
 
 @cuda.jit
+def causal_av_without_tiles(a, v, out):
+    """Right values, no tile ever loaded above the diagonal, and no shared memory: every thread reads
+    its query's weights and its feature's values from main memory."""
+    col, row = cuda.grid(2)
+    h = cuda.blockIdx.z
+    t_q, t_k = a.shape[1:]
+    if row < t_q and col < v.shape[2]:
+        acc = float32(0.0)
+        for j in range(min(t_k, row + 1 + t_k - t_q)):
+            acc += a[h, row, j] * v[h, j, col]
+        out[h, row, col] = acc
+
+
+@cuda.jit
 def causal_av_stub(a, v, out):
     raise NotImplementedError()
 
 
-@pytest.mark.parametrize("answer", [causal_av_solution, causal_av(stop="rounded up")],
-                         ids=["solution", "rounded-up-stop"])
+@pytest.mark.parametrize("answer", [lambda: mutation.solution_copy(EXERCISES["05_causal_av"]),
+                                    lambda: causal_av_solution, lambda: causal_av(stop="rounded up")],
+                         ids=["solution-copy", "solution", "rounded-up-stop"])
 def test_the_causal_av_solution_passes(answer):
-    result = verdict("05_causal_av", answer)
+    result = verdict("05_causal_av", answer())
     assert result.passed and result.diagnosis == "ok", result
 
 
@@ -191,15 +238,80 @@ def test_the_causal_av_solution_passes(answer):
     (causal_av(guard_loads=False), "out_of_bounds", "out-of-bounds "),
     (weighted_sum_by_tile_matmul, "calls_given_code", "tile_matmul"),
     (causal_av_stub, "not_implemented", "Hint"),
+    (causal_av_without_tiles, "no_reuse", "an element of a was read up to 5 times from global memory, where the limit is 1"),
+    (causal_av(a_across=False), "uncoalesced", "a warp's load of a"),
+    (causal_av(zeroed=("a",)), "stale_tile", "v_tile"),
+    (causal_av(zeroed=("v",)), "stale_tile", "a_tile"),
+    (causal_av(extra_step=True), "extra_steps", "passed 4 barriers, where the key tiles its block sees need 2"),
 ])
 def test_causal_av_mistakes_get_their_diagnosis(answer, diagnosis, says):
     result = verdict("05_causal_av", answer)
     assert (result.passed, result.diagnosis, says in result.message) == (False, diagnosis, True), result
 
 
-def test_hints_name_no_code():
-    for exercise_id in ("05_weighted_sum", "05_causal_av"):
+# --- 05_induction_key (predict, then check): the key the trained induction head picks ------------
+
+def induction_key_solution(tokens, i):
+    earlier = np.flatnonzero(tokens[:i] == tokens[i])
+    return earlier[-1] + 1
+
+
+def induction_key_by_a_loop(tokens, i):
+    """The same rule, walking back from the query."""
+    for j in range(i - 1, -1, -1):
+        if tokens[j] == tokens[i]:
+            return j + 1
+    return -1
+
+
+def induction_key_the_earlier_occurrence(tokens, i):
+    return np.flatnonzero(tokens[:i] == tokens[i])[-1]
+
+
+def induction_key_previous_token(tokens, i):
+    return i - 1
+
+
+def induction_key_the_query_itself(tokens, i):
+    return i
+
+
+def induction_key_not_returned(tokens, i):
+    np.flatnonzero(tokens[:i] == tokens[i])
+
+
+def induction_key_from_the_model(tokens, i):
+    return toy_model.layer_heads(toy_model.load_trained()[0], tokens, 1)[3][1][i].argmax()
+
+
+def induction_key_stub(tokens, i):
+    raise NotImplementedError()
+
+
+@pytest.mark.parametrize("answer", [lambda: mutation.solution_copy(EXERCISES["05_induction_key"]),
+                                    lambda: induction_key_solution, lambda: induction_key_by_a_loop])
+def test_the_induction_key_solution_passes(answer):
+    result = verdict("05_induction_key", answer())
+    assert result.passed and result.diagnosis == "ok", result
+
+
+@pytest.mark.parametrize("answer, diagnosis, says", [
+    (induction_key_the_earlier_occurrence, "earlier_occurrence_itself", "one position further"),
+    (induction_key_previous_token, "previous_token", "layer 0"),
+    (induction_key_the_query_itself, "wrong_values", "first at query 4 (token"),
+    (induction_key_not_returned, "raised_error", "TypeError"),
+    (induction_key_from_the_model, "calls_given_code", "layer_heads"),
+    (induction_key_stub, "not_implemented", "Hint"),
+])
+def test_induction_key_mistakes_get_their_diagnosis(answer, diagnosis, says):
+    result = verdict("05_induction_key", answer)
+    assert (result.passed, result.diagnosis, says in result.message) == (False, diagnosis, True), result
+
+
+def test_hints_give_the_idea_then_the_plan_then_the_pitfalls_and_name_no_code():
+    for exercise_id in ("05_weighted_sum", "05_causal_av", "05_induction_key"):
         hints = EXERCISES[exercise_id].hints
-        assert len(hints) >= 2 and hints[1].startswith("where answers go wrong")
+        assert len(hints) == 3 and hints[1].startswith("where each step goes")
+        assert hints[2].startswith("where answers go wrong")
         for text in hints:
             assert not any(code in text for code in ("=", "[", "cuda.", "syncthreads")), (exercise_id, text)

@@ -1,9 +1,10 @@
-"""Notebook 05's exercises: A . V with one thread per output, then tiled for causal weights.
+"""Notebook 05's exercises: A . V with one thread per output, then tiled for causal weights, then a
+prediction of what a trained induction head attends to.
 
 ``05_weighted_sum`` (warm-up): a kernel with weighted_sum_kernel_v1's signature ``(a, v, out)``:
 a (BH, T_q, T_k) weights, v (BH, T_k, d_v) values, out (BH, T_q, d_v), all float32, launched on
 weighted_sum_grid (x over out's columns, y over the queries, z over the heads; blocks of TILE x
-TILE). Besides the engine's diagnoses:
+TILE). Besides the engine's diagnoses (``float64_arithmetic`` for a sum started from 0.0):
 
 - ``grid_axes_swapped``: the query was taken from the grid's x (and the column from y), so
   the outputs the grid does not reach that way were never written;
@@ -11,22 +12,42 @@ TILE). Besides the engine's diagnoses:
   (seen on a square case, T_q = T_k).
 
 ``05_causal_av`` (main): a kernel with weighted_sum_causal_kernel's signature, on the same grid,
-for causal weights (zero for every key j > i + T_k - T_q: the queries are the last positions):
-the tile loop written out, with its loads, its two barriers and a stopping point along the keys
-that is the same for the whole block, so that no key tile wholly above the diagonal is loaded.
-Race-checked, its loads of a counted by the sanitizer, on every case. Besides the engine's
-diagnoses (``race``, ``divergent_barrier`` for a stopping point that differs between the threads
-of a block, ``out_of_bounds``):
+for causal weights (zero for every key j > i + T_k - T_q: the queries are the last positions),
+from its contract. Race-checked and traced on every case, its limits measured:
 
+- ``no_reuse``: an element of a read more than ceil(d_v / TILE) times, or of v more than
+  ceil(T_q / TILE) times, from global memory (a kernel without shared tiles);
+- ``uncoalesced``: a warp's load of a or of v touching more than 4 segments of 128 bytes on
+  average (a warp of a 16 x 16 block reads two rows of 16 floats, each within at most two);
+- ``stale_tile``: a tile slot read that its step did not write (a tile not zeroed past an edge:
+  on the first step the slot holds the garbage the check fills shared memory with, later an older
+  step's value);
 - ``no_tiles_skipped``: right values, but weights were loaded from key tiles that lie wholly
-  above the diagonal of the block's queries (a stop rounded up to the end of the diagonal tile
-  loads no such tile, and passes);
+  above the diagonal of the block's queries;
+- ``extra_steps``: right values and no such load, but a thread passed more barriers than two for
+  each key tile its block sees: a step past the block's last visible key (``StepsAlongTheKeys``,
+  a limit of this module);
 - ``diagonal_tile_skipped``: the tile on the diagonal was skipped too: it holds weights that
   are not zero;
 - ``mask_ignores_offset``: with T_q != T_k the stop ignored that the queries are the last
-  positions (query i sees keys up to i + T_k - T_q).
+  positions (query i sees keys up to i + T_k - T_q);
+and the engine's ``race``, ``divergent_barrier`` (a stopping point that differs between the
+threads of a block), ``out_of_bounds``, ``float64_arithmetic``. The cases come from TILE: T_k -
+T_q at 0, +1, -1, a block row that sees no key, a last visible key on a tile's edge, three block
+rows with tiles above the diagonal, d_v of a whole tile.
+
+``05_induction_key`` (predict, then check): ``induction_key(tokens, i)``, a NumPy function: the
+key the induction head of the trained toy model (notebook 11x) puts its largest weight on at a
+query i of the repeated segment, predicted from the tokens alone. The check compares it with the
+head's own choice (the argmax of its row) at every query of the repeat (L <= i < 2L - 1) of eight
+sequences, L from 4 to 11. Besides the engine's diagnoses:
+
+- ``earlier_occurrence_itself``: the key holding the query's token earlier, not the one after it;
+- ``previous_token``: key i - 1, layer 0's previous-token pattern.
 """
 
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -34,10 +55,11 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.platform.launch import ceil_div
-from attention_lib.stages import projection, weighted_sum
+from attention_lib.stages import attention, projection, toy_model, weighted_sum
 from attention_lib.stages.projection import TILE
 from attention_lib.checks.engine import (Diagnosed, Exercise, host_output, output_array, read_output, register,
                                          traced_launch, unwritten)
+from attention_lib.checks.limits import Coalesced, MostLoads, RefilledTiles
 
 # The library code an answer to either exercise may not call: the kernels, their launchers, the
 # tiled matmul of notebook 01 that would do the tile loop, and the references.
@@ -108,15 +130,22 @@ register(Exercise(
     run=_run_weighted_sum,
     # One weight; two square heads (T_q = T_k: transposed weights keep the shape; two block rows
     # and one block across, so swapped axes leave outputs unwritten); d_v 24 (two blocks across,
-    # the second partly used); 33 queries of 20 keys (three block rows); three heads of 5 queries.
-    cases=[Case(1, 1, 1, 1), Case(2, 19, 19, 3), Case(2, 7, 5, 24), Case(1, 33, 20, 5), Case(3, 5, 9, 17)],
+    # the second partly used); 33 queries of 20 keys (three block rows); three heads of 5 queries;
+    # a tile less one query, a tile and one key, two tiles and one column.
+    cases=[Case(1, 1, 1, 1), Case(2, 19, 19, 3), Case(2, 7, 5, 24), Case(1, 33, 20, 5), Case(3, 5, 9, 17),
+           Case(1, TILE - 1, TILE + 1, 2 * TILE + 1)],
     describe_case=str,
     hint=("one thread per output element: the grid's x picks the value's feature, y the query, z the "
           "head; the thread walks the keys, adding each weight of its query's row times that key's "
           "value in its feature"),
-    more_hints=("where answers go wrong: the grid's x is the column, not the query; the weights of a "
-                "query are a row of the head's weights, not a column; and threads of the edge blocks "
-                "that have no output must do nothing",),
+    more_hints=("where each step goes: the thread's feature and query from the grid, its head from the block's "
+                "z; threads of the edge blocks past the last query or feature do nothing; a float32 total "
+                "starts at zero and takes in, key after key, the query's weight times the key's value in the "
+                "feature; the total is written once",
+                "where answers go wrong: the grid's x is the column, not the query; the weights of a "
+                "query are a row of the head's weights, not a column; threads of the edge blocks "
+                "that have no output must do nothing; a total started from a plain Python number is "
+                "float64 on a GPU"),
     # float32 sums of at most 20 products of order 1 against float64: errors around 1e-7.
     rtol=1e-5,
     atol=1e-5,
@@ -177,29 +206,145 @@ def _diagnose_causal_av(got, expected, a, v):
     return None
 
 
+@dataclass
+class StepsAlongTheKeys:
+    """A limit of 05_causal_av: no thread passes more than two barriers for each key tile its block
+    row sees (a step: the loads, a barrier, the multiply-adds, a barrier), so no step runs past
+    the block's last visible key. Measured on the traced launch (the most barriers one thread
+    passed), against the block row that sees the most key tiles."""
+
+    code: str = "extra_steps"
+
+    def broken(self, traces, case, compiled):
+        tiles = max(ceil_div(_visible_keys(r, case.T_q, case.T_k), TILE) for r in range(ceil_div(case.T_q, TILE)))
+        passed = max((t.barriers for t in traces), default=0)
+        if passed > 2 * tiles:
+            return (f"the values are right, but a thread passed {passed} barriers, where the key tiles its block "
+                    f"sees need {2 * tiles} (two a step, {tiles} step{'s' if tiles != 1 else ''}): a step past "
+                    "the block's last visible key loads nothing and still waits twice")
+        return None
+
+
 register(Exercise(
     exercise_id="05_causal_av",
     title="A . V for causal weights, tiled, never loading a key tile wholly above the diagonal",
     kind="kernel",
     run=_run_causal_av,
-    # One weight first; then heads of 7 (one tile); 33 queries (three block rows, the last
-    # partly used: tiles above the diagonal exist); 17 queries against 40 keys, an offset that
-    # is no multiple of the tile; 40 queries against 20 keys (the first block row sees no key at
-    # all, the stop is below 0); d_v not a multiple of the tile either.
-    cases=[Case(1, 1, 1, 1), Case(2, 7, 7, 5), Case(1, 33, 33, 18), Case(1, 17, 40, 7), Case(1, 40, 20, 3)],
+    # One weight; two heads of 7 (one tile, its first step already past every edge: a tile not
+    # zeroed there holds the check's garbage); from TILE: T_k - T_q = 0 with the last visible key
+    # on a tile's edge and d_v a whole tile, +1, -1 (a second block row); 33 queries of 15 keys
+    # (the first block row sees no key); 33 of 33 (three block rows, tiles above the diagonal).
+    cases=[Case(1, 1, 1, 1), Case(2, 7, 7, 5), Case(1, TILE, TILE, TILE), Case(1, TILE, TILE + 1, 7),
+           Case(1, TILE + 1, TILE, 3), Case(1, 2 * TILE + 1, TILE - 1, 1), Case(1, 2 * TILE + 1, 2 * TILE + 1, 8)],
+    limits=(MostLoads("a", lambda case: ceil_div(case.d_v, TILE)),
+            MostLoads("v", lambda case: ceil_div(case.T_q, TILE)),
+            Coalesced("a", 4), Coalesced("v", 4), RefilledTiles(), StepsAlongTheKeys()),
     describe_case=str,
-    hint=("the queries of one block share one stopping point along the keys: the last key the block's "
-          "last query may see; every key tile after it is all zeros, for every query of the block, so "
-          "the block's walk through the tiles ends there"),
-    more_hints=("where answers go wrong: a stopping point worked out from each thread's own query (the "
+    hint=("a block's threads share what they load: a tile of weights serves a block's columns, a tile of "
+          "values its queries; and the queries of one block share one stopping point along the keys, the "
+          "last key the block's last query may see, after which every key tile is all zeros"),
+    more_hints=("where each step goes: work out the block's stopping point first, the same for all its "
+                "threads; walk the keys a tile at a time up to it; each step, every thread loads one weight "
+                "and one value into the two shared tiles, neighbouring threads taking neighbouring elements of "
+                "a row, and a zero wherever the element lies past the stopping point, past the last query or "
+                "past the last feature; the block waits; each thread adds a tile's worth of products; the "
+                "block waits again before the next step overwrites the tiles; a thread with an output writes "
+                "it at the end",
+                "where answers go wrong: a stopping point worked out from each thread's own query (the "
                 "threads of a block then take different numbers of steps, and every step waits at "
                 "barriers); stopping before the tile on the diagonal, which is not all zeros; forgetting "
-                "that with fewer queries than keys the queries are the last positions",),
-    # float32 sums of at most 40 products of order 1 against float64: errors around 1e-7.
+                "that with fewer queries than keys the queries are the last positions; one of the two "
+                "tiles left unzeroed past an edge; a step more than the visible keys need"),
+    # float32 sums of at most 33 products of order 1 against float64: errors around 1e-7.
     rtol=1e-5,
     atol=1e-5,
     diagnose=_diagnose_causal_av,
-    diagnoses=("no_tiles_skipped", "diagonal_tile_skipped", "mask_ignores_offset"),
+    diagnoses=("no_tiles_skipped", "diagonal_tile_skipped", "mask_ignores_offset", "extra_steps"),
     solution=weighted_sum.weighted_sum_causal_kernel,
     forbidden=_STAGE,
+))
+
+
+# --- Predict, then check: the key a trained induction head picks ---------------------------------
+
+def induction_key(tokens, i):
+    """The key an induction head puts its weight on at query i: the position right after the latest
+    earlier occurrence of the query's token. tokens: (T,) int, one sequence; i: a position whose
+    token occurred before it (in the repeated segment of an induction sequence). Returns an int."""
+    earlier = np.flatnonzero(tokens[:i] == tokens[i])      # the positions before i holding its token
+    return earlier[-1] + 1                                  # the key just after the latest of them
+
+
+# The sequences tried: toy_model.induction_batch(np.random.default_rng(SEQUENCES_SEED), 512)[k] for
+# these k, one for each segment length L from 4 to 11, each a sequence where the trained head's
+# largest weight at every query of the repeat lies where an induction head's should.
+SEQUENCES_SEED = 99
+INDUCTION_SEQUENCES = (0, 10, 12, 33, 53, 39, 35, 36)
+INDUCTION_LAYER, INDUCTION_HEAD = 1, 1
+
+
+@lru_cache(maxsize=1)
+def _induction_data():
+    """(tokens (512, T) int, lengths (512,) int, the trained model's params)."""
+    tokens, _, lengths = toy_model.induction_batch(np.random.default_rng(SEQUENCES_SEED), 512)
+    return tokens, lengths, toy_model.load_trained()[0]
+
+
+class SequenceCase(NamedTuple):
+    """One sequence of the batch, by its index."""
+
+    sequence: int
+
+    def __str__(self):
+        tokens, lengths, _ = _induction_data()
+        return f"sequence {self.sequence} (a segment of {lengths[self.sequence]} tokens, then its repeat)"
+
+
+def _run_induction_key(answer, case, rng, _launch):
+    tokens, lengths, params = _induction_data()
+    tokens, length = tokens[case.sequence], int(lengths[case.sequence])
+    weights = toy_model.layer_heads(params, tokens, INDUCTION_LAYER)[3][INDUCTION_HEAD]    # (T, T) float64
+    queries = np.arange(length, 2 * length - 1)             # the repeat, before its last token
+    got = np.array([int(answer(tokens.copy(), int(i))) for i in queries])
+    expected = weights[queries].argmax(axis=-1)
+    return got, expected, tokens, queries, weights
+
+
+def _diagnose_induction_key(got, expected, tokens, queries, weights):
+    if (got == expected - 1).all():
+        return "earlier_occurrence_itself", (
+            "you picked the key that holds the query's token earlier on; the head looks one position further, "
+            "at the token that followed it there: the one the model predicts comes next")
+    if (got == queries - 1).all():
+        return "previous_token", ("you picked key i - 1 for every query i: that is the previous-token pattern of "
+                                  "layer 0's heads; this head, in layer 1, looks much further back")
+    first = int(np.flatnonzero(got != expected)[0])
+    i, key = int(queries[first]), int(expected[first])
+    return "wrong_values", (f"{int((got != expected).sum())} of {got.size} queries differ; first at query {i} (token "
+                            f"{tokens[i]}): you said key {got[first]}, the head's largest weight, "
+                            f"{weights[i, key]:.2f}, is on key {key} (token {tokens[key]})")
+
+
+register(Exercise(
+    exercise_id="05_induction_key",
+    title="induction_key(tokens, i): which key the trained induction head picks, predicted from the tokens",
+    kind="function",
+    gpu_code=False,
+    run=_run_induction_key,
+    cases=[SequenceCase(k) for k in INDUCTION_SEQUENCES],
+    describe_case=str,
+    hint=("in the repeat, the query's token has been seen once before, in the first copy; the head looks "
+          "for the position whose previous token is the query's token"),
+    more_hints=("where each step goes: find the positions before the query that hold the query's token; "
+                "take the latest of them; the key is the position right after it",
+                "where answers go wrong: the earlier occurrence itself (the head looks one position further, "
+                "at what followed it); the query's own position; the key just before the query, which is "
+                "the previous-token pattern of layer 0"),
+    rtol=0,
+    atol=0,
+    diagnose=_diagnose_induction_key,
+    diagnoses=("earlier_occurrence_itself", "previous_token"),
+    solution=induction_key,
+    forbidden=(toy_model.layer_heads, toy_model.forward, toy_model.induction_score, attention.attention_weights,
+               attention.attention),
 ))

@@ -63,18 +63,18 @@ def weighted_sum_causal_kernel(a, v, out):
 
     Same arguments, grid and block as weighted_sum_kernel_v2; a must be 0 wherever the causal
     mask hides a key: a[h, i, j] = 0 for j > i + (T_k - T_q) (the queries are the last T_q
-    positions). The block's last query sees keys 0 .. k_end - 1 at most, so the block walks the
-    keys TILE at a time up to k_end only: the tiles after it, all 0, are neither loaded nor
-    multiplied (as causal_scores_kernel skips its tiles).
+    positions). The block's last query, (blockIdx.y + 1) * TILE - 1, sees keys 0 .. k_end - 1 at
+    most, so the block walks the keys TILE at a time up to k_end only: the tiles after it, all 0,
+    are neither loaded nor multiplied (as causal_scores_kernel skips its tiles). Every thread of
+    the block takes the same steps, as each step waits at two barriers. Loads are guarded at
+    k_end, not T_k: past it every weight of the block is 0, so nothing there is loaded.
     """
     a_tile = cuda.shared.array((TILE, TILE), float32)     # [query in the block, key in this step]
     v_tile = cuda.shared.array((TILE, TILE), float32)     # [key in this step, column in the block]
     col, row = cuda.grid(2)                    # col: a feature of the values, row: a query
     tx, ty, h = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockIdx.z
     (t_q, t_k), d_v, acc = a.shape[1:], v.shape[2], float32(0.0)   # acc: this thread's out[h, row, col]
-    # The block's last query, (blockIdx.y + 1) * TILE - 1, sees keys up to it + T_k - T_q: one
-    # stopping point for the whole block, whose threads must all take the same steps.
-    k_end = min(t_k, (cuda.blockIdx.y + 1) * TILE + t_k - t_q)
+    k_end = min(t_k, (cuda.blockIdx.y + 1) * TILE + t_k - t_q)   # the block's last query's: one stop for all
     for start in range(0, k_end, TILE):        # no step when k_end <= 0: the block sees no key
         a_tile[ty, tx] = a[h, row, start + tx] if row < t_q and start + tx < k_end else float32(0.0)
         v_tile[ty, tx] = v[h, start + ty, col] if start + ty < k_end and col < d_v else float32(0.0)
