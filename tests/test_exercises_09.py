@@ -7,10 +7,19 @@ import pytest
 from numba import cuda
 
 from attention_lib import reference
-from attention_lib.checks import EXERCISES, check, hint
+from attention_lib.checks import EXERCISES, check, hint, mutation
 from attention_lib.stages import kv_cache
-from attention_lib.stages.kv_cache import (KEYS_PER_CHUNK, TILE_SHAPE, max_and_sum_exp, row_dot, stage_tile,
-                                           weighted_value)
+
+
+def variant(exercise_id, *changes):
+    """The exercise's solution with each (old, new) text change made: a planted answer whose every
+    other line is the library's, so what the check says is about the change alone."""
+    exercise = EXERCISES[exercise_id]
+    source = mutation.solution_source(exercise)[0]
+    for old, new in changes:
+        assert old in source, old
+        source = source.replace(old, new)
+    return mutation.build(exercise, source, f"<planted answer of {exercise_id}>")
 
 
 # --- 09_lse_merge (warm-up): the log-sum-exp merge of the chunks' partials ---------------------
@@ -142,6 +151,11 @@ def test_the_lse_merge_solution_passes_and_the_formula_holds():
 
 @pytest.mark.parametrize("answer, diagnosis", [
     (lse_merge_raw_exp, "unstable_softmax"),
+    (variant("09_lse_merge", ("big = np.float32(-math.inf)", "big = lse_part[h, 0]"),
+             ("big = max(big, lse_part[h, c])", "pass")), "max_not_largest"),    # M: the first chunk's LSE
+    (variant("09_lse_merge", ("lse[h] = big + math.log(total)", "lse[h] = math.log(total)")), "lse_without_max"),
+    (variant("09_lse_merge", ("big = np.float32(-math.inf)", "big = -math.inf"),
+             ("total, acc = np.float32(0.0), np.float32(0.0)", "total, acc = 0.0, 0.0")), "float64_arithmetic"),
     (lse_merge_plain_mean, "merge_unweighted"),
     (lse_merge_unnormalised, "weights_not_normalised"),
     (lse_merge_against_rounded_lse, "weights_from_rounded_lse"),
@@ -160,88 +174,72 @@ def test_the_rounded_lse_diagnosis_says_why():
     assert "6.1e-05" in message and "exp(LSE_c - M)" in message
 
 
-# --- 09_split_k (main): block (c, g) stages chunk c of kv head g, writes (LSE_c, o_c) ------------
+# --- 09_split_k (main): one query head against a staged chunk --------------------------------
 
-def split_k(start=None, heads="group", sync_scores=True, sync_stage=True, guard_barrier=False, n_keys_of=None,
-            components="strided", divide=True, lse="m + log l", scaled=True, lse_thread="0", kv_head="g"):
-    """The split-K partial kernel with one step changed (the defaults give the solution).
+FIRST_BARRIER = "    cuda.syncthreads()                               # wait: the chunk is staged"
+SECOND_BARRIER = "    cuda.syncthreads()                               # wait: every score"
+SCORE = "s_chunk[tid] = scale * row_dot(q[h], k_s, tid, q.shape[1])"
+M_LOOP = "for t in range(n_keys):\n        m = max(m, s_chunk[t])\n    for t in range(n_keys):"
 
-    start: "c * size" (None), "c" or "0"; heads: "group" (g's own) or "first" (0 .. group - 1);
-    sync_scores / sync_stage: the barrier after the scores / before them; guard_barrier: the scores'
-    barrier inside the `tid < n_keys` test; n_keys_of: "size" to score and weigh a whole chunk;
-    components: "strided" or "one" (component tid only); divide: o divided by l; lse: "m + log l", "m"
-    or "log l"; scaled: the scale applied; lse_thread: "0" or "all"; kv_head: "g", or "h" (staged per
-    query head)."""
-    start_code = {None: 1, "c": 2, "0": 3}[start]
-    lse_code = {"m + log l": 1, "m": 2, "log l": 3}[lse]
-    first_heads, whole_chunk, one_component = heads == "first", n_keys_of == "size", components == "one"
-    every_thread, per_head = lse_thread == "all", kv_head == "h"
-
-    @cuda.jit
-    def planted(q, k_cache, v_cache, length, scale, lse_part, o_part):
-        k_s = cuda.shared.array(TILE_SHAPE, np.float32)
-        v_s = cuda.shared.array(TILE_SHAPE, np.float32)
-        s_chunk = cuda.shared.array(KEYS_PER_CHUNK, np.float32)
-        c, g, tid, group = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x, q.shape[0] // k_cache.shape[0]
-        first = c * KEYS_PER_CHUNK if start_code == 1 else (c if start_code == 2 else 0)
-        n_keys = min(KEYS_PER_CHUNK, length - c * KEYS_PER_CHUNK)
-        if not per_head:
-            n_keys = stage_tile(k_s, v_s, k_cache, v_cache, g, first, length, tid, KEYS_PER_CHUNK)
-        h0 = 0 if first_heads else g * group
-        for h in range(h0, h0 + group):
-            if per_head:
-                stage_tile(k_s, v_s, k_cache, v_cache, h, first, length, tid, KEYS_PER_CHUNK)
-            if sync_stage:
-                cuda.syncthreads()
-            if tid < n_keys:
-                s_chunk[tid] = row_dot(q[h], k_s, tid, q.shape[1]) * (scale if scaled else np.float32(1.0))
-                if guard_barrier:
-                    cuda.syncthreads()
-            if sync_scores and not guard_barrier:
-                cuda.syncthreads()
-            used = KEYS_PER_CHUNK if whole_chunk else n_keys
-            m, l = max_and_sum_exp(s_chunk, used)
-            for e in range(tid, q.shape[1] if not one_component else min(tid + 1, q.shape[1]), KEYS_PER_CHUNK):
-                o_part[h, c, e] = weighted_value(s_chunk, v_s, used, m, e) / (l if divide else np.float32(1.0))
-            if tid == 0 or every_thread:
-                lse_part[h, c] = m + math.log(l) if lse_code == 1 else (m if lse_code == 2 else math.log(l))
-    return planted
+SPLIT_K_MISTAKES = {
+    "no_stage_barrier": ([(FIRST_BARRIER, "    pass                               # wait: the chunk is staged")],
+                         "race", "race on shared"),
+    "no_score_barrier": ([(SECOND_BARRIER, "    pass                               # wait: every score")],
+                         "race", "race on shared"),
+    "barrier_in_if": ([("   # every thread reads all of q[h]\n    cuda.syncthreads()",
+                        "   # every thread reads all of q[h]\n        cuda.syncthreads()")],
+                      "divergent_barrier", "On a GPU that hangs the block"),
+    "every_thread_lse": ([("if tid == 0:", "if tid >= 0:")], "threads_overwrite_partials", "two threads of one block"),
+    "one_component": ([("for e in range(tid, q.shape[1], KEYS_PER_CHUNK):", "for e in range(tid, min(tid + 1, q.shape[1])):")],
+                      "components_not_strided", "never written"),
+    "stride_8": ([("for e in range(tid, q.shape[1], KEYS_PER_CHUNK):", "for e in range(tid, q.shape[1], 8):")],
+                 "threads_overwrite_partials", "with a GPU's launch"),
+    "not_normalised": ([("weighted_value(s_chunk, v_s, n_keys, m, e) / l", "weighted_value(s_chunk, v_s, n_keys, m, e)")],
+                       "output_not_normalised", "divide it by l"),
+    "lse_m": ([("lse_part[h, c] = m + math.log(l)", "lse_part[h, c] = m")], "lse_is_max", "m + log l"),
+    "lse_log_l": ([("lse_part[h, c] = m + math.log(l)", "lse_part[h, c] = math.log(l)")], "lse_without_max",
+                  "add m back"),
+    "no_scale": ([(SCORE, "s_chunk[tid] = row_dot(q[h], k_s, tid, q.shape[1])")], "missing_scale", "1/sqrt(d_k)"),
+    "no_max": ([("m = max(m, s_chunk[t])", "m = np.float32(0.0)")], "unstable_softmax", "overflows float32"),
+    "zero_padded": ([("if tid < n_keys:", "if True:"), (SCORE, SCORE + " if tid < n_keys else np.float32(0.0)"),
+                     (M_LOOP, M_LOOP.replace("n_keys", "KEYS_PER_CHUNK"))], "partial_chunk", "last one"),
+    "whole_chunk": ([("if tid < n_keys:", "if tid < KEYS_PER_CHUNK:"), (M_LOOP, M_LOOP.replace("n_keys", "KEYS_PER_CHUNK")),
+                     ("weighted_value(s_chunk, v_s, n_keys, m, e)", "weighted_value(s_chunk, v_s, KEYS_PER_CHUNK, m, e)")],
+                    "stale_tile", "which no thread of its block had written"),
+    "past_n_keys": ([("if tid < n_keys:", "if tid <= n_keys:")], "stale_tile", "the values are right, but"),
+    "recomputed": ([("m = max(m, s_chunk[t])", "m = max(m, scale * row_dot(q[h], k_s, t, q.shape[1]))"),
+                    ("l += math.exp(s_chunk[t] - m)", "l += math.exp(scale * row_dot(q[h], k_s, t, q.shape[1]) - m)")],
+                   "scores_recomputed", "read shared memory"),
+    "float64": ([("np.float32(-math.inf), np.float32(0.0)", "-math.inf, 0.0")], "float64_arithmetic", "float64"),
+}
 
 
-@cuda.jit
-def split_k_stub(q, k_cache, v_cache, length, scale, lse_part, o_part):
+@cuda.jit(device=True)
+def split_k_stub(q, h, c, k_s, v_s, s_chunk, n_keys, scale, lse_part, o_part):
     raise NotImplementedError()
 
 
-def test_the_split_k_solution_passes():
-    result = check("09_split_k", split_k(), verbose=False)
-    assert result.passed and result.diagnosis == "ok", result
+def test_the_split_k_solution_passes_at_both_launches():
+    result = check("09_split_k", mutation.solution_copy(EXERCISES["09_split_k"]), verbose=False)
+    assert result.passed and result.diagnosis == "ok" and "a GPU's" in result.message, result
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("mistake", sorted(SPLIT_K_MISTAKES))
+def test_split_k_mistakes_get_their_diagnosis(mistake):
+    changes, diagnosis, says = SPLIT_K_MISTAKES[mistake]
+    result = check("09_split_k", variant("09_split_k", *changes), verbose=False)
+    assert (result.passed, result.diagnosis, says in result.message) == (False, diagnosis, True), result
+    assert "\n" not in str(result)
 
 
 @pytest.mark.parametrize("answer, diagnosis, says", [
-    (split_k(sync_stage=False), "race", "race on shared"),
-    (split_k(sync_scores=False), "race", "race on shared"),
-    (split_k(guard_barrier=True), "divergent_barrier", "returned while"),
-    (split_k(start="c"), "chunk_not_offset", "staged the positions from c"),
-    (split_k(start="0"), "chunk_not_offset", "staged the positions from 0"),
-    (split_k(kv_head="h"), "wrong_kv_head", "past the cache's"),
-    (split_k(heads="first"), "blocks_overwrite_partials", "written by two blocks"),
-    (split_k(lse_thread="all"), "threads_overwrite_partials", "two threads of one block"),
-    (split_k(components="one"), "components_not_strided", "never written"),
-    (split_k(divide=False), "output_not_normalised", "divide it by l"),
-    (split_k(lse="m"), "lse_is_max", "m + log l"),
-    (split_k(lse="log l"), "lse_without_max", "add m back"),
-    (split_k(scaled=False), "missing_scale", "1/sqrt(d_k)"),
-    (split_k(n_keys_of="size"), "partial_chunk", "last one"),
     (split_k_stub, "not_implemented", "Hint:"),
-    (kv_cache.decode_kernel_v2, "calls_given_code", "decode_kernel_v2"),
-], ids=["no_stage_barrier", "no_score_barrier", "barrier_in_if", "start_c", "start_0", "kv_head_h", "first_group",
-        "every_thread_lse", "one_component", "not_normalised", "lse_m", "lse_log_l", "no_scale", "whole_chunk",
-        "stub", "library_kernel"])
-def test_split_k_mistakes_get_their_diagnosis(answer, diagnosis, says):
+    (kv_cache.attend_chunk, "calls_given_code", "attend_chunk"),
+], ids=["stub", "library_function"])
+def test_split_k_stub_and_library_code(answer, diagnosis, says):
     result = check("09_split_k", answer, verbose=False)
     assert (result.passed, result.diagnosis, says in result.message) == (False, diagnosis, True), result
-    assert "\n" not in str(result)
 
 
 def test_the_hints_of_09_give_no_code(capsys):
@@ -249,6 +247,6 @@ def test_the_hints_of_09_give_no_code(capsys):
         hints = EXERCISES[exercise_id].hints
         assert len(hints) >= 2
         hint(exercise_id, 2)
-        assert capsys.readouterr().out.startswith(f"{exercise_id}, hint 2 of {len(hints)}: where")
+        assert capsys.readouterr().out.startswith(f"{exercise_id}, hint 2 of {len(hints)}: the plan")
         for text in hints:
             assert not any(token in text for token in ("=", "[", "cuda.", "syncthreads")), (exercise_id, text)

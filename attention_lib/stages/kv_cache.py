@@ -13,7 +13,7 @@
   2, ``decode_kernel_v2`` (split-K: a block per chunk of KEYS_PER_CHUNK positions and kv head,
   writing each chunk's log-sum-exp and normalised output) + ``decode_merge_kernel`` (their
   log-sum-exp merge); their device functions (``row_dot``, which the backward reuses,
-  ``online_step``, ``max_and_sum_exp``, ``weighted_value``, ...).
+  ``online_step``, ``attend_chunk``, ``weighted_value``, ...).
 - ``KERNELS``, ``decode_grid``; the launcher ``decode_step(q, cache, version=2, kernel=None,
   merge_kernel=None)``.
 - A layer with a cache on the device: ``qkv_heads``, ``prefill``, ``decode_layer_step``,
@@ -308,21 +308,6 @@ def decode_kernel_v1(q, k_cache, v_cache, length, scale, out):
 
 
 @cuda.jit(device=True)
-def max_and_sum_exp(s_chunk, n_keys):
-    """(m, l) of the chunk's first n_keys scores: m their largest, l the sum of exp(s - m), float32.
-
-    Every thread that calls it reads every score, all of them the same address at the same time.
-    """
-    m = np.float32(-math.inf)
-    for t in range(n_keys):
-        m = max(m, s_chunk[t])
-    l = np.float32(0.0)
-    for t in range(n_keys):
-        l += math.exp(s_chunk[t] - m)            # <= 1 each, exactly 1 at the max: l >= 1
-    return m, l
-
-
-@cuda.jit(device=True)
 def weighted_value(s_chunk, v_s, n_keys, m, e):
     """sum over the chunk's n_keys positions t of exp(s_chunk[t] - m) * v_s[t, e], float32: one
     component of the chunk's unnormalised output (each call recomputes the weights it needs)."""
@@ -330,6 +315,28 @@ def weighted_value(s_chunk, v_s, n_keys, m, e):
     for t in range(n_keys):
         acc += math.exp(s_chunk[t] - m) * v_s[t, e]   # neighbouring threads read neighbouring e
     return acc
+
+
+@cuda.jit(device=True)
+def attend_chunk(q, h, c, k_s, v_s, s_chunk, n_keys, scale, lse_part, o_part):
+    """Query head h against chunk c, staged in k_s and v_s (n_keys positions), by every thread
+    of the block: thread tid scores position tid into s_chunk; then the chunk's (m, l), the same
+    in every thread; o_part[h, c, e] = sum_t exp(s_t - m) v_t[e] / l, thread tid taking
+    components tid, tid + KEYS_PER_CHUNK, ...; lse_part[h, c] = m + log l, by thread 0."""
+    tid = cuda.threadIdx.x
+    cuda.syncthreads()                               # wait: the chunk is staged, the last head's scores read
+    if tid < n_keys:                                 # the last chunk may hold fewer keys than threads
+        s_chunk[tid] = scale * row_dot(q[h], k_s, tid, q.shape[1])   # every thread reads all of q[h]
+    cuda.syncthreads()                               # wait: every score of the chunk is in
+    m, l = np.float32(-math.inf), np.float32(0.0)    # every thread reads every score, at one address at once
+    for t in range(n_keys):
+        m = max(m, s_chunk[t])
+    for t in range(n_keys):
+        l += math.exp(s_chunk[t] - m)                # <= 1 each, exactly 1 at the max: 1 <= l <= n_keys
+    for e in range(tid, q.shape[1], KEYS_PER_CHUNK):
+        o_part[h, c, e] = weighted_value(s_chunk, v_s, n_keys, m, e) / l
+    if tid == 0:                                     # one thread per chunk and head
+        lse_part[h, c] = m + math.log(l)
 
 
 @cuda.jit
@@ -340,7 +347,7 @@ def decode_kernel_v2(q, k_cache, v_cache, length, scale, lse_part, o_part):
     q: (n_head, d_k); k_cache, v_cache: (n_kv_head, capacity, d_k); length: filled positions;
     scale: 1/sqrt(d_k); writes lse_part (n_head, n_chunks), the chunk's log-sum-exp m + log l,
     and o_part (n_head, n_chunks, d_k), its normalised output; float32. Grid: (n_chunks,
-    n_kv_head) blocks of KEYS_PER_CHUNK threads. Two barriers per query head.
+    n_kv_head) blocks of KEYS_PER_CHUNK threads. Two barriers per query head (attend_chunk).
     """
     k_s = cuda.shared.array(TILE_SHAPE, np.float32)         # the chunk's keys, one position per row
     v_s = cuda.shared.array(TILE_SHAPE, np.float32)         # and its values
@@ -348,15 +355,7 @@ def decode_kernel_v2(q, k_cache, v_cache, length, scale, lse_part, o_part):
     c, g, tid, group = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x, q.shape[0] // k_cache.shape[0]
     n_keys = stage_tile(k_s, v_s, k_cache, v_cache, g, c * KEYS_PER_CHUNK, length, tid, KEYS_PER_CHUNK)
     for h in range(g * group, (g + 1) * group):          # the query heads that read kv head g
-        cuda.syncthreads()                               # wait: the chunk is staged, the last head's scores read
-        if tid < n_keys:                                 # the last chunk may hold fewer keys than threads
-            s_chunk[tid] = scale * row_dot(q[h], k_s, tid, q.shape[1])   # every thread reads all of q[h]
-        cuda.syncthreads()                               # wait: every score of the chunk is in
-        m, l = max_and_sum_exp(s_chunk, n_keys)          # the same (m, l) in every thread
-        for e in range(tid, q.shape[1], KEYS_PER_CHUNK):   # output components tid, tid + KEYS_PER_CHUNK, ...
-            o_part[h, c, e] = weighted_value(s_chunk, v_s, n_keys, m, e) / l
-        if tid == 0:                                     # one thread per chunk and head
-            lse_part[h, c] = m + math.log(l)
+        attend_chunk(q, h, c, k_s, v_s, s_chunk, n_keys, scale, lse_part, o_part)
 
 
 @cuda.jit
