@@ -19,7 +19,7 @@ twice from global memory (``stats_not_in_one_pass``); a warp's load of s touches
 segments of 128 bytes on average (``uncoalesced``: lanes that each take a contiguous chunk of the
 row).
 
-The cases come from the constants (``TileCases``): rows around a block of ROWS_PER_BLOCK, rows of
+The cases come from the constants (the block reduction's cases are a function of the configuration): rows around a block of ROWS_PER_BLOCK, rows of
 THREADS_PER_ROW + 5 and 2 THREADS_PER_ROW + 5 scores at either launch, more than 4 warps of
 columns; and from magnitudes: rows around +-1000, rows spanning about 1000, rows whose every
 score but the last 5 is -inf (the first block of columns, or the first 32 lanes' columns, wholly
@@ -52,7 +52,6 @@ and a NaN the kernel computed (a fully masked row's 0 / 0) stays a NaN, which th
 
 import math
 import warnings
-from contextlib import contextmanager
 
 import numpy as np
 from numba import cuda
@@ -72,19 +71,6 @@ BAND = 5                 # a left-masked row's scores that are not -inf: its las
 # and the helpers that make the passes over a row.
 _STAGE = (softmax.softmax_kernel_v1, softmax.softmax_kernel_v2, softmax.softmax_kernel_v3,
           softmax.launch_softmax, softmax.softmax, softmax.online_softmax, reference.softmax)
-
-
-class TileCases(list):
-    """An exercise's cases made from the stage's constants by `make()`, which reads them when
-    called: called with a configuration (the engine's cases_for does, with that configuration's
-    constants in place) it makes that configuration's cases; as a list it holds this process's."""
-
-    def __init__(self, make):
-        super().__init__(make())
-        self.make = make
-
-    def __call__(self, configuration):
-        return self.make()
 
 
 def _scores(rows, t_k, kind, rng):
@@ -285,24 +271,6 @@ def _row_stats(s):
     return _tree_result(s, 1)
 
 
-@contextmanager
-def _copy_sees_the_configuration(block_reduce):
-    """For the length of the block, a copy of the library's block_reduce made in a copy of the softmax
-    module's names (mutation.build: the solution as a student submits it, and its mutants) reads the
-    configuration's THREADS_PER_ROW, as a student's own function does: shapes.configured takes such
-    a copy for the library's own code and leaves its names alone. A student's function is untouched."""
-    names = getattr(block_reduce, "py_func", block_reduce).__globals__
-    copied = names is not vars(softmax) and names.get("__name__") == softmax.__name__
-    before = names.get("THREADS_PER_ROW")
-    if copied:
-        names["THREADS_PER_ROW"] = softmax.THREADS_PER_ROW
-    try:
-        yield
-    finally:
-        if copied:
-            names["THREADS_PER_ROW"] = before
-
-
 def _run_block_reduction(block_reduce, case, rng, _launch):   # race-checked on every case
     rows, t_k, kind = case
     threads = softmax.THREADS_PER_ROW                  # the configuration's: 32, or a GPU's 128
@@ -310,9 +278,8 @@ def _run_block_reduction(block_reduce, case, rng, _launch):   # race-checked on 
     out = cuda.device_array((rows, t_k), np.float32)
     full, seen = output_array((rows, threads, 2), guard=2 * threads)
     try:
-        with _copy_sees_the_configuration(block_reduce):
-            _launch_quietly(race_finding_launch, softmax_around(block_reduce), rows, threads,
-                            cuda.to_device(s), out, seen)
+        _launch_quietly(race_finding_launch, softmax_around(block_reduce), rows, threads,
+                        cuda.to_device(s), out, seen)
     except (OverflowError, ZeroDivisionError, FloatingPointError):
         if kind != "large":
             raise                        # not the overflow this case tests: the engine reports it
@@ -367,8 +334,8 @@ register(Exercise(
     # +-1000 (each thread has two or three columns); THREADS_PER_ROW + 5 columns, all but the last
     # 5 -inf (every thread's first column masked, 5 threads with a score); causal rows with one
     # fully masked (every thread leaves after the max).
-    cases=TileCases(lambda: [(1, 1, "normal"), (3, 7, "negative"), (2, 2 * softmax.THREADS_PER_ROW + 5, "large"),
-                             (2, softmax.THREADS_PER_ROW + BAND, "left-masked"), (5, 33, "masked")]),
+    cases=lambda configuration: [(1, 1, "normal"), (3, 7, "negative"), (2, 2 * softmax.THREADS_PER_ROW + 5, "large"),
+                                 (2, softmax.THREADS_PER_ROW + BAND, "left-masked"), (5, 33, "masked")],
     both_shapes=True,
     limits=(SharedLoadsPerThread(lambda case: 2 * _reads_per_reduction(), why=(
         "the check's kernel runs two reductions (the max, then the sum), each allowed 2 log2(THREADS_PER_ROW) "
