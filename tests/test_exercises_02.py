@@ -228,8 +228,8 @@ def test_02_the_cases_reach_every_edge_of_the_tile():
 
 
 @pytest.mark.parametrize("exercise_id", ["02_scaled_scores", "02_scores_kt"])
-def test_02_hints_name_the_idea_then_where_answers_go_wrong(exercise_id):
+def test_02_hints_name_the_idea_then_the_plan_then_where_answers_go_wrong(exercise_id):
     hints = EXERCISES[exercise_id].hints
-    assert len(hints) >= 2 and hints[1].startswith("where answers go wrong")
+    assert len(hints) == 3 and hints[1].startswith("the plan") and hints[2].startswith("where answers go wrong")
     for text in hints:
         assert not any(token in text for token in ("=", "[", "cuda.", "syncthreads")), text

@@ -106,9 +106,13 @@ register(Exercise(
     describe_case=lambda c: f"BH = {c[0]}, T_q = {c[1]}, T_k = {c[2]}, d_k = {c[3]}",
     hint=("one thread per score, one grid layer per head: the thread of row i and column j "
           "computes one dot product of length d_k and scales it"),
-    more_hints=("where answers go wrong: the grid's x axis is the column of s, the key; row j of K is "
-                "column j of K^T, so both q and k are read along their last axis; multiply by the "
-                "scale passed in, once, rather than computing a square root in every thread",),
+    more_hints=(
+        "the plan: take the key (the column) from the grid's x, the query (the row) from its y and the head "
+        "from the block's z; a thread whose score lies past an edge of s does nothing; the others sum the "
+        "products of row i of q and row j of k along d_k (row j of K is column j of K^T, so both are read "
+        "along their last axis), from a float32 zero, multiply the sum by the scale once and store it",
+        "where answers go wrong: the grid's x axis is the column of s, the key; a sum begun from a plain "
+        "Python 0.0 is float64 on a GPU; the scale is passed in, so no thread computes a square root"),
     # float32 sums of up to 24 products of standard normals, against float64: errors ~1e-6.
     rtol=1e-5,
     atol=1e-5,
@@ -267,14 +271,15 @@ register(Exercise(
           "of d_k at a time, each element by one thread, and choose for each array which of its indices "
           "neighbouring threads (threadIdx.x) vary, so that a warp reads neighbouring addresses"),
     more_hints=(
-        "where answers go wrong: the plan, step by step along d_k. Each thread copies one element of q, "
-        "times the scale, into the tile of q, with threadIdx.x along d_k (q's last axis), and one element "
-        "of kt into the tile of kt, with threadIdx.x along the keys (kt's last axis): kt's tile can keep "
-        "kt's own layout, no transposing. A slot past an edge of T_q, T_k or d_k gets a 0. Then a barrier, "
-        "the 16 multiply-adds of the thread's row of one tile by its column of the other, and a second "
-        "barrier before the next copy",
-        "and the edges: every thread copies and reaches both barriers, also those whose score lies past "
-        "the edge of s; only the final write is guarded"),
+        "the plan: step along d_k 16 columns at a time. Each thread copies one element of q, times the scale, "
+        "into the tile of q with threadIdx.x along d_k (q's last axis), and one element of kt into the tile "
+        "of kt with threadIdx.x along the keys (kt's last axis), so kt's tile keeps kt's own layout and needs "
+        "no transposing; a slot past an edge of T_q, T_k or d_k gets a 0. Then a barrier, the 16 "
+        "multiply-adds of the thread's row of one tile by its column of the other, and a second barrier "
+        "before the next copy; after the last step, the guarded write of the sum",
+        "where answers go wrong: every thread copies and reaches both barriers, also those whose score lies "
+        "past the edge of s (only the final write is guarded); the loop makes exactly as many steps as d_k "
+        "needs; the sum begins from a float32 zero"),
     rtol=1e-5,     # float32 sums of up to 33 products of standard normals, against float64
     atol=1e-5,
     diagnose=_diagnose_kt,

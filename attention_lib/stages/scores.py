@@ -77,8 +77,7 @@ def scores_kt_kernel(q, kt, inv_sqrt_dk, s):
     q_tile = cuda.shared.array((TILE, TILE), np.float32)     # [query in the tile, column c of the step]
     kt_tile = cuda.shared.array((TILE, TILE), np.float32)    # [column c of the step, key in the tile]
     j, i = cuda.grid(2)
-    h, tx, ty = cuda.blockIdx.z, cuda.threadIdx.x, cuda.threadIdx.y
-    acc = np.float32(0.0)
+    h, tx, ty, acc = cuda.blockIdx.z, cuda.threadIdx.x, cuda.threadIdx.y, np.float32(0.0)
     for c0 in range(0, q.shape[2], TILE):                    # one step along d_k
         inside = i < q.shape[1] and c0 + tx < q.shape[2]     # tx walks along d_k, q's last axis
         q_tile[ty, tx] = q[h, i, c0 + tx] * inv_sqrt_dk if inside else np.float32(0.0)   # scale folded in
