@@ -231,8 +231,8 @@ def test_03_skipped_tiles_match_the_tile_counts():
 
 
 @pytest.mark.parametrize("exercise_id", ["03_causal_mask", "03_causal_scores", "03_tile_skip"])
-def test_03_hints_name_the_idea_then_where_answers_go_wrong(exercise_id):
+def test_03_hints_name_the_idea_then_the_plan_then_where_answers_go_wrong(exercise_id):
     hints = EXERCISES[exercise_id].hints
-    assert len(hints) >= 2 and hints[1].startswith("where answers go wrong")
+    assert len(hints) == 3 and hints[1].startswith("the plan") and hints[2].startswith("where answers go wrong")
     for text in hints:
         assert not any(token in text for token in ("=", "[", "cuda.", "syncthreads")), text

@@ -119,13 +119,16 @@ register(Exercise(
     cases=[(2, 7, 7, 0), (1, 1, 1, 0), (3, 33, 33, 0), (2, 5, 9, 0), (1, 40, 5, 0), (2, 19, 19, 4),
            (1, 6, 6, 1), (1, 5, 12, 3)],
     describe_case=lambda c: f"BH = {c[0]}, T_q = {c[1]}, T_k = {c[2]}, window = {c[3]}",
-    hint=("one thread per score: a thread whose key lies in its query's future (or, with a window, "
-          "too far in its past) overwrites its score with minus infinity, every other thread leaves "
-          "its score alone"),
-    more_hints=("where answers go wrong: with T_k keys and T_q queries the queries are the last T_q "
-                "positions, so the diagonal is shifted by T_k - T_q; the diagonal itself stays visible; "
-                "a window of W shows W keys, the query's own included, and a window of 0 means none; "
-                "the grid's x axis is the key",),
+    hint=("one thread per score: a thread whose key the mask hides from its query overwrites its score "
+          "with minus infinity, every other thread leaves its score alone"),
+    more_hints=(
+        "the plan: take the key from the grid's x, the query from its y and the head from the block's z; a "
+        "thread past an edge of s does nothing; the others find the position their query sits at (the "
+        "queries are the last T_q positions, so query i sits T_k - T_q places further on) and hide the key "
+        "when it lies after that position or, with a window, a whole window or more behind it",
+        "where answers go wrong: the diagonal itself stays visible; a window of W shows W keys, the query's "
+        "own included, and a window of 0 means none; the grid's x axis is the key; a large negative number "
+        "is not minus infinity"),
     rtol=0.0,   # a mask moves no value: every score is either kept exactly or -inf
     atol=0.0,
     diagnose=_diagnose_mask,
@@ -262,11 +265,14 @@ register(Exercise(
           "every thread of the block writes minus infinity and leaves together; otherwise every "
           "thread joins the tiled dot product, and the scores of keys after their query are masked"),
     more_hints=(
-        "where answers go wrong: a test that uses a thread's own query and key lets some threads of a "
-        "block leave while the others wait at a barrier inside the dot product (undefined on a GPU); "
-        "the test must give the same answer to every thread of the block",
-        "and the corner: the score of a tile nearest to being visible is its last query (the bottom row, cut "
-        "at T_q) against its first key, and query i sits at position i + T_k - T_q"),
+        "the plan: from the block indices and the sizes alone, find the tile's most favourable score, its "
+        "last query (the bottom row, cut at T_q) against its first key, and the position that query sits at "
+        "(T_k - T_q further on); if even that key lies after it, every thread writes minus infinity to its "
+        "own score, if it has one, and returns; otherwise every thread calls the tiled dot product, and a "
+        "thread with a score writes it scaled, or minus infinity when its key lies after its query",
+        "where answers go wrong: a test that uses a thread's own query and key lets some threads of a block "
+        "leave while the others wait at a barrier inside the dot product (undefined on a GPU); the key at "
+        "the query's own position is visible, so the test is strictly after, not at or after"),
     rtol=1e-5,    # float32 sums of up to 20 products of standard normals, against float64
     atol=1e-5,
     diagnose=_diagnose_causal_scores,
@@ -359,12 +365,14 @@ register(Exercise(
     hint=("a tile may be skipped when even its most favourable score is masked: find, for each edge "
           "of the visible band, the corner of the tile that comes closest to it"),
     more_hints=(
-        "where answers go wrong: the queries are the last T_q positions, so every query sits T_k - T_q "
-        "places to the right of its row number; and a tile's score nearest the future edge is in its "
-        "last row, not its first",
-        "and the band has two edges: the future (keys after the query's position) and the past (keys a "
-        "whole window or more behind it); a tile wholly beyond either edge is skipped, and a window of "
-        "0 means there is no past edge at all"),
+        "the plan: find the tile's first and last row and column, cut at T_q and T_k, and the offset "
+        "T_k - T_q; the tile is wholly in the future when its first key lies after its last query's position, "
+        "and wholly too old when a window is given and its last key lies a whole window or more behind its "
+        "first query's position; it may be skipped when either holds",
+        "where answers go wrong: the queries are the last T_q positions; the score nearest the future edge is "
+        "in the tile's last row and first column, the one nearest the past edge in its first row and last "
+        "column; a key at the query's own position is visible, one exactly a window behind is not; a window "
+        "of 0 means there is no past edge at all"),
     rtol=1e-5,    # float32 sums of 5 products of standard normals, against float64
     atol=1e-5,
     diagnoses=("skips_visible_tile", "skips_too_few", "window_zero_not_none"),

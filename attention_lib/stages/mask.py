@@ -53,7 +53,7 @@ def mask_kernel(s, window):
     s: (BH, T_q, T_k) float32; window: int32. Grid as for the scores kernels: x over keys j,
     y over queries i, z over heads h. Scores that stay are neither read nor written.
     """
-    t_q, t_k = s.shape[1], s.shape[2]
+    _, t_q, t_k = s.shape                              # (BH, T_q, T_k)
     j, i = cuda.grid(2)
     h = cuda.blockIdx.z
     if i < t_q and j < t_k:                            # bounds first
