@@ -189,6 +189,8 @@ SPLIT_K_MISTAKES = {
     "barrier_in_if": ([("   # every thread reads all of q[h]\n    cuda.syncthreads()",
                         "   # every thread reads all of q[h]\n        cuda.syncthreads()")],
                       "divergent_barrier", "On a GPU that hangs the block"),
+    "chunk_ignored": ([("o_part[h, c, e] =", "o_part[h, 0, e] ="), ("lse_part[h, c] =", "lse_part[h, 0] =")],
+                      "blocks_overwrite_partials", "written by two blocks"),
     "every_thread_lse": ([("if tid == 0:", "if tid >= 0:")], "threads_overwrite_partials", "two threads of one block"),
     "one_component": ([("for e in range(tid, q.shape[1], KEYS_PER_CHUNK):", "for e in range(tid, min(tid + 1, q.shape[1])):")],
                       "components_not_strided", "never written"),
