@@ -1,47 +1,59 @@
-"""Notebook 07's exercises: the online softmax in NumPy (warm-up), then kernel 2's key-tile step.
+"""Notebook 07's exercises: the online softmax in NumPy (warm-up), then kernel 2's walk over its key tiles.
 
 ``07_online_softmax`` (warm-up)
 
 The answer is a function ``update(m, l, acc, s_block, v_block) -> (m, l, acc)`` with the
 contract of ``attention_lib.stages.flash.online_update`` for one row: m the running maximum (a float,
 -inf before the first block), l the running sum of exp(s - m), acc (d_v,) the running sum of
-exp(s - m) * v; s_block (n,) the next block's scores (-inf for masked keys; the first block
-always has a finite one), v_block (n, d_v) their values. The check feeds a row's blocks one
-after the other, starting from (-inf, 0, zeros), and compares the final triple with
-(max s, sum exp(s - max), sum exp(s - max) v), computed directly. Its solution is
-``flash.online_update``.
-
-Besides the engine's diagnoses:
+exp(s - m) * v; s_block (n,) the next block's scores (-inf for masked keys, a whole block of them
+included), v_block (n, d_v) their values. The check feeds a row's blocks one after the other,
+starting from (-inf, 0, zeros), and compares the final triple with (max s, sum exp(s - max),
+sum exp(s - max) v), computed directly ((-inf, 0, zeros) for a row that sees no key). Its rows: one
+key; a rising row; the future masked (the last blocks all -inf); the past masked (the first
+blocks all -inf, as a sliding window or left padding makes them); every key masked; scores around
+1000. Its solution is ``flash.online_update``. Besides the engine's diagnoses:
 
 - ``online_softmax_no_rescale``: right while the first block holds the maximum, wrong once a
-  later block raises it: l (and/or acc) was not multiplied by exp(m_old - m_new).
+  later block raises it: l (and/or acc) was not multiplied by exp(m_old - m_new);
+- ``nan_before_first_key``: NaN from a first block all masked, and the fold of an update without
+  the guard for a maximum still -inf (exp(-inf - (-inf))) gives the same NaN.
 
 Other wrong values are reported as ``wrong_values`` naming the part (m, l or acc[i]) that
-differs, or saying that l or acc overflowed (a rescale factor exp(m_new - m_old), inverted).
+differs, or saying that l or acc came out inf or NaN.
 
-``07_key_tile`` (main)
+``07_walk_keys`` (main)
 
-The answer is a ``@cuda.jit(device=True)`` function with the contract of ``flash.v2_key_tile``
-(its solution): one key tile of kernel 2, by the whole block: stage the tile's K and V rows in
-shared memory (with the given ``v2_stage_rows``), wait, score the keys of the tile the thread's
-query sees (the given ``v2_score_tile``, notebook 02's score) and fold them into its running
-(m, l, acc) with one rescale per tile (the given ``v2_scale_row`` and ``v2_add_row`` do the
-output's arithmetic, notebook 05's weighted sum), wait again; return (m, l). The check builds flash_attention_kernel_v2 with the answer in v2_key_tile's place
-(``kernel_around``) and runs it under the race finder on every case (which also reports a
-barrier not every thread reaches: ``divergent_barrier``). Its cases: one query and key; three
-blocks of queries and three key tiles, the last ones partial, d_v != d_k; more queries than keys
-(rows that see nothing get zeros); a sliding window over the last queries of a longer context
-(rows whose band starts in a tile they see none of); no mask; scores in the hundreds. Besides the
-engine's diagnoses:
+The answer is a ``@cuda.jit(device=True)`` function with the contract of ``flash.v2_walk_keys``
+(its solution): kernel 2's walk over its block's band of key tiles, by every thread of the block,
+barriers included: for each tile of the band (``block_band``, the same in every thread), stage its
+K and V rows in shared memory (the given ``v2_stage_rows``), wait, fold the keys of the tile the
+thread's query sees into its running (m, l, acc) with one rescale (the given ``v2_fold_tile``, the
+warm-up's update in float32), only when it sees one, wait again; return (m, l).
+The check builds flash_attention_kernel_v2 with the answer in v2_walk_keys's place
+(``kernel_around``), launches it through the engine's race finder (so the kernel is compiled for a
+GPU, float64 named), at the simulator's BLOCK_Q (16) and a GPU's (32), on cases made from the tile
+constants: one query; the causal offsets around BLOCK_Q (``cases.offsets``: partial blocks and
+tiles, more queries than keys, rows that see no key); window edges around BLOCK_K
+(``cases.window_edges``: a query's first tiles in its block's band wholly masked); no mask; two
+heads with d_v != d_k; scores in the hundreds. Limits: each element of k and v is read from
+global memory only by the blocks whose band holds its key, once each (``skips_too_few``,
+``no_reuse``; ``OnlyTheBand``); no thread passes more barriers than one for the queries and two
+for each tile of the widest band (``extra_barriers``; ``BarriersPerTile``); every warp load of k and v
+coalesced (``uncoalesced``); every tile slot read was written in its step (``stale_tile``). Besides
+the engine's diagnoses (an answer that folds a tile itself, not with v2_fold_tile, may also get the
+first four and the last):
 
 - ``online_softmax_no_rescale``, ``rescale_l_only``, ``rescale_o_only``: the sums so far were
   not (or only one of them was) rescaled when a tile raised the max;
 - ``max_not_updated``: the new max was never kept, so every tile restarted the row;
-- ``nan_before_first_key``: a tile the query sees no key of was folded in while its max was
-  still -inf (exp(-inf - (-inf)) is NaN);
+- ``nan_before_first_key``: the NaN of the output are those of a walk that folds a tile the query
+  sees no key of while its max is still -inf (exp(-inf - (-inf)) is NaN);
 - ``mask_not_applied``: every key of the loaded tiles was folded in, past the query's own;
 - ``mask_includes_diagonal``: the query's own key was left out;
+- ``mask_off_by_one``: the key just after the query's own folded in too, or the first key it sees
+  (0, or the window's first) left out;
 - ``mask_ignores_window``: with a window, the keys before it (in the loaded tiles) were folded in;
+- ``window_off_by_one``: with a window, the key just before it folded in too;
 - ``unstable_softmax``: exp of a score without the max subtracted overflowed.
 """
 
@@ -49,14 +61,19 @@ import functools
 import math
 import types
 import warnings
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 from numba import cuda
 
 from attention_lib import reference
-from attention_lib.stages import flash, mask
+from attention_lib.checks import cases as sizes
+from attention_lib.checks import shapes
 from attention_lib.checks.engine import Diagnosed, Exercise, host_output, race_finding_launch, register
+from attention_lib.checks.limits import Coalesced, RefilledTiles
+from attention_lib.measure import sanitizer
+from attention_lib.stages import flash, mask
 
 
 # --- 07_online_softmax (warm-up): one row's update in NumPy ----------------------------------
@@ -67,7 +84,8 @@ class Case(NamedTuple):
     T_k: int
     d_v: int
     block: int
-    kind: str   # "normal", "rising" (the max grows block after block), "masked", "large"
+    kind: str   # "normal", "rising" (the max grows block after block), "future masked", "past masked",
+                # "all masked", "large"
 
     def __str__(self):
         return f"(T_k {self.T_k}, d_v {self.d_v}, blocks of {self.block}, {self.kind} scores)"
@@ -76,19 +94,24 @@ class Case(NamedTuple):
 def _scores(case, rng):
     """One row of scores, (T_k,) float64."""
     s = rng.standard_normal(case.T_k)
-    if case.kind in ("rising", "masked", "large"):
+    if case.kind in ("rising", "future masked", "large"):
         s += np.linspace(0.0, 6.0, case.T_k)      # later blocks hold larger scores
-    if case.kind == "masked":                     # the keys after position 23 are the future
+    if case.kind == "future masked":              # the keys after position 23 are the future
         s[24:] = -np.inf                          # blocks of 8: two blocks wholly masked
+    if case.kind == "past masked":                # a sliding window, or left padding: the first
+        s[:2 * case.block + 1] = -np.inf          # two blocks wholly masked, the third but one key
+    if case.kind == "all masked":                 # a row that sees no key (more queries than keys)
+        s[:] = -np.inf
     if case.kind == "large":
         s += 1000.0                               # exp(s) alone overflows, exp(s - m) does not
     return s
 
 
 def _exact(s, v):
-    """(m, l, acc) of the whole row at once, as one vector [m, l, acc...]."""
+    """(m, l, acc) of the whole row at once, as one vector [m, l, acc...]; (-inf, 0, zeros) for a row
+    whose every key is masked."""
     m = s.max()
-    p = np.exp(s - m)
+    p = np.exp(s - m) if np.isfinite(m) else np.zeros_like(s)
     return np.concatenate([[m, p.sum()], p @ v])
 
 
@@ -119,6 +142,21 @@ def _update_without_rescale(rescale_l, rescale_acc):
     return update
 
 
+def _update_with(factor):
+    """The update with the rescale factor factor(m_old, m_new), no guard for a max still -inf."""
+    def update(m, l, acc, s_block, v_block):
+        m_new = max(m, s_block.max())
+        p = np.exp(s_block - m_new)
+        return m_new, l * factor(m, m_new) + p.sum(), acc * factor(m, m_new) + p @ v_block
+    return update
+
+
+def _same_non_finite(got, wrong):
+    """Whether got is inf or NaN exactly where `wrong` is, and equal elsewhere."""
+    bad = ~np.isfinite(wrong)
+    return bad.any() and np.array_equal(~np.isfinite(got), bad) and np.allclose(got[~bad], wrong[~bad])
+
+
 def _run_update(answer, case, rng, _launch):                  # NumPy: no kernel to launch
     s = _scores(case, rng)
     v = rng.standard_normal((case.T_k, case.d_v))
@@ -130,15 +168,27 @@ def _diagnose(got, expected, s, v, block):
     close = dict(rtol=1e-7, atol=1e-10)
     for rescale_l, rescale_acc, what in [(False, False, "l and acc were"), (False, True, "l was"),
                                          (True, False, "acc was")]:
-        if np.allclose(got, _fold(_update_without_rescale(rescale_l, rescale_acc), s, v, block), **close):
+        with np.errstate(invalid="ignore"):         # a first block all masked: NaN, as the mistake gives
+            wrong = _fold(_update_without_rescale(rescale_l, rescale_acc), s, v, block)
+        if np.allclose(got, wrong, **close):
             return "online_softmax_no_rescale", (
                 f"{what} not rescaled when a block raised the max: the terms already added were "
                 "exp(s - m_old); against the new max they must be multiplied by exp(m_old - m_new) "
                 "before the new block's exp(s - m_new) terms are added")
     if not np.isfinite(got[1:]).all():
+        with np.errstate(over="ignore", invalid="ignore"):
+            unguarded = _fold(_update_with(lambda m, m_new: np.exp(m - m_new)), s, v, block)
+            inverted = _fold(_update_with(lambda m, m_new: np.exp(m_new - m)), s, v, block)
+        first_masked = np.isneginf(s[:block]).all()
+        if first_masked and _same_non_finite(got, unguarded):
+            return "nan_before_first_key", (
+                "l and acc came out NaN on a row whose first block is all masked, as they do when that block "
+                "is folded with both maxima -inf: exp(-inf - (-inf)) is NaN, and the NaN stays for good")
+        said = (", as with the factor exp(m_new - m_old), which overflows"
+                if _same_non_finite(got, inverted) else "")
         return "wrong_values", (
-            "l or acc came out inf or NaN: the rescale factor is exp(m_old - m_new), at most 1 "
-            "(0 at the first block, where m_old = -inf); exp(m_new - m_old) overflows")
+            f"after the last block l or acc is inf or NaN (l = {got[1]:.6g}){said}; the direct formula gives "
+            "finite values, and the rescale factor exp(m_old - m_new) is at most 1")
     for name, part in [("m", slice(0, 1)), ("l", slice(1, 2)), ("acc", slice(2, None))]:
         if not np.allclose(got[part], expected[part], **close):
             first = int(np.argmax(~np.isclose(got[part], expected[part], **close)))
@@ -156,38 +206,43 @@ register(Exercise(
     kind="function",
     run=_run_update,
     # A single key; a rising row (the max grows in every block: no rescaling, no pass); the
-    # future masked (two blocks wholly -inf, and a partial last block); scores around 1000.
-    cases=[Case(1, 1, 1, "normal"), Case(7, 5, 3, "rising"), Case(33, 24, 8, "masked"),
-           Case(16, 4, 5, "large")],
+    # future masked (two blocks wholly -inf, and a partial last block); the past masked (the first
+    # two blocks wholly -inf: the max is still -inf when they are folded); every key masked;
+    # scores around 1000.
+    cases=[Case(1, 1, 1, "normal"), Case(7, 5, 3, "rising"), Case(33, 24, 8, "future masked"),
+           Case(20, 3, 4, "past masked"), Case(9, 2, 4, "all masked"), Case(16, 4, 5, "large")],
     hint=("the new maximum first; l and acc were summed against the old maximum, so bring them to "
           "the new one (a factor between 0 and 1) before the block's own terms join them"),
-    more_hints=("where answers go wrong: adding the block's terms without shrinking the old sums, which is "
-                "right only while the first block holds the row's maximum; shrinking only one of l and acc; "
-                "or the factor upside down: exp of the old max minus the new one, never the reverse, and 0 "
-                "when there was no old max",),
+    more_hints=("the plan: the new maximum is the larger of the old one and the block's; the factor is exp of "
+                "the old maximum minus the new one (1 if it stayed, 0 at the start); l and acc are multiplied "
+                "by it, then the block's terms exp of each score minus the new maximum are added, to l alone "
+                "and, weighting the value rows, to acc. While every score so far is masked the new maximum is "
+                "still minus infinity, and minus infinity minus minus infinity is not a number: subtract 0 "
+                "instead, so that the sums stay 0. Where answers go wrong: no rescale, a rescale of only one of "
+                "l and acc, or the factor upside down",),
     # float64 throughout: the answer and the direct formula differ only by rounding in the order
     # of the additions and the rescalings, around 1e-15 relative; any real mistake is far larger.
     rtol=1e-7,
     atol=1e-10,
     diagnose=_diagnose,
-    diagnoses=('online_softmax_no_rescale',),
+    diagnoses=("online_softmax_no_rescale", "nan_before_first_key"),
     solution=flash.online_update,
     forbidden=(flash.online_attention,),
 ))
 
 
-# --- 07_key_tile (main): kernel 2's step over one key tile ----------------------------------
+# --- 07_walk_keys (main): kernel 2's walk over its band of key tiles ------------------------
 
-class KeyTileCase(NamedTuple):
-    """One launch of kernel 2 with the answer as its key-tile step: BH heads of T_q queries against
-    T_k keys, widths d_k and d_v; a sliding window (0: none); large: scores in the hundreds."""
+class WalkCase(NamedTuple):
+    """One launch of kernel 2 with the answer as its walk: BH heads of T_q queries against T_k keys,
+    widths d_k and d_v; causal or not; a sliding window (0: none); large: scores in the hundreds."""
 
     BH: int
     T_q: int
     T_k: int
     d_k: int
     d_v: int
-    causal: bool
+    causal: bool = True
     window: int = 0
     large: bool = False
 
@@ -207,16 +262,40 @@ def large_scores(rng, bh, t_q, t_k, d_k):
     return q.astype(np.float32), k.astype(np.float32)
 
 
+def _block_q(configuration):
+    return flash.SHAPE_CONSTANTS["BLOCK_Q"][0 if configuration == shapes.SIMULATOR else 1]
+
+
+def _walk_cases(configuration):
+    """The causal offsets around the configuration's BLOCK_Q (blocks and tiles partly
+    used, T_k - T_q at 0, +-1 and a tile +-1, rows that see no key); one query; windows whose edge falls on a
+    key tile's first and last key (a query's first tiles of its block's band wholly masked); no mask;
+    two heads with d_v != d_k; scores in the hundreds."""
+    block_q, block_k = _block_q(configuration), flash.BLOCK_K
+    widths = [(5, 5), (7, 5), (3, 6), (4, 4)]
+    cases = [WalkCase(1, t_q, t_k, *widths[n % len(widths)]) for n, (t_q, t_k) in enumerate(sizes.offsets(block_q))]
+    cases += [WalkCase(1, 1, 1, 5, 5)]          # after the others: one key is every key's first and last
+    cases += [WalkCase(1, t, t, 3, 3, True, w) for t, w in sizes.window_edges(block_k)]
+    cases += [WalkCase(1, 12, 40, 16, 16, True, 5), WalkCase(2, block_q + 3, block_q + 3, 9, 6, False),
+              WalkCase(1, 17, 17, 16, 16, True, 0, True)]
+    return cases
+
+
 @functools.lru_cache(maxsize=None)
-def kernel_around(key_tile):
-    """flash_attention_kernel_v2 with key_tile in v2_key_tile's place: the staging of the queries,
-    the loop over the block's band and the division by l are the library's."""
+def _kernel_around(walk, block_q):
     kernel = flash.flash_attention_kernel_v2.py_func
-    names = {**vars(flash), "v2_key_tile": key_tile}
+    names = {**vars(flash), "v2_walk_keys": walk, "BLOCK_Q": block_q}
     return cuda.jit(types.FunctionType(kernel.__code__, names, kernel.__name__))
 
 
-def _run_key_tile(key_tile, case, rng, _launch):
+def kernel_around(walk):
+    """flash_attention_kernel_v2 with `walk` in v2_walk_keys's place, for the BLOCK_Q in force (the
+    simulator's or, in a check's other configuration, a GPU's): the staging of the queries and the
+    division by l are the library's."""
+    return _kernel_around(walk, flash.BLOCK_Q)
+
+
+def _run_walk(walk, case, rng, _launch):
     q, k = (rng.standard_normal((case.BH, t, case.d_k)).astype(np.float32) for t in (case.T_q, case.T_k))
     v = rng.standard_normal((case.BH, case.T_k, case.d_v)).astype(np.float32)
     if case.large:
@@ -226,32 +305,82 @@ def _run_key_tile(key_tile, case, rng, _launch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)   # a wrong answer's float32 overflows: said once
         try:                                              # every case under the race finder: the tiles are shared
-            race_finding_launch(kernel_around(key_tile), grid, block, q, k, v, flash.flash_scale(2, case.d_k),
+            race_finding_launch(kernel_around(walk), grid, block, q, k, v, flash.flash_scale(2, case.d_k),
                                 case.causal, np.int32(case.window), np.int32(1), out, lse)
         except OverflowError as error:                    # the simulator's math.exp; a GPU gives inf
-            raise Diagnosed("unstable_softmax", f"exp overflowed ({error}): exp of a score of about "
-                            f"{np.abs(q[0, 0] @ k[0].T).max() / math.sqrt(case.d_k):.0f} is too large for "
-                            "float32; every exp must take a score minus the running max") from None
+            raise Diagnosed("unstable_softmax", f"exp overflowed ({error}) on scores of up to "
+                            f"{np.abs(q[0] @ k[0].T).max() / math.sqrt(case.d_k):.0f}, too large for "
+                            "float32's exp (past about 88); exp of a score minus the running max is at most 1") from None
     window = case.window or None
     return out, reference.attention(q, k, v, case.causal, window), q, k, v, case.causal, window, case.large
 
 
-def _v2_result(q, k, v, bands, visible, *, scale=None, rescale_l=True, rescale_acc=True, keep_max=True,
-               guard=True):
+@dataclass
+class OnlyTheBand:
+    """Each element of k and v read from global memory only by the blocks of queries whose band
+    holds its key (mask.band_key_tiles), once by each: no tile outside the band loaded
+    (``skips_too_few``), no tile loaded twice by one block (``no_reuse``)."""
+
+    code: str = "skips_too_few"
+
+    def broken(self, traces, case, compiled):
+        bands = mask.band_key_tiles(case.T_q, case.T_k, case.causal, case.window or None, flash.BLOCK_Q,
+                                    flash.BLOCK_K)
+        for traced in traces:
+            for name in ("k", "v"):
+                target = traced.launch.targets.get(name)
+                counts = {}
+                for element, kind, (block, _), *_ in (target.trace if target is not None else ()):
+                    if kind == sanitizer.LOAD:
+                        counts[block[0], element] = counts.get((block[0], element), 0) + 1
+                for (bx, element), reads in counts.items():
+                    q0, _, first, tiles = bands[bx]
+                    key = np.unravel_index(element, target.shape)[1]
+                    if not first <= key // flash.BLOCK_K < first + tiles:
+                        self.code = "skips_too_few"
+                        return (f"the values are right, but the block of queries {q0}-{q0 + bands[bx][1] - 1} read "
+                                f"{name} at key {key}, in a tile none of its queries sees a key of: its band is "
+                                f"key tiles {first} to {first + tiles - 1} of {flash.BLOCK_K}")
+                    if reads > 1:
+                        self.code = "no_reuse"
+                        return (f"the values are right, but the block of queries from {q0} read an element of "
+                                f"{name} (key {key}) {reads} times from global memory: each tile of its band is "
+                                "staged once in shared memory, where every thread of the block reads it")
+        return None
+
+
+@dataclass
+class BarriersPerTile:
+    """No thread passes more barriers than the staging of the block's queries (one) and two for each
+    tile of the widest band (mask.band_key_tiles): a step through a tile of no key is wasted."""
+
+    code: str = "extra_barriers"
+
+    def broken(self, traces, case, compiled):
+        bands = mask.band_key_tiles(case.T_q, case.T_k, case.causal, case.window or None, flash.BLOCK_Q,
+                                    flash.BLOCK_K)
+        tiles = max((band[3] for band in bands), default=0)
+        for traced in traces:
+            if traced.barriers > 1 + 2 * tiles:
+                return (f"the values are right, but a thread passed {traced.barriers} barriers, where the widest band "
+                        f"of {tiles} key tiles needs {1 + 2 * tiles} (one for the queries, two a tile): the walk "
+                        "stepped through a tile that holds no key of its band")
+        return None
+
+
+def _v2_result(q, k, v, bands, ends, visible, *, rescale_l=True, rescale_acc=True, keep_max=True, guard=True):
     """Kernel 2's output in float64: each block of queries walks its band of key tiles (bands:
-    band_key_tiles' (q0, rows, first tile, tiles) of the library's mask; a mistake changes what a
-    query folds, never which tiles are loaded) and folds the keys `visible` ((T_q, T_k) bool) says
-    a query sees, with parts of the fold switched off (the mistakes)."""
+    band_key_tiles' (q0, rows, first tile, tiles); a mistake changes what a query folds, never which
+    tiles are loaded) up to key ends[block] (its last query's last), and folds the keys `visible`
+    ((T_q, T_k) bool) says a query sees, with parts of the fold switched off (the mistakes)."""
     bh, t_q, d_k = q.shape
-    t_k = k.shape[1]
-    scale = 1 / math.sqrt(d_k) if scale is None else scale
-    s = (q.astype(np.float64) @ np.swapaxes(k, -1, -2)) * scale                  # (BH, T_q, T_k)
+    s = (q.astype(np.float64) @ np.swapaxes(k, -1, -2)) / math.sqrt(d_k)           # (BH, T_q, T_k)
     out = np.zeros((bh, t_q, v.shape[2]))
-    for q0, rows, first_tile, tiles in bands:
+    for (q0, rows, first_tile, tiles), end in zip(bands, ends):
         for h, i in ((h, i) for h in range(bh) for i in range(q0, q0 + rows)):
             m, l, acc = -np.inf, 0.0, np.zeros(v.shape[2])
-            for k0 in range(first_tile * flash.BLOCK_K, (first_tile + tiles) * flash.BLOCK_K, flash.BLOCK_K):
-                keys = [j for j in range(k0, min(k0 + flash.BLOCK_K, t_k)) if visible[i, j]]
+            for k0 in range(first_tile * flash.BLOCK_K, end, flash.BLOCK_K):
+                keys = [j for j in range(k0, min(k0 + flash.BLOCK_K, end)) if visible[i, j]]
                 if not keys and guard:
                     continue
                 scores = s[h, i, keys]
@@ -267,15 +396,42 @@ def _v2_result(q, k, v, bands, visible, *, scale=None, rescale_l=True, rescale_a
     return out
 
 
-def _diagnose_key_tile(got, expected, q, k, v, causal, window, large):
+def _mask_candidates(t_q, t_k, causal, window):
+    """(code, visible, message): the keys a query folds under the usual mistakes of the mask."""
+    i, j = np.arange(t_q)[:, None], np.arange(t_k)[None, :]
+    last = i + (t_k - t_q)                                   # the query's own key
+    visible = reference.causal_mask(t_q, t_k, window) if causal else np.ones((t_q, t_k), bool)
+    if not causal:
+        return visible, []
+    start = np.maximum(last - window + 1, 0) if window else np.zeros_like(last)   # the first key a query sees
+    found = [("mask_includes_diagonal", visible & (j < last),
+              "each query missed its own key: the keys it sees run up to my_keys - 1, its own included"),
+             ("mask_off_by_one", visible | (j == last + 1),
+              "each query also folded in the key just after its own: the keys it sees end at its own"),
+             ("mask_off_by_one", visible & (j != start),
+              "each query missed the first key it sees (key 0, or the window's first): its keys start at my_first, "
+              "which it sees"),
+             ("mask_not_applied", np.ones((t_q, t_k), bool),
+              "each query folded in every key of the tiles its block loads, past its own: only the keys from "
+              "its first to its own are its to see")]
+    if window:
+        found += [("mask_ignores_window", reference.causal_mask(t_q, t_k),
+                   f"with a window of {window} a query also folded in the keys before it, from the tile's first key"),
+                  ("window_off_by_one", visible | ((j == start - 1) & (j <= last)),
+                   f"with a window of {window} each query also folded in the key before the window: it sees its last "
+                   f"{window} positions, its own included")]
+    return visible, found
+
+
+def _diagnose_walk(got, expected, q, k, v, causal, window, large):
     t_q, t_k = q.shape[1], k.shape[1]
     bands = mask.band_key_tiles(t_q, t_k, causal, window, flash.BLOCK_Q, flash.BLOCK_K)
-    i, j = np.arange(t_q)[:, None], np.arange(t_k)[None, :]
-    offset = t_k - t_q
-    visible = reference.causal_mask(t_q, t_k, window) if causal else np.ones((t_q, t_k), bool)
+    ends = [mask.visible_count(q0 + rows - 1, t_q, t_k, causal) for q0, rows, _, _ in bands]
     if large and not np.isfinite(got).all():
-        return "unstable_softmax", ("the output has inf or NaN on scores in the hundreds: exp of a score "
-                                    "without the running max subtracted overflows float32")
+        return "unstable_softmax", ("the output has inf or NaN on scores in the hundreds, where the reference is "
+                                    "finite: exp of such a score overflows float32 (past about 88) unless the "
+                                    "running max is subtracted first")
+    visible, masks = _mask_candidates(t_q, t_k, causal, window)
     candidates = [
         ("online_softmax_no_rescale", dict(rescale_l=False, rescale_acc=False),
          "neither l nor acc was rescaled when a tile raised the max: the sums so far were taken against the "
@@ -288,66 +444,56 @@ def _diagnose_key_tile(got, expected, q, k, v, causal, window, large):
          "each query kept only the last tile it sees: the new max was never kept as m, so every tile's "
          "rescale against the old -inf wiped what came before"),
         ("nan_before_first_key", dict(guard=False),
-         "queries that had seen no key yet came out NaN: a tile the query sees none of has max -inf, and "
-         "exp(-inf - (-inf)) is NaN; fold a tile only when the query sees one of its keys"),
-    ]
-    if causal:
-        candidates += [
-            ("mask_includes_diagonal", dict(visible=visible & (j < i + offset)),
-             "each query missed its own key: the keys it sees run up to my_keys - 1, its own included"),
-            ("mask_not_applied", dict(visible=np.ones((t_q, t_k), bool)),
-             "each query folded in every key of the tiles its block loads, past its own: only the keys from "
-             "my_first to my_keys - 1 are its own to see"),
-        ]
-    if window:
-        candidates.append(("mask_ignores_window", dict(visible=reference.causal_mask(t_q, t_k)),
-                           f"with a window of {window} a query also folded in the keys before it: start at "
-                           "my_first, not at the tile's first key"))
+         "queries came out NaN exactly where a walk that folds a tile the query sees no key of, while its max is "
+         "still -inf, makes them NaN: exp(-inf - (-inf)) is NaN, and the NaN stays"),
+    ] + [(code, dict(visible=wrong), message) for code, wrong, message in masks]
     for code, switches, message in candidates:
-        wrong = _v2_result(q, k, v, bands, **{"visible": visible, **switches})
+        wrong = _v2_result(q, k, v, bands, ends, **{"visible": visible, **switches})
         if code == "nan_before_first_key":
             nan = np.isnan(wrong)
             if nan.any() and np.array_equal(np.isnan(got), nan) and np.allclose(got[~nan], wrong[~nan], 1e-4, 1e-4):
                 return code, message
             continue
         seen = np.isfinite(wrong)
-        if seen.any() and np.allclose(got[seen], wrong[seen], rtol=1e-4, atol=1e-4):
+        if seen.any() and not np.allclose(wrong, expected, 1e-4, 1e-4) and \
+                np.allclose(got[seen], wrong[seen], rtol=1e-4, atol=1e-4):
             return code, message
     if np.isnan(got).any():
         where = tuple(int(x) for x in np.argwhere(np.isnan(got))[0])
-        return "wrong_values", (f"the kernel computed NaN at {where}: a 0 / 0, or exp(-inf - (-inf)) for a "
-                                "query that saw no key of a tile?")
+        return "wrong_values", (f"the output holds NaN, first at {where} (head, query, column), where the "
+                                f"reference is finite ({int(np.isnan(got).sum())} NaN entries)")
     return None
 
 
 register(Exercise(
-    exercise_id="07_key_tile",
-    title="kernel 2's key-tile step: stage a K/V tile, wait, score and fold it online, wait",
-    kind="function",
-    run=_run_key_tile,
-    # One query and key; three blocks of queries over three key tiles, the last of each partial,
-    # d_v != d_k (threads past T_q in the last block); more queries than keys (rows that see
-    # nothing); a window of 5 over the last 12 of 40 positions (the band starts in a tile most of
-    # its rows see none of); no mask; scores in the hundreds.
-    cases=[KeyTileCase(1, 1, 1, 5, 5, True), KeyTileCase(1, 33, 33, 7, 5, True),
-           KeyTileCase(2, 20, 7, 5, 5, True), KeyTileCase(1, 12, 40, 16, 16, True, 5),
-           KeyTileCase(1, 24, 24, 9, 9, False), KeyTileCase(1, 17, 17, 16, 16, True, 0, True)],
-    describe_case=str,
-    hint=("the block copies the tile together and waits; then each thread scores the keys of the tile its "
-          "query sees, shrinks its sums once by how much the tile raised its running max, adds the tile's "
-          "terms and keeps the new max; then everyone waits before the next copy overwrites the tile"),
-    more_hints=("where answers go wrong: a barrier inside the branch that only threads whose query sees a key "
-                "of the tile take (every thread of the block must reach both); folding a tile the query sees "
-                "none of while its max is still minus infinity (exp of minus infinity minus minus infinity is "
-                "not a number); rescaling l but not acc, or forgetting to keep the new max for the next tile",),
-    # float32 scores, exp and sums of up to 40 terms against float64: errors around 1e-6.
+    exercise_id="07_walk_keys",
+    title="kernel 2's walk over its band of key tiles: stage each K/V tile, wait, fold it online, wait",
+    kind="device function",
+    run=_run_walk,
+    cases=_walk_cases,
+    both_shapes=True,
+    hint=("the whole block walks the same key tiles, so that every thread reaches every barrier: the band from "
+          "the tile of its first query's first key to its last query's last key; each tile is copied by all "
+          "threads together, then each thread folds the keys of it its own query sees, once per tile, and only "
+          "if it sees one"),
+    more_hints=("the plan: first the thread's own key range (none for a thread past the block's queries) and the "
+                "block's band; then, tile after tile of the band: how many keys the tile holds (the last may be "
+                "partial), the K rows and the V rows staged by every thread, a barrier, then the tile's first and "
+                "last key the thread's query sees, counted from the tile's start and clipped to it, and, only for "
+                "a thread that sees at least one, the fold of those keys into its running max, sum and output; "
+                "then a second barrier in every thread, before the next copy overwrites the tiles. Where answers "
+                "go wrong: a barrier inside the branch only some threads take; a tile "
+                "folded while the query has seen nothing (its max still minus infinity); the loop bounds taken "
+                "from the thread's own keys instead of the block's band",),
+    # float32 scores, exp and sums of up to 65 terms against float64: errors around 1e-6.
     rtol=1e-5,
     atol=1e-5,
-    diagnose=_diagnose_key_tile,
+    diagnose=_diagnose_walk,
     diagnoses=("online_softmax_no_rescale", "rescale_l_only", "rescale_o_only", "max_not_updated",
-               "nan_before_first_key", "mask_not_applied", "mask_includes_diagonal", "mask_ignores_window",
-               "unstable_softmax"),
-    solution=flash.v2_key_tile,
+               "nan_before_first_key", "mask_not_applied", "mask_includes_diagonal", "mask_off_by_one",
+               "mask_ignores_window", "window_off_by_one", "unstable_softmax", "skips_too_few", "extra_barriers"),
+    limits=(OnlyTheBand(), BarriersPerTile(), Coalesced("k", 2), Coalesced("v", 2), RefilledTiles()),
+    solution=flash.v2_walk_keys,
     forbidden=(flash.flash_attention_kernel_v2, flash.flash_attention_kernel_v1, flash.v1_walk_keys,
                flash.flash_attention, flash.launch_flash),
 ))

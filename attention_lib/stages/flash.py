@@ -5,8 +5,9 @@ FlashAttention-style, the (T_q, T_k) scores and weights never stored. The file, 
 - Key ranges on the device: ``visible_keys``, ``first_key`` (sliding window), ``block_band``.
 - ``flash_attention_kernel_v1`` (07): a thread per query, key by key from global memory.
 - ``flash_attention_kernel_v2`` (07): a block per BLOCK_Q queries (of up to V2_MAX_HEADS query
-  heads that share a key/value head, 08x); Q, K, V tiles in shared memory, one key tile a step
-  (``v2_key_tile``); tiles outside the band skipped.
+  heads that share a key/value head, 08x); Q, K, V tiles in shared memory, the walk over the
+  block's band of key tiles (``v2_walk_keys``) folding one tile a step (``v2_fold_tile``); tiles
+  outside the band skipped.
 - ``flash_attention_kernel_v3`` and its ``v3_*`` parts (08): FlashAttention-2's forward in FP32
   SIMT for one query head per key/value head, 128 threads, 64 rows, micro-tiles in registers,
   exp2, row reductions by warp shuffles (on the simulator as on a GPU). ``v3_sizes``,
@@ -273,25 +274,46 @@ def v2_add_row(acc, p, v_tile, jj, d_v):
 
 
 @cuda.jit(device=True)
-def v2_key_tile(k_tile, v_tile, p_row, q_row, acc, m, l, k, v, kv, k0, n, my_first, my_keys):
-    """One key tile by the whole block: keys k0 .. k0 + n - 1 of key/value head kv and their values
-    into the shared k_tile and v_tile ((BLOCK_K, MAX_D) float32), then the keys of it this thread's
-    query sees (my_first .. my_keys - 1) folded into its (m, l, acc); returns (m, l)."""
-    v2_stage_rows(k_tile, k, kv, k0, n, np.float32(1.0))
-    v2_stage_rows(v_tile, v, kv, k0, n, np.float32(1.0))
-    cuda.syncthreads()                               # wait: the K and V tiles are complete
-    first, mine = max(0, my_first - k0), min(n, my_keys - k0)   # the keys of this tile my query sees
-    if mine > first:                                 # no barrier in here: not every thread enters
-        m_new = max(m, v2_score_tile(p_row, q_row, k_tile, first, mine, k.shape[2]))   # p_row: scores
-        rescale = math.exp(m - m_new)                # once per tile, not once per key as in v1
-        l, m = l * rescale, m_new                    # the old sum brought to the new max, kept
-        v2_scale_row(acc, rescale, v.shape[2])       # and the old output
-        for jj in range(first, mine):
-            p = math.exp(p_row[jj] - m)
-            l += p
-            v2_add_row(acc, p, v_tile, jj, v.shape[2])
-    cuda.syncthreads()                               # wait: every thread is done with the tiles before the next copy
+def v2_fold_tile(p_row, q_row, k_tile, v_tile, acc, m, l, first, mine, d_k, d_v):
+    """The online update for keys first .. mine - 1 (at least one) of the staged tiles: their scores
+    against q_row into p_row, one rescale of l and acc ((d_v,)) by exp(m - m_new) for their new max
+    m_new, then each key's weight exp(s - m_new) added to l and its value row to acc; returns (m_new, l)."""
+    m_new = max(m, v2_score_tile(p_row, q_row, k_tile, first, mine, d_k))   # p_row: the scores
+    rescale = math.exp(m - m_new)                # once per tile, not once per key as in v1
+    l = l * rescale                              # the old sum brought to the new max
+    v2_scale_row(acc, rescale, d_v)              # and the old output
+    for jj in range(first, mine):
+        p = math.exp(p_row[jj] - m_new)
+        l += p
+        v2_add_row(acc, p, v_tile, jj, d_v)
+    return m_new, l
+
+
+@cuda.jit(device=True)
+def v2_walk_keys(k_tile, v_tile, p_row, q_row, acc, m, l, k, v, kv, q0, n_rows, t_q, causal, window):
+    """The block's walk over its band of key tiles (block_band), by every thread: each tile's keys of
+    key/value head kv and their values staged in the shared k_tile and v_tile ((BLOCK_K, MAX_D)
+    float32), then the keys of it that this thread's query q0 + threadIdx.x sees (none past the
+    block's n_rows queries) folded into its running (m, l, acc) (v2_fold_tile); returns (m, l).
+    q_row: (d_k,) the query, scaled; acc: (d_v,), unnormalised; p_row: (BLOCK_K,) scratch."""
+    t_k, i = k.shape[1], q0 + cuda.threadIdx.x
+    my_first = first_key(i, t_q, t_k, window)        # my query sees keys my_first .. my_keys - 1
+    my_keys = visible_keys(i, t_q, t_k, causal) if cuda.threadIdx.x < n_rows else 0
+    start, end, _, _ = block_band(q0, q0 + n_rows - 1, t_q, t_k, causal, window, BLOCK_K)
+    for k0 in range(start, end, BLOCK_K):            # the same tiles in every thread: all reach both barriers
+        n = min(BLOCK_K, end - k0)                   # the band's last tile may be partial
+        v2_stage_rows(k_tile, k, kv, k0, n, np.float32(1.0))
+        v2_stage_rows(v_tile, v, kv, k0, n, np.float32(1.0))
+        cuda.syncthreads()                           # wait: the K and V tiles are complete
+        first, mine = max(0, my_first - k0), min(n, my_keys - k0)   # the keys of this tile my query sees
+        if mine > first:                             # none: m may be -inf, and exp(-inf + inf) is NaN
+            m, l = v2_fold_tile(p_row, q_row, k_tile, v_tile, acc, m, l, first, mine, k.shape[2], v.shape[2])
+        cuda.syncthreads()                           # wait: every thread is done with the tiles before the next copy
     return m, l
+
+
+# The walk's former name, from when kernel 2 called it once per tile; the walk is the same function.
+v2_key_tile = v2_walk_keys
 
 
 @cuda.jit
@@ -306,11 +328,8 @@ def flash_attention_kernel_v2(q, k, v, scale, causal, window, group, out, lse):
     h0 = cuda.blockIdx.y * cuda.blockDim.y                    # the block's first query head
     n_rows = min(BLOCK_Q, q.shape[1] - q0)                    # the last block may have fewer
     m, l = v2_stage_queries(q_tile, q_row, acc, q, q0, n_rows, scale, v.shape[2], h0)
-    my_keys = visible_keys(i, q.shape[1], k.shape[1], causal) if i < q0 + n_rows else 0
-    start, block_keys, _, _ = block_band(q0, q0 + n_rows - 1, q.shape[1], k.shape[1], causal, window, BLOCK_K)
-    for k0 in range(start, block_keys, BLOCK_K):   # the same tiles in all threads
-        m, l = v2_key_tile(k_tile, v_tile, p_row, q_row, acc, m, l, k, v, h0 // group, k0,
-                           min(BLOCK_K, block_keys - k0), first_key(i, q.shape[1], k.shape[1], window), my_keys)
+    m, l = v2_walk_keys(k_tile, v_tile, p_row, q_row, acc, m, l, k, v, h0 // group, q0, n_rows, q.shape[1],
+                        causal, window)
     if i < q0 + n_rows:
         write_row(out, lse, h0 + cuda.threadIdx.y, i, acc, m, l)
 
