@@ -95,19 +95,23 @@ notebooks: $(INSTALLED)
 	cd notebooks && ls [0-9][0-9]*_*.ipynb | $(NOTEBOOK_ENV) ATTENTION_LIB_BACKEND=simulator xargs -P $(NOTEBOOKS_JOBS) -I{} \
 		$(abspath $(BIN))/jupyter nbconvert --to notebook --execute --inplace --log-level WARN {}
 
-# Student copies of every notebook under release/ (solutions cut by nbgrader, outputs cleared).
+# Student copies of every notebook under release/ (solutions cut by nbgrader, outputs cleared);
+# GRADED=1: the copies of a graded class, without the cells that reveal the library's version.
 student: $(INSTALLED)
-	$(BIN)/python scripts/student_copies.py release
+	$(BIN)/python scripts/student_copies.py$(if $(GRADED), --graded) release
 
 # Grading with nbgrader (nbgrader_config.py; course directory grading/), one assignment per
-# notebook: NB=00 (or several, NB="00 03"). release-assignment: generate_assignment, then
-# release_assignment into the exchange; collect: the submissions from the exchange; grade:
-# autograde and export (grading/grades.csv, grading/exercises.csv with each check's diagnosis),
-# of the collected submissions or of SUBMITTED=folder (STUDENT/ASSIGNMENT/NOTEBOOK.ipynb).
-.PHONY: release-assignment collect grade hub
-release-assignment collect grade: $(INSTALLED)
+# notebook: NB=00 (or several, NB="00 03"). release-assignment: the graded copy (no reveal cells,
+# hidden tests) generated and released into the exchange, DUE="2026-12-20 17:00 UTC" its due date;
+# collect: the submissions from the exchange; grade: on the simulator, autograde of what changed
+# since the last run (FORCE=1: all), points from the checks' signed verdicts (grading/grades.csv,
+# grading/exercises.csv with each diagnosis and flag), of the collected submissions or of
+# SUBMITTED=folder (STUDENT/ASSIGNMENT/NOTEBOOK.ipynb); feedback: generate and release it.
+.PHONY: release-assignment collect grade feedback hub
+release-assignment collect grade feedback: $(INSTALLED)
 	@test -n "$(NB)" || { echo "usage: make $@ NB=00 (a notebook's number, or several: NB=\"00 03\")"; exit 2; }
-	$(BIN)/python scripts/grade.py $(subst release-assignment,release,$@) $(NB)$(if $(SUBMITTED), --submitted $(SUBMITTED))
+	ATTENTION_LIB_BACKEND=simulator $(BIN)/python scripts/grade.py $(subst release-assignment,release,$@) $(NB)$(if \
+		$(SUBMITTED), --submitted $(SUBMITTED))$(if $(DUE), --due "$(DUE)")$(if $(FORCE), --force)
 
 # A class on one machine: JupyterHub with the course's single-user environment and nbgrader's
 # exchange (classroom/README.md).

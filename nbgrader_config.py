@@ -3,8 +3,8 @@ run them from the course's folder (as `make release-assignment`, `make collect` 
 
 One assignment per notebook, named after it (00_gpu_basics). Its source is written from notebooks/
 by scripts/student_copies.py, which makes the nbgrader metadata from the course's own markers: each
-exercise an autograded answer cell, each check cell a read-only test cell, full points only for
-the verdict ok.
+exercise an autograded answer cell, each check cell a read-only test cell; scripts/grade.py
+scores each from its check's signed verdict.
 """
 
 import os
@@ -18,6 +18,14 @@ c.CourseDirectory.root = os.environ.get("ATTENTION_COURSE_DIR", os.path.join(her
 # Where release, fetch, submit and collect meet: a folder every user of the machine or hub can
 # write (see classroom/README.md). nbgrader's own default, unless ATTENTION_EXCHANGE names another.
 c.Exchange.root = os.environ.get("ATTENTION_EXCHANGE", "/srv/nbgrader/exchange")
-# A notebook's slowest cells (a check that race-checks every case, the kernel report's first
-# compile) take tens of seconds on the simulator; nbgrader's default allows 30 s per cell.
-c.Execute.timeout = 600
+# A cell's time limit when grading. A check stops an answer after 30 s of CPU time (a loop that
+# never ends is the verdict `timeout`); a whole notebook runs in under 15 s on the simulator and
+# the kernel report's first compile of 40 kernels took 21 s (INSTRUCTORS.md, README). 120 s leaves
+# a loaded machine room, and is what a loop outside any check (at an answer cell's top level)
+# costs before nbgrader interrupts it and goes on.
+c.Execute.timeout = 120
+# A locked check cell the student deleted is added back and run (and the exercise flagged).
+c.OverwriteCells.add_missing_cells = True
+# Late work: nbgrader's own penalty, from the due date of `make release-assignment DUE=...`:
+# "none" (lateness only reported) or "zero" (a late submission scores 0).
+c.LateSubmissionPlugin.penalty_method = os.environ.get("ATTENTION_LATE_PENALTY", "none")

@@ -1,6 +1,7 @@
 """The student copies of the notebooks, and nbgrader's source version of each: one source of truth.
 
-    python scripts/student_copies.py [OUT_DIR]             every copy, overwritten (make student: release/)
+    python scripts/student_copies.py [--graded] [OUT_DIR]   every copy, overwritten (make student: release/;
+                                                            --graded: without the reveal cells)
     python scripts/student_copies.py --keep FOLDER          only the copies FOLDER lacks (make lab)
     python scripts/student_copies.py --fresh NB FOLDER      NB's copy rebuilt, the old one kept in
                                                             FOLDER/backups/ (make fresh-copy NB=03)
@@ -10,16 +11,25 @@
 The notebooks carry no nbgrader metadata; it is made here from the markers the course already
 uses. An exercise is a code cell holding `### BEGIN SOLUTION` (the autograded answer cell); its
 check is the next code cell, tagged `nbval-check-output` (nbval compares its verdict) and calling
-`check("<exercise_id>", answer)` (the autograder test cell: read-only, POINTS points, full points
-only when the verdict is ok). The source version is the notebook with that metadata; a student
-copy is what nbgrader's generate_assignment makes of it, by nbgrader's own preprocessors (locked
-cells, solutions cut to `raise NotImplementedError()`, outputs cleared, checksums), without its
-database, so nbgrader's Validate and autograde work on every copy.
+`check("<exercise_id>", answer)` (the autograder test cell: read-only, POINTS points). In the
+copies the check cell imports `check` itself (an answer cell that redefines it changes nothing) and
+hands the verdict to `record.graded`, which writes one line to stderr unless it is ok, so nbgrader's
+Validate names the exercises still open; a grading run scores it from the verdict's signed record
+(scripts/grade.py). The source version for grading also holds nbgrader's hidden tests: the same
+check on other random data (`record.hidden_check`, at a seed the copies never show). A graded copy
+(the one an assignment releases) leaves out the cells that only call `reveal(...)`.
+
+The source version is the notebook with that metadata; a student copy is what nbgrader's
+generate_assignment makes of it, by nbgrader's own preprocessors (locked cells, solutions cut to
+`raise NotImplementedError()`, hidden tests and outputs cleared, checksums), without its database,
+so nbgrader's Validate and autograde work on every copy.
 """
 
 import argparse
+import ast
 import copy
 import re
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -31,7 +41,6 @@ from nbgrader.preprocessors import (CheckCellMetadata, ClearHiddenTests, ClearMa
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-# The course's core notebooks, 00_... to 11_...; the optional deep dives (NNx_...) get no copy.
 PATTERN = "[0-9][0-9]*_*.ipynb"            # the core notebooks and the optional deep dives (NNx_)
 POINTS = 1
 SOLUTION_MARKER = "### BEGIN SOLUTION"
@@ -45,17 +54,14 @@ CHECK_CALL = re.compile(r"""^(?:(\w+)\s*=\s*)?check\(\s*["'](\w+)["']""", re.M)
 RELEASE = [LockCells, ClearSolutions, ClearOutput, CheckCellMetadata, ComputeChecksums,
            ClearHiddenTests, ClearMarkScheme, ComputeChecksums, CheckCellMetadata]
 
-# Appended to each check cell of the source version. nbgrader gives a test cell no points when it
-# leaves an error or anything on stderr; an exception would also stop Run All at the first open
-# exercise, so a verdict that is not ok writes one line to stderr instead.
-GRADED = """
-
-# Graded by nbgrader: {points} for the verdict ok. Another verdict writes a line to
-# stderr, which nbgrader scores 0 (an exception would stop Run All at this cell).
-import sys
-if not {name}.passed:
-    print(f"{exercise_id}: 0 of {points}, verdict {{{name}.diagnosis}}", file=sys.stderr)
-"""
+# The first line of every check cell in the copies: the course's own check, whatever an answer
+# cell defined under that name (the cell is locked, and nbgrader restores it when grading).
+GRADED_IMPORT = "from attention_lib.checks import check, record   # locked: graded as released"
+# The hidden part of a check cell in the source version for grading (nbgrader cuts it from copies).
+HIDDEN = """### BEGIN HIDDEN TESTS
+from attention_lib.checks import engine
+record.graded(record.hidden_check(engine, "{exercise_id}", {answer}, seed={seed}))
+### END HIDDEN TESTS"""
 
 
 class Exercise(NamedTuple):
@@ -82,41 +88,68 @@ def exercises(notebook, name="notebook"):
     return found
 
 
-def _points(n):
-    return "1 point" if n == 1 else f"{n} points"
+def _check_call(source, exercise_id, name):
+    """The text of the cell's `check("<exercise_id>", answer)` call and of its answer argument."""
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "check"
+                and len(node.args) >= 2 and isinstance(node.args[0], ast.Constant)
+                and node.args[0].value == exercise_id):
+            return ast.get_source_segment(source, node), ast.get_source_segment(source, node.args[1])
+    raise ValueError(f"{name}: the check cell of {exercise_id} has no call check(\"{exercise_id}\", answer)")
 
 
-def source_notebook(notebook, name="notebook"):
+def graded_check_cell(source, exercise_id, hidden_seed=None, name="notebook"):
+    """A check cell as the copies hold it: the course's check imported, its verdict handed to
+    record.graded; with `hidden_seed`, nbgrader's hidden tests: the check on that seed's data."""
+    call, answer = _check_call(source, exercise_id, name)
+    lines = [GRADED_IMPORT, source.strip().replace(call, f"record.graded({call})", 1)]
+    if hidden_seed is not None:
+        lines.append(HIDDEN.format(exercise_id=exercise_id, answer=answer, seed=int(hidden_seed)))
+    return "\n".join(lines)
+
+
+def is_reveal_cell(cell):
+    """Whether a cell only calls reveal(...) (a graded copy leaves it out)."""
+    if cell.cell_type != "code":
+        return False
+    try:
+        body = ast.parse(cell.source).body
+    except SyntaxError:
+        return False
+    return bool(body) and all(isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
+                              and isinstance(s.value.func, ast.Name) and s.value.func.id == "reveal" for s in body)
+
+
+def source_notebook(notebook, name="notebook", graded=False, hidden_seed=None):
     """nbgrader's source version of a course notebook (a new NotebookNode): each answer cell an
-    autograded answer, each check cell a read-only autograder test worth POINTS."""
+    autograded answer, each check cell a read-only autograder test worth POINTS; `graded`: without
+    the reveal cells; `hidden_seed`: each check cell's hidden test on that seed's data."""
     notebook = copy.deepcopy(notebook)
     for exercise in exercises(notebook, name):
         answer, test = notebook.cells[exercise.answer_cell], notebook.cells[exercise.check_cell]
         answer.metadata["nbgrader"] = {"grade": False, "solution": True, "locked": False, "task": False,
                                        "grade_id": f"{exercise.exercise_id}_answer", "schema_version": 3}
-        result_name = exercise.result_name
-        if result_name is None:                  # a bare check(...): keep the verdict under a name
-            result_name = "_verdict"
-            test.source = CHECK_CALL.sub(lambda m: f"{result_name} = {m.group(0)}", test.source, count=1)
-        test.source = test.source.rstrip() + GRADED.format(points=_points(POINTS), name=result_name,
-                                                           exercise_id=exercise.exercise_id).rstrip()
+        test.source = graded_check_cell(test.source, exercise.exercise_id, hidden_seed, name)
         test.metadata["nbgrader"] = {"grade": True, "solution": False, "locked": True, "task": False,
                                      "points": POINTS, "grade_id": exercise.exercise_id, "schema_version": 3}
+    if graded:
+        notebook.cells = [cell for cell in notebook.cells if not is_reveal_cell(cell)]
     return notebook
 
 
-def student_copy(notebook, name="notebook"):
+def student_copy(notebook, name="notebook", graded=False):
     """The student version of one notebook (a new NotebookNode): what nbgrader's generate_assignment
-    makes of its source version."""
-    notebook, resources = source_notebook(notebook, name), {}
+    makes of its source version; `graded`: the copy an assignment releases, without reveal cells."""
+    notebook, resources = source_notebook(notebook, name, graded), {}
     for preprocessor in RELEASE:
         notebook, resources = preprocessor().preprocess(notebook, resources)
     return notebook
 
 
-def course_notebooks(prefixes=()):
-    """The course's notebooks, or those whose names start with one of `prefixes` (e.g. "03")."""
-    found = sorted(NOTEBOOKS.glob(PATTERN))
+def course_notebooks(prefixes=(), folder=None):
+    """The course's notebooks (in `folder`, notebooks/ by default), or those whose names start with
+    one of `prefixes` (e.g. "03")."""
+    found = sorted(Path(folder or NOTEBOOKS).glob(PATTERN))
     if not prefixes:
         return found
     number = lambda path: path.name.split("_", 1)[0]            # "01", or "01x" for a deep dive
@@ -127,16 +160,17 @@ def course_notebooks(prefixes=()):
     return chosen
 
 
-def _write_copy(source, target):
-    nbformat.write(student_copy(nbformat.read(source, as_version=4), source.name), target)
+def _write_copy(source, target, graded=False):
+    nbformat.write(student_copy(nbformat.read(source, as_version=4), source.name, graded), target)
     return target
 
 
-def build(out_dir):
-    """Write a student copy of every course notebook into out_dir, overwriting; returns their paths."""
+def build(out_dir, graded=False):
+    """Write a student copy of every course notebook into out_dir, overwriting; returns their paths.
+    `graded`: the copies a graded class gets, without the reveal cells."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [_write_copy(source, out_dir / source.name) for source in course_notebooks()]
+    return [_write_copy(source, out_dir / source.name, graded) for source in course_notebooks()]
 
 
 def keep(folder):
@@ -174,14 +208,22 @@ def assignment_name(notebook_path):
     return Path(notebook_path).stem
 
 
-def write_sources(course_dir, prefixes=()):
+def hidden_seed():
+    """A seed for the hidden tests: drawn when an assignment is generated, kept in its source."""
+    return secrets.randbelow(2**31)
+
+
+def write_sources(course_dir, prefixes=(), seed=None, folder=None):
     """nbgrader's source folder: course_dir/source/<assignment>/<notebook> for each notebook chosen
-    (all by default), with the nbgrader metadata; returns the assignment names."""
+    (all by default, from `folder`, notebooks/ by default), graded (no reveal cells), with the
+    nbgrader metadata and hidden tests at `seed` (drawn when None); returns the assignment names."""
     names = []
-    for source in course_notebooks(prefixes):
+    for source in course_notebooks(prefixes, folder):
         target = Path(course_dir) / "source" / assignment_name(source) / source.name
         target.parent.mkdir(parents=True, exist_ok=True)
-        nbformat.write(source_notebook(nbformat.read(source, as_version=4), source.name), target)
+        notebook = source_notebook(nbformat.read(source, as_version=4), source.name, graded=True,
+                                   hidden_seed=hidden_seed() if seed is None else seed)
+        nbformat.write(notebook, target)
         names.append(assignment_name(source))
     return names
 
@@ -199,6 +241,7 @@ def main(argv=None):
     parser.add_argument("--fresh", metavar="NB", help="rebuild the copy of the notebook starting with NB")
     parser.add_argument("--source", action="store_true",
                         help="write nbgrader's source/ under the folder (a course directory)")
+    parser.add_argument("--graded", action="store_true", help="copies for a graded class: no reveal cells")
     options = parser.parse_args(argv)
     try:
         if options.source:
@@ -212,7 +255,7 @@ def main(argv=None):
             print(f"{_shown(options.folder)}/: your copies of the notebooks ({len(created)} new, "
                   f"{len(kept)} kept as you left them)")
         else:
-            for path in build(options.folder):
+            for path in build(options.folder, options.graded):
                 print(_shown(path))
     except ValueError as error:
         sys.exit(f"student_copies: {error}")

@@ -6,29 +6,45 @@ cell also displays its verdict as data of its own type (``MIME``): the exercise,
 whether it passed. During a grading run, ``make grade`` puts a fresh key in ``KEY_VARIABLE`` for the
 notebooks it executes; this module takes the key out of the environment when it is imported (before
 any answer cell runs) and signs each record with it (HMAC-SHA256), so a record a check did not make
-fails ``verify`` with that run's key. Outside a grading run the record carries no signature.
+(an answer that displays one of its own) fails ``verify`` with that run's key, and a record of an
+earlier run fails with this one's. The grader reads records only from the graded check cells, which
+nbgrader restores as released.
 
-- ``record(exercise_id, diagnosis, passed) -> dict``; ``verify(data, key) -> bool``.
+A graded check cell (scripts/student_copies.py writes it) imports ``check`` itself, so a ``check``
+redefined in an answer cell is not the one that runs, and passes the verdict to ``graded``; its
+hidden part (nbgrader's hidden tests, in the graded version only) runs ``hidden_check``: the same
+cases on other random data, so an answer tuned to the visible check's data still loses the point.
+
+- ``record(exercise_id, diagnosis, passed, hidden=False) -> dict``; ``verify(data, key) -> bool``;
+- ``graded(result) -> result``: one line on stderr when the verdict is not ok (nbgrader's Validate
+  names the exercise, and nbgrader's own score agrees with the verdict);
+- ``hidden_check(engine, exercise_id, answer, seed) -> HiddenResult``: the check at another seed, displayed
+  with a record marked hidden; not run when this exercise's graded check did not pass.
 """
 
 import hashlib
 import hmac
 import json
 import os
+import sys
 
 MIME = "application/vnd.attention-lib.verdict+json"
 KEY_VARIABLE = "ATTENTION_LIB_GRADING_KEY"
 _key = os.environ.pop(KEY_VARIABLE, None)
+# The verdict each exercise's graded check cell gave in this process: hidden_check runs after a pass.
+_graded = {}
 
 
 def _signature(key, data):
-    text = json.dumps({k: data[k] for k in ("exercise_id", "diagnosis", "passed")}, sort_keys=True)
+    text = json.dumps({k: v for k, v in data.items() if k != "signature"}, sort_keys=True)
     return hmac.new(key.encode(), text.encode(), hashlib.sha256).hexdigest()
 
 
-def record(exercise_id, diagnosis, passed):
+def record(exercise_id, diagnosis, passed, hidden=False):
     """The record of one verdict, signed when this process was started by a grading run."""
     data = {"exercise_id": exercise_id, "diagnosis": diagnosis, "passed": bool(passed)}
+    if hidden:
+        data["hidden"] = True
     if _key:
         data["signature"] = _signature(_key, data)
     return data
@@ -38,5 +54,70 @@ def verify(data, key):
     """Whether `data` (a record read back from a notebook) was made by a check under `key`."""
     try:
         return hmac.compare_digest(str(data["signature"]), _signature(key, data))
-    except (KeyError, TypeError):
+    except (KeyError, TypeError, AttributeError):
         return False
+
+
+def _points(n):
+    return "1 point" if n == 1 else f"{n} points"
+
+
+def graded(result, points=1):
+    """A graded check cell's verdict: kept for hidden_check, and one line on stderr unless it is ok
+    (nbgrader's Validate lists the exercise; an exception would stop Run All here). Returns it."""
+    hidden = getattr(result, "hidden", False)
+    if not hidden:
+        _graded[result.exercise_id] = result
+    if not result.passed and result.diagnosis != "not_run":
+        cases = ", hidden cases" if hidden else ""
+        print(f"{result.exercise_id}: 0 of {_points(points)}{cases}, verdict {result.diagnosis}", file=sys.stderr)
+    return result
+
+
+def _display(result):
+    """Show a hidden verdict: its line, and its record marked hidden (printed outside a kernel)."""
+    mark = "✔" if result.passed else "✘"
+    line = f"{mark} {result.exercise_id}, hidden cases [{result.diagnosis}]: {result.message}"
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if getattr(shell, "kernel", None) is None:
+        print(line)
+        return
+    from IPython.display import display
+    display({"text/plain": line, MIME: record(result.exercise_id, result.diagnosis, result.passed, hidden=True)},
+            raw=True)
+
+
+class HiddenResult:
+    """The verdict on an exercise's hidden cases: shown once by hidden_check, not again as a cell's value."""
+
+    hidden = True
+
+    def __init__(self, exercise_id, passed, diagnosis, message):
+        self.exercise_id, self.passed, self.diagnosis, self.message = exercise_id, passed, diagnosis, message
+
+    def __repr__(self):
+        return f"HiddenResult({self.exercise_id!r}, {self.diagnosis!r})"
+
+    def _ipython_display_(self):
+        """Nothing: hidden_check displayed the verdict with its record."""
+
+
+def hidden_check(engine, exercise_id, answer, seed):
+    """The exercise's cases on the random data of `seed` instead of the check's own (a grading run's
+    hidden test), judged by `engine` (checks.engine, handed in: it imports this module), displayed
+    and returned; `not_run` unless this exercise's graded check passed."""
+    visible = _graded.get(exercise_id)
+    if visible is None or not visible.passed:
+        result = HiddenResult(exercise_id, False, "not_run", "not run: the check above did not pass")
+    else:
+        usual = engine.SEED
+        engine.SEED = seed
+        try:
+            found = engine.check(exercise_id, answer, verbose=False)
+        finally:
+            engine.SEED = usual
+        message = "right on other random data too" if found.passed else found.message
+        result = HiddenResult(exercise_id, found.passed, found.diagnosis, message)
+    _display(result)
+    return result
