@@ -15,6 +15,11 @@ Settings, from the environment:
 - CLASSROOM_DATA: the hub's database, cookie secret and the test's homes (classroom/data/);
 - CLASSROOM_INSTRUCTORS, CLASSROOM_STUDENTS: user names, comma-separated; instructors are the
   hub's admins;
+- CLASSROOM_GPU_SEATS: on a machine with a GPU, how many servers may use it at once
+  (`python classroom/gpu_seats.py` prints the estimate per notebook). Set, each user picks a
+  profile when starting a server: "GPU" (ATTENTION_LIB_BACKEND=gpu, while a seat is free) or
+  "Simulator" (ATTENTION_LIB_BACKEND=simulator: Numba's CUDA simulator on the CPU). Unset, there
+  is no choice and the course decides as it does on any machine (a GPU if one works);
 - CLASSROOM_TEST_PASSWORD: set only for a test or a demonstration on one machine. Then anyone
   listed logs in with this one password (JupyterHub's DummyAuthenticator) and every server runs
   as the hub's own system user with a home under CLASSROOM_DATA/homes/ (SimpleLocalProcessSpawner).
@@ -63,6 +68,44 @@ c.Spawner.environment = {
     "ATTENTION_EXCHANGE": os.environ.get("ATTENTION_EXCHANGE", "/srv/nbgrader/exchange"),
     "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "/usr/bin:/bin")]),
 }
+# Profiles when the machine's GPU is shared (CLASSROOM_GPU_SEATS): the GPU for as many servers as
+# it has seats, the simulator for everyone else; a seat is free again when its server stops.
+gpu_seats = int(os.environ.get("CLASSROOM_GPU_SEATS", "0") or 0)
+seated = set()                                          # users whose running server holds a GPU seat
+PROFILE_FORM = """
+<label><input type="radio" name="backend" value="simulator" checked> Simulator: Numba's CUDA simulator on the CPU</label><br>
+<label><input type="radio" name="backend" value="gpu"> GPU ({seats} seats; when all are taken, pick the simulator)</label>
+"""
+
+
+def profile_from_form(formdata):
+    """The profile a user picked: {"backend": "gpu" or "simulator"}."""
+    backend = formdata.get("backend", ["simulator"])[0]
+    if backend not in ("gpu", "simulator"):
+        raise ValueError(f"backend must be 'gpu' or 'simulator', got {backend!r}")
+    return {"backend": backend}
+
+
+def take_seat(spawner):
+    """Before a server starts: a GPU profile takes a seat, or is refused when none is free."""
+    if spawner.user_options.get("backend") != "gpu":
+        return
+    if spawner.user.name not in seated and len(seated) >= gpu_seats:
+        raise RuntimeError(f"all {gpu_seats} GPU seats are taken; start your server with the Simulator profile")
+    seated.add(spawner.user.name)
+
+
+def free_seat(spawner):
+    seated.discard(spawner.user.name)
+
+
+if gpu_seats:
+    c.Spawner.options_form = PROFILE_FORM.format(seats=gpu_seats)
+    c.Spawner.options_from_form = profile_from_form
+    c.Spawner.pre_spawn_hook = take_seat
+    c.Spawner.post_stop_hook = free_seat
+    c.Spawner.environment["ATTENTION_LIB_BACKEND"] = lambda spawner: spawner.user_options.get("backend", "simulator")
+
 # A server on the simulator starts in seconds, but a loaded machine may take longer.
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 60

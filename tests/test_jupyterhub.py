@@ -3,7 +3,9 @@ proxy (configurable-http-proxy's Python implementation) and stopped afterwards: 
 two students log in through the hub's login form; the instructor releases notebook 00 with
 nbgrader; each student's own server, started through the hub, fetches it, gets an answer written
 into it (one student right, one wrong) and submits it, all through the proxy; the instructor
-collects and autogrades, and the scores and the wrong answer's diagnosis are read back."""
+collects and autogrades (the graded copy: no reveal cells, hidden tests), and the scores and the
+wrong answer's diagnosis are read back. Without a hub: the GPU and simulator profiles of a shared
+GPU, and the seats per GPU the instructor guide quotes."""
 
 import concurrent.futures
 import csv
@@ -192,11 +194,13 @@ def test_a_class_releases_fetches_submits_and_is_graded_on_the_hub(hub):
     assert "2 submission(s)" in instructor("collect", env)
     instructor("grade", env)
     with open(tmp_path / "course" / "exercises.csv", newline="") as handle:
-        graded = {(r["student"], r["exercise"]): (float(r["points"]), r["diagnosis"]) for r in csv.DictReader(handle)}
+        graded = {(r["student"], r["exercise"]): (float(r["points"]), r["diagnosis"], r["hidden"], r["flag"])
+                  for r in csv.DictReader(handle)}
     exercises = [e.exercise_id for e in student_copies.exercises(
         nbformat.read(ROOT / "notebooks" / f"{ASSIGNMENT}.ipynb", as_version=4))]
-    wanted = {(name, e): (1.0, "ok") for name in (RIGHT, WRONG) for e in exercises}
-    wanted[WRONG, "00_scale_add"] = (0.0, "out_of_bounds")
+    # Each check's verdict, and its hidden cases (other random data) where it passed.
+    wanted = {(name, e): (1.0, "ok", "ok", "") for name in (RIGHT, WRONG) for e in exercises}
+    wanted[WRONG, "00_scale_add"] = (0.0, "out_of_bounds", "not_run", "")
     assert graded == wanted
 
     for name in (RIGHT, WRONG):                                  # the students log out: their servers stop
@@ -224,3 +228,66 @@ def test_the_hub_uses_system_accounts_unless_a_test_password_is_set(tmp_path, mo
     assert config.Authenticator.allowed_users == {INSTRUCTOR, RIGHT, WRONG}
     assert config.Spawner.cmd == [str(BIN / "jupyterhub-singleuser")]
     assert config.ConfigurableHTTPProxy.command == [str(BIN / "configurable-http-proxy")]
+
+
+class FakeSpawner:
+    """What the hub's hooks read of a spawner: the user's name and the profile picked."""
+
+    def __init__(self, name, backend):
+        self.user = type("User", (), {"name": name})()
+        self.user_options = {"backend": backend}
+
+
+def _hub_config(tmp_path, monkeypatch, seats):
+    from traitlets.config.loader import PyFileConfigLoader
+
+    monkeypatch.setenv("CLASSROOM_DATA", str(tmp_path))
+    monkeypatch.setenv("CLASSROOM_TEST_PASSWORD", PASSWORD)
+    if seats is None:
+        monkeypatch.delenv("CLASSROOM_GPU_SEATS", raising=False)
+    else:
+        monkeypatch.setenv("CLASSROOM_GPU_SEATS", str(seats))
+    return PyFileConfigLoader("jupyterhub_config.py", path=str(ROOT / "classroom")).load_config()
+
+
+def test_a_shared_gpu_gives_each_server_a_profile_and_holds_to_its_seats(tmp_path, monkeypatch):
+    config = _hub_config(tmp_path, monkeypatch, seats=2)
+    assert 'value="gpu"' in config.Spawner.options_form and 'value="simulator" checked' in config.Spawner.options_form
+    assert config.Spawner.options_from_form({"backend": ["gpu"]}) == {"backend": "gpu"}
+    with pytest.raises(ValueError, match=r"^backend must be 'gpu' or 'simulator', got 'tpu'$"):
+        config.Spawner.options_from_form({"backend": ["tpu"]})
+    take, free = config.Spawner.pre_spawn_hook, config.Spawner.post_stop_hook
+    backend = config.Spawner.environment["ATTENTION_LIB_BACKEND"]
+    ada, grace, alan, sim = (FakeSpawner(n, b) for n, b in (("ada", "gpu"), ("grace", "gpu"), ("alan", "gpu"),
+                                                            ("sim", "simulator")))
+    assert (backend(ada), backend(sim)) == ("gpu", "simulator")
+    take(ada), take(grace), take(sim)                           # the simulator takes no seat
+    with pytest.raises(RuntimeError, match=r"^all 2 GPU seats are taken; start your server with the Simulator profile$"):
+        take(alan)
+    free(ada)
+    take(alan)
+
+
+def test_without_gpu_seats_there_is_no_choice_and_the_course_decides(tmp_path, monkeypatch):
+    config = _hub_config(tmp_path, monkeypatch, seats=None)
+    assert "ATTENTION_LIB_BACKEND" not in config.Spawner.environment
+    assert not config.Spawner.get("options_form")
+
+
+def _gpu_seats():
+    spec = importlib.util.spec_from_file_location("gpu_seats", ROOT / "classroom" / "gpu_seats.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_instructor_guide_quotes_the_seats_the_estimate_gives():
+    """The figures of INSTRUCTORS.md's "A class on one GPU server" are classroom/gpu_seats.py's."""
+    seats = _gpu_seats().seats
+    guide = " ".join((ROOT / "INSTRUCTORS.md").read_text().split())
+    for gib in (139, 79, 15):
+        found = seats(gib)
+        for notebook in ("10_performance", "11_backward", "00_gpu_basics"):
+            per_student, fit = found[notebook]
+            quoted = f"`{notebook}`: {per_student:.2f} GiB, {fit} students on {gib} GiB"
+            assert quoted in guide, f"INSTRUCTORS.md should say {quoted!r}"
