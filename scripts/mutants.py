@@ -101,6 +101,11 @@ def verdicts(results, equivalents):
             "cpu_s": round(sum(s for _, _, s in checked), 1),
             "diagnoses": sorted({d for _, d, _ in checked if d != "ok"}),
         }
+        killed = [d for _, d, _ in checked if d != "ok"]
+        # Every mutant refused for raising: the check probably cannot run the solution's mutants as
+        # answers at all (the student submits something else than the mutated function).
+        table[exercise_id]["only_errors"] = bool(killed) and all(
+            d == "raised_error" or d.startswith("not_built") for d in killed)
     return table
 
 
@@ -145,6 +150,10 @@ def main(argv=None):
     for line in stale:
         print(f"LISTED AS EQUIVALENT BUT NOT MADE {line}")
         failing = True
+    for exercise_id, row in table.items():
+        if row["only_errors"]:
+            print(f"EVERY MUTANT RAISED {exercise_id}: the check may not run mutants of its solution as answers")
+            failing = True
     print(f"{sum(r['made'] for r in table.values())} mutants in {time.time() - start:.0f} s")
     if options.json:
         options.json.write_text(json.dumps(table, indent=1) + "\n")

@@ -205,7 +205,7 @@ def test_02_the_library_kernel_is_the_main_solution():
     ("untiled", "no_reuse", "an element of q was read up to 2 times from global memory, where the limit is 1"),
     ("uncoalesced", "uncoalesced", "a warp's load of kt"),
     ("uncoalesced_q", "uncoalesced", "a warp's load of q"),
-    ("extra_step", "too_many_barriers", "passed 4 barriers, where the limit is 2"),
+    ("extra_step", "extra_barriers", "passed 4 barriers, where the limit is 2"),
 ])
 def test_02_scores_kt(mistake, diagnosis, says):
     result = verdict("02_scores_kt", scores_kt(mistake))

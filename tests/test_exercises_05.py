@@ -242,7 +242,7 @@ def test_the_causal_av_solution_passes(answer):
     (causal_av(a_across=False), "uncoalesced", "a warp's load of a"),
     (causal_av(zeroed=("a",)), "stale_tile", "v_tile"),
     (causal_av(zeroed=("v",)), "stale_tile", "a_tile"),
-    (causal_av(extra_step=True), "extra_steps", "passed 4 barriers, where the key tiles its block sees need 2"),
+    (causal_av(extra_step=True), "extra_barriers", "passed 4 barriers, where the limit is 2: the key tiles its block sees need two a step"),
 ])
 def test_causal_av_mistakes_get_their_diagnosis(answer, diagnosis, says):
     result = verdict("05_causal_av", answer)

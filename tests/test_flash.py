@@ -271,7 +271,7 @@ def v3_without_barrier(function, n):
 
 def test_the_mutants_remove_every_barrier_of_the_source():
     assert inspect.getsource(flash.v2_stage_queries.py_func).count(BARRIER) == 2
-    assert inspect.getsource(flash.v2_key_tile.py_func).count(BARRIER) == 2
+    assert inspect.getsource(flash.v2_walk_keys.py_func).count(BARRIER) == 2
     assert all(BARRIER not in inspect.getsource(p.py_func) for p in (
         flash.flash_attention_kernel_v2, flash.v2_stage_rows, flash.v2_score_tile, flash.v2_scale_row,
         flash.v2_add_row))
@@ -302,7 +302,7 @@ def races_of(kernel, version, t, group=1):
 
 @pytest.mark.parametrize("function, missing, arrays, group", [
     ("v2_stage_queries", 0, {"q_tile"}, 1), ("v2_stage_queries", 1, {"q_tile"}, 2),
-    ("v2_key_tile", 0, {"k_tile", "v_tile"}, 1), ("v2_key_tile", 1, {"k_tile", "v_tile"}, 1)],
+    ("v2_walk_keys", 0, {"k_tile", "v_tile"}, 1), ("v2_walk_keys", 1, {"k_tile", "v_tile"}, 1)],
     ids=["after-q-tile", "before-next-heads-q-tile", "after-kv-tiles", "before-next-kv-tiles"])
 def test_every_barrier_of_v2_is_needed(zeroed_shared, function, missing, arrays, group):
     # Three key tiles for the second block; with group 2 the block stages two heads' Q tiles.

@@ -55,6 +55,7 @@ prefilled with ``UNWRITTEN``; the judge reports entries still holding it as neve
 
 import html
 import inspect
+import os
 import re
 import sys
 import warnings
@@ -191,6 +192,9 @@ class Exercise:
     limits: tuple = ()
     # CPU seconds the whole check may take before it is stopped as a loop that never ends.
     seconds: float = budget.DEFAULT_SECONDS
+    # The cases a grading run's hidden test tries (a list, or a function of the configuration like
+    # `cases`), which the student's check never runs; by default the check's own cases.
+    hidden_cases: object = None
 
     def __post_init__(self):
         if self.gpu_code is None:
@@ -200,6 +204,12 @@ class Exercise:
         """The cases tried in a configuration (shapes.SIMULATOR or shapes.GPU): `cases`, or what
         it returns for the configuration when it is a function (sizes around its tiles)."""
         return list(self.cases(configuration)) if callable(self.cases) else list(self.cases)
+
+    def hidden_cases_for(self, configuration):
+        """The hidden cases in a configuration: `hidden_cases`, or the check's own when there are none."""
+        if self.hidden_cases is None:
+            return self.cases_for(configuration)
+        return list(self.hidden_cases(configuration)) if callable(self.hidden_cases) else list(self.hidden_cases)
 
     @property
     def given_code(self) -> tuple:
@@ -248,7 +258,7 @@ def _launched(kernel, args):
     return judging
 
 
-def plain_launch(kernel, griddim, blockdim, *args):
+def plain_launch(kernel, griddim, blockdim, *args, sharedmem=0):
     """Launch a student's kernel as the library would, with out-of-bounds indices caught.
 
     On the simulator every index is checked by the sanitizer, which names the thread, the array
@@ -258,17 +268,18 @@ def plain_launch(kernel, griddim, blockdim, *args):
     """
     judging = _launched(kernel, args)
     if runtime.ON_SIMULATOR or (judging is not None and judging.simulate):
-        sanitizer.run(kernel, griddim, blockdim, *args)
+        sanitizer.run(kernel, griddim, blockdim, *args, sharedmem=sharedmem)
     else:
-        kernel[griddim, blockdim](*args)
+        kernel[griddim, blockdim, 0, sharedmem](*args)
 
 
-def race_finding_launch(kernel, griddim, blockdim, *args):
+def race_finding_launch(kernel, griddim, blockdim, *args, sharedmem=0):
     """Launch a student's kernel once on the simulator (on either backend), every access traced;
     RaceFound with the first race, in one line. Out-of-bounds indices raise IndexError, as in
-    plain_launch. Returns the Traced launch, which the judge also keeps for the case's limits."""
+    plain_launch. Returns the Traced launch, which the judge also keeps for the case's limits.
+    sharedmem: bytes of dynamic shared memory, as in ``kernel[grid, block, 0, sharedmem]``."""
     judging = _launched(kernel, args)
-    traced = Traced(kernel, griddim, blockdim, *args)
+    traced = Traced(kernel, griddim, blockdim, *args, sharedmem=sharedmem)
     if judging is not None:
         judging.traces.append(traced)
     races = traced.races()
@@ -494,14 +505,15 @@ def _run_case(exercise, answer, case, rng, where, judging):
             or _limits_verdict(exercise, where, case, judging.traces))
 
 
-def _run_cases(exercise, answer, judging):
+def _run_cases(exercise, answer, judging, seed, hidden):
     """The first verdict a case gives, in every configuration the exercise runs, or None."""
     for configuration in shapes.configurations(exercise):
         judging.simulate = configuration != shapes.native()
         suffix = f", with {shapes.describe(configuration)}" if judging.simulate else ""
-        rng = np.random.default_rng(SEED)
+        rng = np.random.default_rng(seed)
         with shapes.configured(configuration, answer):
-            for case in exercise.cases_for(configuration):
+            cases = exercise.hidden_cases_for(configuration) if hidden else exercise.cases_for(configuration)
+            for case in cases:
                 judging.where = exercise.describe_case(case) + suffix
                 verdict = _run_case(exercise, answer, case, rng, judging.where, judging)
                 if verdict is not None:
@@ -514,7 +526,9 @@ _said_unavailable = []
 
 def _float64_message(instructions, answer):
     """What float64 instructions in the PTX say, with the answer's Python floats (their likely cause)."""
-    lines = sorted({(f.filename, f.line) for f in instructions if f.line > 0}) or [(instructions[0].filename, 0)]
+    own = {f.__code__.co_filename for f in answer_code.functions_reached(answer)}
+    lines = sorted({(f.filename, f.line) for f in instructions if f.line > 0})
+    lines = [line for line in lines if line[0] in own] or lines or [(instructions[0].filename, 0)]
     shown = ", ".join(str(line) for _, line in lines[:6]) + (", ..." if len(lines) > 6 else "")
     at = f"lines {shown} of {describe_file(lines[0][0])}"
     floats = answer_code.python_floats(answer)
@@ -549,10 +563,11 @@ def _compiled_verdict(exercise, answer, compiled):
     return None
 
 
-def _judge(exercise, answer):
+def _judge(exercise, answer, seed=None, hidden=False):
     """The verdict on an answer, (diagnosis, message): what its code shows before it runs; else the
     first case (in each configuration) that is wrong or breaks a limit, or runs out of time; else
-    what the GPU compiler makes of it; else ok."""
+    what the GPU compiler makes of it; else ok. seed: the random data's (SEED by default); hidden:
+    the exercise's hidden cases instead of its own."""
     static = _static_verdict(exercise, answer)
     if static is not None:
         return static
@@ -560,7 +575,7 @@ def _judge(exercise, answer):
         judging.where = "the start"
         try:
             with budget.limited(exercise.seconds):
-                verdict = _run_cases(exercise, answer, judging)
+                verdict = _run_cases(exercise, answer, judging, SEED if seed is None else seed, hidden)
         except budget.OutOfTime as stopped:
             verdict = "timeout", (f"at {judging.where}: {stopped}, where a right answer takes a few seconds: "
                                   "a loop that never ends? (its bound, or a step that never advances)")
@@ -598,6 +613,8 @@ def hint(exercise_id, level=1):
 
 # The exercises whose check passed in this process: reveal shows their library version.
 _passed = set()
+# Set (to 1) in a graded class's environment (a hub's graded profile): reveal shows no solution.
+GRADED_VARIABLE = "ATTENTION_LIB_GRADED"
 
 
 def reveal(exercise_id, give_up=False):
@@ -608,6 +625,9 @@ def reveal(exercise_id, give_up=False):
     parts = exercise.solution if isinstance(exercise.solution, tuple) else (exercise.solution,)
     if parts == (None,):
         raise ValueError(f"exercise_id {exercise_id!r} has no library version to reveal")
+    if os.environ.get(GRADED_VARIABLE, "") not in ("", "0"):
+        print(f"The library's version of {exercise_id} is not shown in a graded class.")
+        return
     if exercise_id not in _passed and not give_up:
         print(f"The library's version of {exercise_id} is shown once your check passes; to see it now, "
               f"reveal({exercise_id!r}, give_up=True).")
@@ -621,12 +641,14 @@ def reveal(exercise_id, give_up=False):
         print()
 
 
-def check(exercise_id, answer, verbose=True):
+def check(exercise_id, answer, verbose=True, seed=None, hidden=False):
     """Check `answer` for exercise `exercise_id`; show the verdict (unless not verbose) and return it.
 
-    In a Jupyter kernel the verdict is displayed (plain text, and HTML in colour); elsewhere printed."""
+    In a Jupyter kernel the verdict is displayed (plain text, and HTML in colour); elsewhere printed.
+    seed: the random data's seed (the check's own, SEED, by default); hidden: run the exercise's
+    hidden cases (``Exercise.hidden_cases``: what a grading run's hidden test runs) instead."""
     exercise = _exercise(exercise_id)
-    diagnosis, message = _judge(exercise, answer)
+    diagnosis, message = _judge(exercise, answer, seed, hidden)
     result = CheckResult(exercise_id, diagnosis == "ok", diagnosis, message)
     if result.passed:
         _passed.add(exercise_id)

@@ -20,8 +20,7 @@ one step's products to a thread's 2 x 2 sums, run inside v3's kernel. Limits: at
 reads per k (``no_register_reuse``), no local memory (``local_memory``).
 """
 
-from dataclasses import dataclass
-from typing import Callable, NamedTuple, Union
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda, float32
@@ -32,7 +31,8 @@ from attention_lib.stages import projection
 from attention_lib.stages.projection import TILE, WIDE_TILE, load_wide_tiles, store_output
 from attention_lib.checks.engine import (Diagnosed, Exercise, host_output, output_array, read_output, register,
                                          traced_launch, unwritten)
-from attention_lib.checks.limits import Coalesced, MostLoads, NoLocalMemory, RefilledTiles, SharedLoadsPerThread
+from attention_lib.checks.limits import (Coalesced, MostBarriers, MostLoads, NoLocalMemory, RefilledTiles,
+                                         SharedLoadsPerThread)
 
 
 class Case(NamedTuple):
@@ -144,22 +144,6 @@ def read_ceilings(T, d_out, tile=TILE):
     return ceil_div(d_out, tile), ceil_div(T, tile)
 
 
-@dataclass
-class MostBarriers:
-    """No thread passes more than `most` barriers (a number, or a function of the case)."""
-
-    most: Union[int, Callable]
-    why: str = ""
-    code: str = "extra_barriers"
-
-    def broken(self, traces, case, compiled):
-        limit = self.most(case) if callable(self.most) else self.most
-        passed = max((t.barriers for t in traces), default=0)
-        if passed > limit:
-            return f"the values are right, but a thread passed {passed} barriers, where the limit is {limit}{self.why}"
-        return None
-
-
 _KERNELS = {}
 
 
@@ -231,7 +215,7 @@ register(Exercise(
             # each within one segment or across two.
             Coalesced("x", 4), Coalesced("w", 4),
             MostBarriers(lambda case: 2 * ceil_div(case.d_model, TILE),
-                         why=": two per step along d_model, and ceil(d_model / TILE) steps"),),
+                         why="two per step along d_model, and ceil(d_model / TILE) steps"),),
     diagnoses=("no_reuse", "uncoalesced", "extra_barriers"),
     solution=(projection.tile_matmul, projection.projection_kernel_v2),
     forbidden=(projection.projection_kernel_v1,),

@@ -38,7 +38,7 @@ tiles, more queries than keys, rows that see no key); window edges around BLOCK_
 heads with d_v != d_k; scores in the hundreds. Limits: each element of k and v is read from
 global memory only by the blocks whose band holds its key, once each (``skips_too_few``,
 ``no_reuse``; ``OnlyTheBand``); no thread passes more barriers than one for the queries and two
-for each tile of the widest band (``extra_barriers``; ``BarriersPerTile``); every warp load of k and v
+for each tile of the widest band (``extra_barriers``); every warp load of k and v
 coalesced (``uncoalesced``); every tile slot read was written in its step (``stale_tile``). Besides
 the engine's diagnoses (an answer that folds a tile itself, not with v2_fold_tile, may also get the
 first four and the last):
@@ -71,7 +71,7 @@ from attention_lib import reference
 from attention_lib.checks import cases as sizes
 from attention_lib.checks import shapes
 from attention_lib.checks.engine import Diagnosed, Exercise, host_output, race_finding_launch, register
-from attention_lib.checks.limits import Coalesced, RefilledTiles
+from attention_lib.checks.limits import Coalesced, MostBarriers, RefilledTiles
 from attention_lib.measure import sanitizer
 from attention_lib.stages import flash, mask
 
@@ -349,23 +349,15 @@ class OnlyTheBand:
         return None
 
 
-@dataclass
-class BarriersPerTile:
-    """No thread passes more barriers than the staging of the block's queries (one) and two for each
-    tile of the widest band (mask.band_key_tiles): a step through a tile of no key is wasted."""
+def _widest_band(case):
+    """The key tiles of the widest band of 07_walk_keys's case (mask.band_key_tiles)."""
+    bands = mask.band_key_tiles(case.T_q, case.T_k, case.causal, case.window or None, flash.BLOCK_Q, flash.BLOCK_K)
+    return max((band[3] for band in bands), default=0)
 
-    code: str = "extra_barriers"
 
-    def broken(self, traces, case, compiled):
-        bands = mask.band_key_tiles(case.T_q, case.T_k, case.causal, case.window or None, flash.BLOCK_Q,
-                                    flash.BLOCK_K)
-        tiles = max((band[3] for band in bands), default=0)
-        for traced in traces:
-            if traced.barriers > 1 + 2 * tiles:
-                return (f"the values are right, but a thread passed {traced.barriers} barriers, where the widest band "
-                        f"of {tiles} key tiles needs {1 + 2 * tiles} (one for the queries, two a tile): the walk "
-                        "stepped through a tile that holds no key of its band")
-        return None
+def _band_why(case):
+    return (f"the widest band of {_widest_band(case)} key tiles needs one for the queries and two a tile: the walk "
+            "stepped through a tile that holds no key of its band")
 
 
 def _v2_result(q, k, v, bands, ends, visible, *, rescale_l=True, rescale_acc=True, keep_max=True, guard=True):
@@ -491,8 +483,8 @@ register(Exercise(
     diagnose=_diagnose_walk,
     diagnoses=("online_softmax_no_rescale", "rescale_l_only", "rescale_o_only", "max_not_updated",
                "nan_before_first_key", "mask_not_applied", "mask_includes_diagonal", "mask_off_by_one",
-               "mask_ignores_window", "window_off_by_one", "unstable_softmax", "skips_too_few", "extra_barriers"),
-    limits=(OnlyTheBand(), BarriersPerTile(), Coalesced("k", 2), Coalesced("v", 2), RefilledTiles()),
+               "mask_ignores_window", "window_off_by_one", "unstable_softmax", "skips_too_few"),
+    limits=(OnlyTheBand(), MostBarriers(lambda case: 1 + 2 * _widest_band(case), why=_band_why), Coalesced("k", 2), Coalesced("v", 2), RefilledTiles()),
     solution=flash.v2_walk_keys,
     forbidden=(flash.flash_attention_kernel_v2, flash.flash_attention_kernel_v1, flash.v1_walk_keys,
                flash.flash_attention, flash.launch_flash),

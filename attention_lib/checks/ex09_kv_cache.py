@@ -7,7 +7,6 @@ import math
 import re
 import types
 import warnings
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -17,7 +16,7 @@ from attention_lib.stages import kv_cache
 from attention_lib.checks import shapes
 from attention_lib.checks.engine import (Diagnosed, Exercise, RaceFound, output_array, read_output, register,
                                          traced_launch, unwritten)
-from attention_lib.checks.limits import SharedLoadsPerThread
+from attention_lib.checks.limits import NoUnwrittenReads, SharedLoadsPerThread
 
 
 # --- Warm-up: the log-sum-exp merge of split-K partials, as a kernel --------------------------
@@ -344,22 +343,6 @@ def _shared_reads(case):
     return case.n_head // case.n_kv_head * (2 * case.d_k + n * (4 + 2 * math.ceil(case.d_k / size)))
 
 
-@dataclass
-class NoUnwrittenReads:
-    """No thread reads a shared slot that no thread of its block wrote, even where the values come out
-    right: on a GPU the slot holds whatever the memory held (here, past the chunk's n_keys positions)."""
-
-    code: str = "stale_tile"
-
-    def broken(self, traces, case, compiled):
-        for traced in traces:
-            read = traced.unwritten_read()
-            if read is not None:
-                return (f"the values are right, but {read}: on a GPU that slot holds whatever the memory held. "
-                        "Read only the chunk's n_keys staged positions")
-        return None
-
-
 register(Exercise(
     exercise_id="09_split_k",
     title="split-K decoding: one query head against a staged chunk, its scores, the chunk's (m, l) with its "
@@ -390,7 +373,7 @@ register(Exercise(
     solution=kv_cache.attend_chunk,
     forbidden=(kv_cache.decode_step, kv_cache.decode_kernel_v1, kv_cache.decode_kernel_v2, kv_cache.attend_tile,
                kv_cache.online_step, kv_cache.decode_merge_kernel),
-    limits=(NoUnwrittenReads(),
+    limits=(NoUnwrittenReads(why="read only the chunk's n_keys staged positions"),
             SharedLoadsPerThread(_shared_reads, code="scores_recomputed",
                                  why="each score is computed once, by the thread of its position, and read by the "
                                      "others from shared memory")),

@@ -12,9 +12,10 @@ verdict, with what was measured and the limit beside it:
 - ``SharedLoadsPerThread(most)``: no thread reads shared memory more than `most` times (a tree
   reduction reads about 2 log2(n) slots a thread, a serial loop in one thread about n);
   ``serial_reduction``.
-- ``MostBarriers(most, why, code)``: no thread passes more than `most` barriers (a tiled loop's steps,
-  each with its two barriers; a step more makes the whole block wait once more); the code is the
-  exercise's.
+- ``MostBarriers(most, why)``: no thread passes more than `most` barriers (a tiled loop's steps, each
+  with its two barriers; a step more makes the whole block wait once more); ``extra_barriers``.
+- ``NoUnwrittenReads(why)``: no thread reads a shared slot its block never wrote, even where the
+  values come out right (``stale_tile``).
 - ``RefilledTiles()``: every step of a tiled loop writes every slot of its tiles that it reads
   (``stale_tile``).
 - ``NoLocalMemory()``: ptxas reports a stack frame of 0 bytes (no local memory); ``local_memory``.
@@ -95,18 +96,36 @@ class SharedLoadsPerThread:
 
 @dataclass
 class MostBarriers:
-    """No thread passes more than `most` barriers; `why` (after a colon) says what the limit counts."""
+    """No thread passes more than `most` barriers; `why` (a text, or a function of the case giving one)
+    says what the limit counts."""
 
     most: Union[int, Callable]
-    why: str = ""
-    code: str = "too_many_barriers"
+    why: Union[str, Callable] = ""
+    code: str = "extra_barriers"
 
     def broken(self, traces, case, compiled):
         limit = _value(self.most, case)
         passed = max((t.barriers for t in traces), default=0)
         if passed > limit:
-            why = f": {self.why}" if self.why else ""
-            return f"the values are right, but a thread passed {passed} barriers, where the limit is {limit}{why}"
+            why = _value(self.why, case)
+            return (f"the values are right, but a thread passed {passed} barriers, where the limit is {limit}"
+                    f"{': ' + why if why else ''}")
+        return None
+
+
+@dataclass
+class NoUnwrittenReads:
+    """No thread reads a shared slot that no thread of its block wrote, even where the values come out
+    right (a read whose garbage the arithmetic happened to discard)."""
+
+    why: str = "read only the slots your block wrote"
+    code: str = "stale_tile"
+
+    def broken(self, traces, case, compiled):
+        for traced in traces:
+            read = traced.unwritten_read()
+            if read is not None:
+                return f"the values are right, but {read}: on a GPU that slot holds whatever the memory held; {self.why}"
         return None
 
 

@@ -118,7 +118,9 @@ def _compile_one(job):
             done = subprocess.run([kernel_report.tool("ptxas"), f"-arch={job['arch']}", "-O3", "-v", str(source),
                                    "-o", str(cubin)], capture_output=True, text=True)
         if done.returncode != 0:
-            return {"error": f"ptxas: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'failed'}"}
+            said = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+            errors = [line for line in said if "error" in line.lower()]
+            return {"error": f"ptxas: {(errors or said or ['failed'])[0]}"}
         figures = kernel_report.parse_ptxas(done.stdout + done.stderr)
         answer.update(registers=figures["registers"], stack_bytes=figures["stack_bytes"],
                       spill_bytes=figures["spill_bytes"])

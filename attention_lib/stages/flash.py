@@ -312,9 +312,6 @@ def v2_walk_keys(k_tile, v_tile, p_row, q_row, acc, m, l, k, v, kv, q0, n_rows, 
     return m, l
 
 
-# The walk's former name, from when kernel 2 called it once per tile; the walk is the same function.
-v2_key_tile = v2_walk_keys
-
 
 @cuda.jit
 def flash_attention_kernel_v2(q, k, v, scale, causal, window, group, out, lse):
