@@ -18,7 +18,8 @@ cases on other random data, so an answer tuned to the visible check's data still
 - ``record(exercise_id, diagnosis, passed, hidden=False) -> dict``; ``verify(data, key) -> bool``;
 - ``graded(result) -> result``: one line on stderr when the verdict is not ok (nbgrader's Validate
   names the exercise, and nbgrader's own score agrees with the verdict);
-- ``hidden_check(engine, exercise_id, answer, seed) -> HiddenResult``: the check at another seed, displayed
+- ``hidden_check(engine, exercise_id, answer, seed) -> HiddenResult``: the check of the exercise's hidden
+  cases at another seed, displayed
   with a record marked hidden; not run when this exercise's graded check did not pass.
 """
 
@@ -104,19 +105,15 @@ class HiddenResult:
 
 
 def hidden_check(engine, exercise_id, answer, seed):
-    """The exercise's cases on the random data of `seed` instead of the check's own (a grading run's
-    hidden test), judged by `engine` (checks.engine, handed in: it imports this module), displayed
-    and returned; `not_run` unless this exercise's graded check passed."""
+    """The exercise's hidden cases (Exercise.hidden_cases, by default its own) on the random data of
+    `seed` instead of the check's own (a grading run's hidden test), judged by `engine` (checks.engine,
+    handed in: it imports this module), displayed and returned; `not_run` unless this exercise's
+    graded check passed."""
     visible = _graded.get(exercise_id)
     if visible is None or not visible.passed:
         result = HiddenResult(exercise_id, False, "not_run", "not run: the check above did not pass")
     else:
-        usual = engine.SEED
-        engine.SEED = seed
-        try:
-            found = engine.check(exercise_id, answer, verbose=False)
-        finally:
-            engine.SEED = usual
+        found = engine.check(exercise_id, answer, verbose=False, seed=seed, hidden=True)
         message = "right on other random data too" if found.passed else found.message
         result = HiddenResult(exercise_id, found.passed, found.diagnosis, message)
     _display(result)
