@@ -27,6 +27,7 @@ by default grading/):
 
 import argparse
 import collections
+import contextlib
 import csv
 import datetime
 import hashlib
@@ -383,14 +384,24 @@ def submissions(course, assignments):
     return found
 
 
+@contextlib.contextmanager
 def grading_environment():
-    """The environment of the notebooks a grading run executes: the simulator, whatever the machine
-    has, and a fresh key for the verdicts' signatures (record.py takes it out before any answer
-    runs). Returns the key."""
+    """For the length of the block, the environment of the notebooks a grading run executes: the
+    simulator, whatever the machine has, and a fresh key for the verdicts' signatures (record.py
+    takes it out before any answer runs); yields the key. The caller's environment comes back
+    afterwards (a later kernel of this process signs nothing and may use a GPU)."""
     key = secrets.token_hex(32)
+    before = {name: os.environ.get(name) for name in ("ATTENTION_LIB_BACKEND", record.KEY_VARIABLE)}
     os.environ["ATTENTION_LIB_BACKEND"] = "simulator"
     os.environ[record.KEY_VARIABLE] = key
-    return key
+    try:
+        yield key
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def write_exercises(course, rows):
@@ -411,20 +422,21 @@ def grade(names, course, submitted=None, force=False, notebooks=None, due=None):
     if submitted is not None:
         copy_submissions(submitted, assignments, course)
     students = submissions(course, assignments)
-    key = grading_environment()
     api = nbgrader_api(course)
     generate(api, names, course, notebooks)
     for assignment in assignments if due else ():
         set_due(api, assignment, due)
     rows, total = [], sum(map(len, students.values()))
     pairs = [(a, s) for a in assignments for s in students[a]]
-    for count, (assignment, student) in enumerate(pairs, 1):
-        entry = stored(course, student, assignment)
-        changed = force or entry is None or entry["fingerprint"] != fingerprint(course / "submitted" / student / assignment)
-        if changed:
-            entry = grade_submission(api, course, assignment, student, key)
-        progress(count, total, assignment, student, entry, changed)
-        rows += entry["rows"]
+    with grading_environment() as key:
+        for count, (assignment, student) in enumerate(pairs, 1):
+            entry = stored(course, student, assignment)
+            changed = force or entry is None or entry["fingerprint"] != fingerprint(
+                course / "submitted" / student / assignment)
+            if changed:
+                entry = grade_submission(api, course, assignment, student, key)
+            progress(count, total, assignment, student, entry, changed)
+            rows += entry["rows"]
     with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gradebook:
         CsvExportPlugin(to=str(course / "grades.csv")).export(gradebook)
     write_exercises(course, rows)

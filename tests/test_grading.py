@@ -579,12 +579,15 @@ def test_make_runs_the_grading_steps(tmp_path, target, variables, planned):
     assert planned.format(python=venv / "bin" / "python") in done.stdout.splitlines()
 
 
-def test_grading_forces_the_simulator_and_a_fresh_key(monkeypatch):
+def test_grading_forces_the_simulator_and_a_fresh_key_and_puts_the_environment_back(monkeypatch):
     monkeypatch.setenv("ATTENTION_LIB_BACKEND", "gpu")
-    first = grade_script.grading_environment()
-    assert os.environ["ATTENTION_LIB_BACKEND"] == "simulator"
-    assert os.environ[grade_script.record.KEY_VARIABLE] == first != grade_script.grading_environment()
-    monkeypatch.delenv(grade_script.record.KEY_VARIABLE)
+    monkeypatch.delenv(grade_script.record.KEY_VARIABLE, raising=False)
+    with grade_script.grading_environment() as first:
+        assert os.environ["ATTENTION_LIB_BACKEND"] == "simulator"
+        assert os.environ[grade_script.record.KEY_VARIABLE] == first
+        with grade_script.grading_environment() as second:
+            assert second != first
+    assert os.environ["ATTENTION_LIB_BACKEND"] == "gpu" and grade_script.record.KEY_VARIABLE not in os.environ
 
 
 @pytest.mark.parametrize("arguments, says", [
