@@ -2,9 +2,10 @@
 
 A check is proven by its mutants: each single-point change of the solution (a comparison turned
 around, a bound off by one, two indices swapped, a statement or a barrier deleted, a float32 made a
-Python float...) must be refused by the check, or be shown to compute the same thing
-(``scripts/mutants.py``, ``make mutants``; the equivalent ones are listed with their reason in
-``tests/equivalent_mutants.yml``).
+Python float...; in a plain function that counts, + and - exchanged, * made + and a constant off by
+one) must be refused by the check, or be shown to compute the same thing (``scripts/mutants.py``,
+``make mutants``; the equivalent ones are listed with their reason in
+``tests/equivalent_mutants/NN.yml``, NN the notebook).
 
 - ``solution_copy(exercise)``: the solution's code as a new function (a kernel, a device function
   or a plain function, as the solution is), compiled from its source in a copy of its module's
@@ -241,6 +242,27 @@ def _simulator_constants(node):
         yield f"{node.id} -> {value}", replace
 
 
+_ARITHMETIC = {ast.Add: (ast.Sub, "+", "-"), ast.Sub: (ast.Add, "-", "+"), ast.Mult: (ast.Add, "*", "+")}
+
+
+def _arithmetic(node):
+    """A formula's slips, for plain functions that count (a kernel's arithmetic is checked by its
+    values): + and - exchanged, * made +, and each integer constant off by one."""
+    if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+        other, before, after = _ARITHMETIC[type(node.op)]
+
+        def exchange(n, tree, other=other):
+            n.op = other()
+            return True
+        yield f"{before} -> {after} in {ast.unparse(node)}", exchange
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        for delta in (1, -1):
+            def shift(n, tree, delta=delta):
+                n.value += delta
+                return True
+            yield f"{node.value} -> {node.value + delta}", shift
+
+
 _ORDINALS = ("1st", "2nd", "3rd", "4th", "5th", "6th", "7th", "8th", "9th", "nth")
 
 OPERATORS = (_comparisons, _plus_minus_one, _swapped_indices, _swapped_arguments, _python_float, _statements,
@@ -249,13 +271,15 @@ OPERATORS = (_comparisons, _plus_minus_one, _swapped_indices, _swapped_arguments
 
 def mutants(exercise):
     """Every Mutant of the solution of `exercise`, in a fixed order (ast.walk order, then operator)."""
+    plain = not hasattr(_answer_part(exercise), "py_func")
+    operators = OPERATORS + ((_arithmetic,) if plain else ())
     source, _, _ = solution_source(exercise)
     tree = ast.parse(source)
     definition = tree.body[0]
     lines = source.splitlines()
     found, seen = [], {ast.unparse(definition)}
     for index, node in enumerate(ast.walk(definition)):
-        for operator in OPERATORS:
+        for operator in operators:
             for change, transform, *at_line in operator(node):
                 mutated = _mutated(ast.Module([definition], []), index + 1, transform)
                 if mutated is None:
