@@ -8,8 +8,10 @@ checked like a student's answer, on the simulator, in worker processes. A mutant
 is killed; one it passes survives, and is either listed in tests/equivalent_mutants/NN.yml (NN the
 notebook) with the reason it computes the same thing (an equivalent mutant: it passed every case at both launches,
 race-free, within every limit), or is a hole in the check. The table gives, per exercise, mutants
-made, killed, equivalent and surviving; the exit status is 1 when a mutant survives or a listed
-equivalent no longer does (or no longer exists). --sample N checks every N-th mutant of each
+made, killed, equivalent and surviving, their CPU seconds, and the wall seconds of the check of the
+solution's copy (a right answer as a student submits it, checked first: it must pass); the exit
+status is 1 when a mutant survives, a listed equivalent no longer does (or no longer exists), every
+mutant of an exercise only raised, or a solution is refused. --sample N checks every N-th mutant of each
 exercise only, the same ones every time (what make test runs).
 """
 
@@ -45,12 +47,17 @@ def _init_worker():
 
 
 def _check_one(task):
-    """(exercise_id, index) -> (exercise_id, index, diagnosis, seconds)."""
+    """(exercise_id, index) -> (exercise_id, index, diagnosis, seconds); index None: the solution's
+    copy (what a student who wrote the library's code submits), which must pass."""
     exercise_id, index = task
     from attention_lib.checks import EXERCISES, check, mutation
     exercise = EXERCISES[exercise_id]
-    mutant = mutation.mutants(exercise)[index]
     start = time.process_time()
+    if index is None:                # wall time: the check's compile for a GPU runs in another process
+        wall = time.perf_counter()
+        return exercise_id, index, check(exercise_id, mutation.solution_copy(exercise), verbose=False).diagnosis, \
+            time.perf_counter() - wall
+    mutant = mutation.mutants(exercise)[index]
     try:
         answer = mutation.build(exercise, mutant.source, f"<mutant {mutant.mutant_id}>")
         diagnosis = check(exercise_id, answer, verbose=False).diagnosis
@@ -59,11 +66,14 @@ def _check_one(task):
     return exercise_id, index, diagnosis, time.process_time() - start
 
 
-def run(exercise_ids, sample=1, workers=2, report=print):
-    """{exercise_id: [(mutant, diagnosis, seconds)]} for every sample-th mutant of each exercise."""
+def run(exercise_ids, sample=1, workers=2, report=print, solutions=None):
+    """{exercise_id: [(mutant, diagnosis, seconds)]} for every sample-th mutant of each exercise; the
+    check of each solution's copy goes into `solutions` ({exercise_id: (diagnosis, wall seconds)}),
+    when a dict is given."""
     from attention_lib.checks import EXERCISES, mutation
     chosen = {e: mutation.mutants(EXERCISES[e]) for e in exercise_ids}
-    tasks = [(e, i) for e, found in chosen.items() for i in range(0, len(found), sample)]
+    tasks = [(e, None) for e in exercise_ids] if solutions is not None else []
+    tasks += [(e, i) for e, found in chosen.items() for i in range(0, len(found), sample)]
     results = {e: [] for e in exercise_ids}
     context = multiprocessing.get_context("fork")
     pending = list(tasks)
@@ -76,10 +86,16 @@ def run(exercise_ids, sample=1, workers=2, report=print):
                     exercise_id, index, diagnosis, seconds = handle.get(timeout=WALL_LIMIT_S)
                 except multiprocessing.TimeoutError:
                     exercise_id, index = task
-                    results[exercise_id].append((chosen[exercise_id][index], "hung", float(WALL_LIMIT_S)))
+                    if index is None:
+                        solutions[exercise_id] = ("hung", float(WALL_LIMIT_S))
+                    else:
+                        results[exercise_id].append((chosen[exercise_id][index], "hung", float(WALL_LIMIT_S)))
                     pending = [t for t, _ in handles[position + 1:]]
                     pool.terminate()                   # a new pool for the rest
                     break
+                if index is None:
+                    solutions[exercise_id] = (diagnosis, seconds)
+                    continue
                 results[exercise_id].append((chosen[exercise_id][index], diagnosis, seconds))
                 if len(results[exercise_id]) == len(range(0, len(chosen[exercise_id]), sample)):
                     report(f"{exercise_id}: {len(results[exercise_id])} mutants checked")
@@ -131,15 +147,27 @@ def main(argv=None):
     if unknown:
         sys.exit(f"mutants: unknown exercise {unknown[0]!r}; known: {', '.join(EXERCISES)}")
     start = time.time()
-    results = run(ids, options.sample, options.workers, report=lambda line: print(line, flush=True))
+    solutions = {}
+    results = run(ids, options.sample, options.workers, report=lambda line: print(line, flush=True),
+                  solutions=solutions)
     equivalents = load_equivalents()
     table = verdicts(results, equivalents)
+    for exercise_id, (diagnosis, seconds) in solutions.items():
+        table[exercise_id].update(solution=diagnosis, solution_wall_s=round(seconds, 2))
     stale = stale_listings(results, equivalents, options.sample)
-    print(f"\n{'exercise':22} {'made':>5} {'killed':>6} {'equiv':>5} {'survived':>8} {'cpu s':>7}")
+    print(f"\n{'exercise':22} {'made':>5} {'killed':>6} {'equiv':>5} {'survived':>8} {'cpu s':>7} {'right s':>7}")
     for exercise_id, row in table.items():
         print(f"{exercise_id:22} {row['made']:5} {row['killed']:6} {row['equivalent']:5} {len(row['survived']):8} "
-              f"{row['cpu_s']:7.1f}")
+              f"{row['cpu_s']:7.1f} {row['solution_wall_s']:7.2f}")
+    slowest = max(table, key=lambda e: table[e]["solution_wall_s"])
+    print(f"the check of a right answer (the solution's copy, compiled for a GPU where the exercise is GPU code, "
+          f"{options.workers} at a time): at most {table[slowest]['solution_wall_s']:.1f} s ({slowest}), "
+          f"{sum(r['solution_wall_s'] < 1 for r in table.values())} of {len(table)} under 1 s")
     failing = False
+    for exercise_id, row in table.items():
+        if row["solution"] != "ok":
+            print(f"SOLUTION REFUSED {exercise_id}: its check says {row['solution']}")
+            failing = True
     for exercise_id, row in table.items():
         for line in row["survived"]:
             print(f"SURVIVED {line}")
@@ -151,7 +179,7 @@ def main(argv=None):
         print(f"LISTED AS EQUIVALENT BUT NOT MADE {line}")
         failing = True
     for exercise_id, row in table.items():
-        if row["only_errors"]:
+        if row["only_errors"] and (options.sample == 1 or row["made"] > 2):
             print(f"EVERY MUTANT RAISED {exercise_id}: the check may not run mutants of its solution as answers")
             failing = True
     print(f"{sum(r['made'] for r in table.values())} mutants in {time.time() - start:.0f} s")

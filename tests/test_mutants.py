@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from numba import cuda
 
 from attention_lib.checks import EXERCISES, check, engine, mutation
 
@@ -48,6 +49,21 @@ def test_the_catalogue_makes_each_kind_of_change(monkeypatch):
     assert len(changes) == len(set(m.source for m in mutation.mutants(exercise)))     # no two the same
     for m in mutation.mutants(exercise):
         ast.parse(m.source)
+
+
+def count(s):
+    return 2 * (s + 1) - 3
+
+
+def test_a_plain_function_that_counts_gets_its_formulas_slips():
+    exercise = _Tiny()
+    exercise.solution = count
+    changes = [m.change for m in mutation.mutants(exercise)]
+    assert {"* -> + in 2 * (s + 1)", "+ -> - in s + 1", "- -> + in 2 * (s + 1) - 3", "2 -> 3", "2 -> 1",
+            "3 -> 4"} <= set(changes), changes
+    kernel = _Tiny()
+    kernel.solution = cuda.jit(tiny)
+    assert not any(" in " in m.change or m.change == "0 -> 1" for m in mutation.mutants(kernel))
 
 
 def test_every_exercise_with_a_solution_has_mutants_each_with_a_key_of_its_own():
