@@ -112,3 +112,10 @@ def test_every_exercise_refuses_its_given_code(exercise_id):
             answer = cuda.jit(answer)
         assert given_code.given_code_used(answer, given)[0] is thing
         assert check(exercise_id, answer, verbose=False).diagnosis == "calls_given_code"
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p not in CORE], ids=lambda p: p.name)
+def test_every_deep_dive_has_one_checked_exercise_of_its_own(path):
+    exercises = [exercise_id for _, exercise_id, _ in solutions(path)]
+    assert len(exercises) == 1 and exercises[0].startswith(path.name[:3]), (path.name, exercises)
+    assert EXERCISES[exercises[0]].solution is not None

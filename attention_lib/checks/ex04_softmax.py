@@ -1,4 +1,5 @@
-"""Notebook 04's exercises: the row softmax with a thread, a block and a warp per row.
+"""Notebook 04's exercises, the row softmax with a thread, a block and a warp per row, and the deep
+dive 04x's.
 
 ``04_row_softmax`` (warm-up): a kernel with softmax_kernel_v1's signature ``(s, out)``, s and out
 (rows, T_k) float32, launched on v1's grid (one thread per row, ROWS_PER_BLOCK rows to a block).
@@ -48,10 +49,24 @@ not every thread reaches, ``out_of_bounds``, ``float64_arithmetic``):
 
 Outputs are prefilled by the engine's output_array: an entry left UNWRITTEN was never written,
 and a NaN the kernel computed (a fully masked row's 0 / 0) stays a NaN, which the diagnosis names.
+
+``04x_warps_per_sm`` (deep dive 04x): ``warps_per_sm(registers, shared_bytes, threads_per_block, sm)``, a plain
+function, the resident warps per SM of blocks of ``threads_per_block`` threads that use
+``registers`` registers a thread and ``shared_bytes`` of shared memory a block, on the SM whose
+limits ``sm`` holds (``kernel_report.SMLimits``: an H200's and a T4's). The check holds it, exactly,
+to the kernel report's own function (``kernel_report.warps_per_sm``) on cases where each limit
+binds in turn and each rounding matters (the softmax kernels' own rows among them), then on
+random kernels, on both SMs: numbers typed for an H200 fail on the T4.
+
+Its named mistakes, each found by recomputing the case with one rule left out:
+``registers_not_rounded``, ``sub_partitions_ignored``, ``reserved_shared_missing``,
+``warp_slots_ignored``, ``block_slots_ignored``, ``partial_warp_dropped``, ``blocks_not_warps``,
+``sm_ignored`` (an H200's limits typed in, caught on the T4).
 """
 
 import math
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda
@@ -62,6 +77,8 @@ from attention_lib.stages.softmax import (THREADS_PER_ROW, WARP_SIZE, strided_ma
                                           strided_write, strided_zeros)
 from attention_lib.checks.engine import Exercise, output_array, race_finding_launch, read_output, register
 from attention_lib.checks.limits import Coalesced, MostLoads, SharedLoadsPerThread
+from attention_lib.measure import kernel_report
+from attention_lib.measure.kernel_report import H200, T4
 
 LARGE = 1000.0           # scores of the large case: exp(1000) overflows float32 (max about 88.7)
 SPREAD = 500.0           # half the span of a "spread" row's scores
@@ -446,4 +463,123 @@ register(Exercise(
                "result_not_broadcast", "stats_not_in_one_pass"),
     solution=softmax.softmax_kernel_v3,
     forbidden=_STAGE + (strided_max, strided_sum_exp, softmax.block_reduce, softmax.block_max, softmax.block_sum),
+))
+
+
+# --- 04x_warps_per_sm (deep dive 04x): the warps an SM holds ---------------------------------------
+class Kernel(NamedTuple):
+    """One kernel's resources, on one SM."""
+
+    registers: int
+    shared_bytes: int
+    threads_per_block: int
+    sm: kernel_report.SMLimits
+
+    def __str__(self):
+        return f"{self.registers} registers, {self.shared_bytes:,} B shared, {self.threads_per_block} threads ({self.sm.name})"
+
+
+# Each limit binds in turn, and each rounding changes the answer (comments: what binds on the SM).
+CHOSEN = [
+    Kernel(36, 0, 128, H200),        # softmax kernel 2's row: registers, 36 allocated as 40
+    Kernel(40, 0, 64, H200),         # registers, by sub-partition: 12 warps a quarter, not 51 in all
+    Kernel(16, 32768, 64, H200),     # shared memory, 1 KB reserved a block: 6 blocks, not 7
+    Kernel(16, 0, 256, H200),        # warp slots: 8 blocks of 8 warps
+    Kernel(16, 0, 32, H200),         # block slots: 32 blocks of one warp
+    Kernel(32, 0, 48, H200),         # a partial warp takes a whole warp's slot: 2 warps a block
+    Kernel(36, 4096, 128, T4),       # a T4's 32 warp slots
+    Kernel(16, 0, 32, T4),           # a T4's 16 block slots; no shared memory, no limit from it
+    Kernel(255, 100, 1000, T4),      # registers: one block of 32 warps needs more than a T4 has
+]
+
+
+def _random_kernels(seed=7, count=8):
+    """Kernels of the sizes compiled kernels have: 8 to 128 registers a thread, up to 512 threads a
+    block, no shared memory or up to 48 KB, on each SM in turn."""
+    rng = np.random.default_rng(seed)
+    return [Kernel(int(rng.integers(8, 129)), int(rng.choice([0, int(rng.integers(1, 48 * 1024))])),
+                   int(rng.integers(1, 513)), (H200, T4)[i % 2]) for i in range(count)]
+
+
+def _without(rule, k):
+    """The resident warps of kernel `k` computed with `rule` left out (a usual mistake), or None
+    where that computation fails."""
+    sm = H200 if rule == "sm_ignored" else k.sm
+    warps_per_block = k.threads_per_block // 32 if rule == "partial_warp_dropped" else -(-k.threads_per_block // 32)
+    per_warp = max(k.registers, 1) * 32                            # registers_not_rounded: as they come
+    if rule != "registers_not_rounded":                            # a thread's to the step, a warp's to the unit
+        per_thread = -(-max(k.registers, 1) // sm.thread_register_step) * sm.thread_register_step
+        per_warp = -(-per_thread * 32 // sm.register_unit) * sm.register_unit
+    parts = 1 if rule == "sub_partitions_ignored" else sm.sub_partitions
+    shared = k.shared_bytes + (0 if rule == "reserved_shared_missing" else sm.reserved_shared_per_block)
+    if warps_per_block == 0:
+        return None
+    blocks = [sm.registers // parts // per_warp * parts // warps_per_block]
+    blocks += [sm.shared_bytes // shared] if shared else []
+    blocks += [] if rule == "warp_slots_ignored" else [sm.warps // warps_per_block]
+    blocks += [] if rule == "block_slots_ignored" else [sm.blocks]
+    return min(blocks) if rule == "blocks_not_warps" else min(blocks) * warps_per_block
+
+
+# Tried in this order: an H200's numbers on a T4 can look like a T4 limit left out, which an H200
+# case would have caught first.
+MISTAKES = {
+    "sm_ignored": "that is the count on an H200; every limit comes from sm, and a {name}'s differ",
+    "registers_not_rounded": "a thread's registers are allocated in steps of {step} (36 become 40), and a warp's "
+                             "take 32 times that",
+    "sub_partitions_ignored": "the register file is split into {parts} sub-partitions of {part:,} registers, a "
+                              "warp's registers all in one: count the warps that fit in one part, times {parts}",
+    "reserved_shared_missing": "each block also takes {reserved:,} bytes of shared memory the CUDA runtime "
+                               "reserves, beside its own",
+    "warp_slots_ignored": "an SM holds at most {warps} warps, whatever else is left",
+    "block_slots_ignored": "an SM holds at most {blocks} blocks, however small",
+    "partial_warp_dropped": "a block of {threads} threads runs as {whole} warps: the last, partial warp takes a "
+                            "whole warp's slot and registers",
+    "blocks_not_warps": "that is the number of resident blocks; the function returns warps, blocks times the "
+                        "warps of a block",
+}
+
+
+def _run(answer, k, rng, _launch):
+    got = answer(k.registers, k.shared_bytes, k.threads_per_block, k.sm)
+    return np.array(float(got)), np.array(float(kernel_report.warps_per_sm(*k))), k
+
+
+def _diagnose(got, expected, k):
+    """Name the rule the answer left out: the one whose omission gives its number on this kernel."""
+    sm = k.sm
+    for rule, message in MISTAKES.items():
+        if _without(rule, k) == got:
+            return rule, (f"got {got:g} warps for {k}, expected {expected:g}: " + message.format(
+                step=sm.thread_register_step, parts=sm.sub_partitions, part=sm.registers // sm.sub_partitions,
+                reserved=sm.reserved_shared_per_block, warps=sm.warps, blocks=sm.blocks,
+                threads=k.threads_per_block, whole=-(-k.threads_per_block // 32), name=sm.name))
+    return None
+
+
+register(Exercise(
+    exercise_id="04x_warps_per_sm",
+    title="warps_per_sm(registers, shared_bytes, threads_per_block, sm): the warps of a kernel an SM holds",
+    kind="function",
+    gpu_code=False,
+    run=_run,
+    cases=CHOSEN + _random_kernels(),
+    describe_case=str,
+    hint=("list the four things an SM runs out of (registers, shared memory, warp slots, block slots); for "
+          "each, how many blocks of this kernel it allows; the SM holds the fewest"),
+    more_hints=("where each step goes: a block's warps (a partial warp counts whole); a thread's registers "
+                "rounded up to the allocation step, a warp's 32 times that, rounded to the allocation unit; "
+                "the warps one sub-partition's registers hold, times the sub-partitions, in whole blocks; the "
+                "blocks shared memory holds, the runtime's reserve included (no limit when a block takes none "
+                "at all); the blocks the warp slots hold; the block slots; the fewest blocks, times a block's "
+                "warps",
+                "where answers go wrong: registers not rounded to the step, the register file taken as one "
+                "pool instead of its sub-partitions, the runtime's reserved shared memory forgotten, a limit "
+                "left out (warp slots, block slots), the partial warp dropped, blocks returned for warps, an "
+                "H200's numbers typed in instead of read from sm"),
+    rtol=0.0,
+    atol=0.0,
+    diagnose=_diagnose,
+    diagnoses=tuple(MISTAKES),
+    solution=kernel_report.warps_per_sm,
 ))

@@ -62,18 +62,23 @@ class SMLimits:
 
 
 H200 = SMLimits("H200")
+# A T4 (Turing, compute capability 7.5): half the warp and block slots, 64 KB of shared memory, none
+# reserved per block (the CUDA C++ Programming Guide's table of compute capabilities).
+T4 = SMLimits("T4", shared_bytes=64 * 1024, reserved_shared_per_block=0, warps=32, blocks=16)
 
 
 def warps_per_sm(registers, shared_bytes, threads_per_block, sm=H200):
     """Resident warps per SM for blocks of `threads_per_block` threads using `registers` per
     thread and `shared_bytes` of shared memory, as NVIDIA's occupancy calculator counts them:
-    the fewest blocks allowed by registers, shared memory, warp slots and block slots."""
+    the fewest blocks allowed by registers, shared memory (no limit for a block that takes none),
+    warp slots and block slots (04x_warps_per_sm's solution)."""
     warps_per_block = math.ceil(threads_per_block / 32)
     per_thread = math.ceil(max(registers, 1) / sm.thread_register_step) * sm.thread_register_step
     per_warp = math.ceil(per_thread * 32 / sm.register_unit) * sm.register_unit
     warps_by_registers = (sm.registers // sm.sub_partitions // per_warp) * sm.sub_partitions
+    shared_per_block = shared_bytes + sm.reserved_shared_per_block
     blocks = min(warps_by_registers // warps_per_block,
-                 sm.shared_bytes // (shared_bytes + sm.reserved_shared_per_block),
+                 sm.shared_bytes // shared_per_block if shared_per_block else sm.blocks,
                  sm.warps // warps_per_block,
                  sm.blocks)
     return blocks * warps_per_block
