@@ -30,8 +30,20 @@ def test_make_student_builds_a_copy_of_every_notebook(tmp_path):
     assert [p.name for p in written] == [p.name for p in NOTEBOOKS]
 
 
+@pytest.fixture(scope="module")
+def kernel():
+    """One Jupyter kernel for every copy, started where the notebooks are, so that relative paths
+    resolve as in the real notebook; each copy starts with its namespace emptied (%reset), as a
+    kernel a student restarts has it. One kernel, not one a notebook: 16 kernels' start-up saved."""
+    from jupyter_client.manager import KernelManager
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel(cwd=str(ROOT / "notebooks"))
+    yield manager
+    manager.shutdown_kernel(now=True)
+
+
 @pytest.mark.parametrize("source", NOTEBOOKS, ids=lambda p: p.name)
-def test_student_copy_runs_and_reports_not_implemented(source):
+def test_student_copy_runs_and_reports_not_implemented(source, kernel):
     copy = student_copies.student_copy(nbformat.read(source, as_version=4))
     code = [c for c in copy.cells if c.cell_type == "code"]
     stubs = [c for c in code if "raise NotImplementedError()" in c.source and "# YOUR CODE HERE" in c.source]
@@ -46,10 +58,9 @@ def test_student_copy_runs_and_reports_not_implemented(source):
     needed, answer_uses = cell_slices.plan([c.source for c in original])
     needed = cell_slices.needed_for([c.source for c in original], set(needed) | set(invited))
     assert not answer_uses, f"{source.name}: cells read the student's answer: {answer_uses}"
-    runnable = nbformat.v4.new_notebook(metadata=copy.metadata, cells=[code[i] for i in needed])
-    # Run where the real notebook runs, so relative paths resolve the same way.
-    NotebookClient(runnable, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(source.parent)}}).execute()
+    reset = nbformat.v4.new_code_cell("%reset -f")
+    runnable = nbformat.v4.new_notebook(metadata=copy.metadata, cells=[reset] + [code[i] for i in needed])
+    NotebookClient(runnable, timeout=600, km=kernel).execute()
     code = runnable.cells
 
     errors = [o for c in code for o in c.outputs if o.output_type == "error"]

@@ -5,9 +5,10 @@ The judge opens a ``Session`` for each check; the launch functions it hands an e
 (``engine.plain_launch``, ``engine.race_finding_launch``) report every launch to it. The first
 launch of each kernel that holds the answer's code (the answer itself, or a check's kernel built
 around the student's device function) is kept with the argument types of that launch; once every
-case is right, ``compiled()`` sends them to the GPU compiler (whose process was started when the
-check began, so it is ready by then) and waits for what it made of them. An answer whose cases
-fail is not compiled: its verdict is already given. A kernel of the library alone is not
+case is right, ``compiled()`` sends them to the GPU compiler and waits for what it made of them:
+an answer compiled before (the same code, the same library) is read from the compiler's store,
+and its process is started only for an answer it has not seen. An answer whose cases fail is not
+compiled: its verdict is already given. A kernel of the library alone is not
 compiled: the kernel report holds it.
 """
 
@@ -27,8 +28,6 @@ class Session:
     def __init__(self, gpu_code=True):
         self.gpu_code = gpu_code
         self.launches = {}           # id(kernel) -> (kernel, described argument types), first launch
-        if gpu_code:
-            compiler.start()         # the compiling process starts while the cases run
         self.traces = []             # the current case's traced launches (measure.trace.Traced)
         self.simulate = False        # launch every kernel on the simulator (the other configuration)
 

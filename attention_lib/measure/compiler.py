@@ -2,13 +2,12 @@
 ptxas's registers and stack frame.
 
 Numba compiles for a GPU only in a process where the simulator is off, so the kernel is shipped
-(``shipping``) to a worker process started once and kept (about 2 s to start; a small kernel then
-compiles in about 0.2 s). A request is written at once and its answer read when it is needed, so
-the worker compiles while the asking process goes on (a check simulates its cases meanwhile).
-Answers are kept on disk, keyed by the request and by the library's and the compiler's versions:
-compiling the same answer again costs nothing.
+(``shipping``) to a worker process started on the first request that is not answered from the store
+and kept (about 1 s of CPU to start; a small kernel then compiles in about 0.2 s). A request is
+written at once and its answer read when it is needed. Answers are kept on disk, keyed by the
+request and by the library's and the compiler's versions: compiling the same answer again costs
+nothing, not even the worker's start.
 
-- ``start()``: start the worker process, not waiting for it (it is ready some 2 s later).
 - ``submit(kernel, arg_types, arch="sm_90") -> Pending``; ``Pending.result() -> Compiled``.
 - ``Compiled``: ``error`` (the compiler's own message in one line, or None), ``unavailable`` (no
   CUDA compiler here: why, and how to install one), ``float64`` (the float64 instructions of the
@@ -195,12 +194,6 @@ class _Worker:
 
 
 _worker = None
-
-
-def start():
-    """Start the compiling process now, if it is not running, without waiting for it: it imports
-    Numba's GPU target while the caller goes on."""
-    _the_worker()
 
 
 def _the_worker():
