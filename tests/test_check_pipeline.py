@@ -283,3 +283,25 @@ def test_a_computed_name_cannot_reach_the_given_code():
 def test_warnings_inside_a_check_do_not_reach_stderr(capsys):
     check("04_row_softmax", row_softmax_in_float64, verbose=False)
     assert capsys.readouterr().err == ""
+
+
+TENTH = "def tenth(x, out):\n    i = cuda.grid(1)\n    if i < x.size:\n        out[i] = x[i] * 0.1\n"
+
+
+def test_the_same_code_typed_in_two_places_is_compiled_once_and_placed_in_each(tmp_path, monkeypatch):
+    """A notebook cell's file is named after its kernel's process: the store's key is the code, so a
+    restarted kernel or another student's finds it; the float64 lines are given in each one's file."""
+    import linecache
+    monkeypatch.setattr(compiler, "_store", lambda: tmp_path)
+    monkeypatch.setattr(compiler, "_remembered", {})
+    placed = []
+    for name in ("/tmp/ipykernel_1/cell.py", "/tmp/ipykernel_2/cell.py"):
+        linecache.cache[name] = (len(TENTH), None, TENTH.splitlines(keepends=True), name)
+        namespace = {"cuda": cuda}
+        exec(compile(TENTH, name, "exec"), namespace)
+        x = np.zeros(4, np.float32)
+        placed.append(compiler.submit(cuda.jit(namespace["tenth"]), [x, x]).result())
+    assert len(list(tmp_path.glob("*.json"))) == 1                  # the second was read from the store
+    assert [{f.filename for f in c.float64} for c in placed] == [{"/tmp/ipykernel_1/cell.py"},
+                                                                 {"/tmp/ipykernel_2/cell.py"}]
+    assert all(f.line == 4 for c in placed for f in c.float64)

@@ -21,7 +21,7 @@ import re
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from attention_lib.measure import shipping, signatures
@@ -218,10 +218,11 @@ _remembered = {}
 
 
 class Pending:
-    """A request on its way: result() waits for the answer (at once when it was known)."""
+    """A request on its way: result() waits for the answer (at once when it was known), its float64
+    instructions placed in the files the shipped functions came from (`files`, in shipping order)."""
 
-    def __init__(self, key, answer=None, request_id=None):
-        self.key, self.answer, self.request_id = key, answer, request_id
+    def __init__(self, key, answer=None, request_id=None, files=()):
+        self.key, self.answer, self.request_id, self.files = key, answer, request_id, list(files)
 
     def result(self):
         if self.answer is None:
@@ -231,7 +232,18 @@ class Pending:
                 return Compiled(unavailable=f"the GPU compiler's process failed ({error})")
             if self.answer.unavailable is None:
                 _remember(self.key, self.answer)
-        return self.answer
+        placed = [Float64(f.instruction, self._file(f.filename), f.line) for f in self.answer.float64]
+        return replace(self.answer, float64=placed)
+
+    def _file(self, name):
+        found = _SHIPPED_FILE.search(name)          # the PTX may put a folder before it
+        return self.files[int(found.group(1))] if found and int(found.group(1)) < len(self.files) else name
+
+
+# A shipped function's file name in a request: the request, and so the store's key, is its code and
+# not where it was typed (a notebook cell's file is named after its kernel's process), so the same
+# code compiled in another kernel, or after a restart, is found in the store.
+_SHIPPED_FILE = re.compile(r"<shipped function (\d+)>")
 
 
 def _remember(key, compiled):
@@ -251,17 +263,21 @@ def submit(kernel, arg_types, arch=DEFAULT_ARCH):
     argument types `arg_types` (signatures' words, or example values); returns a Pending.
     shipping.Unshippable when something the kernel uses cannot be sent."""
     args = [a if isinstance(a, dict) else signatures.describe(a) for a in arg_types]
-    job = {"shipped": shipping.ship(kernel), "args": args, "arch": arch}
+    shipped = shipping.ship(kernel)
+    files = [entry["filename"] for entry in shipped["functions"]]
+    for position, entry in enumerate(shipped["functions"]):
+        entry["filename"] = f"<shipped function {position}>"
+    job = {"shipped": shipped, "args": args, "arch": arch}
     key = _key(job)
     if key in _remembered:
-        return Pending(key, _remembered[key])
+        return Pending(key, _remembered[key], files=files)
     try:
         compiled = Compiled.from_json(json.loads((_store() / f"{key}.json").read_text()))
         _remembered[key] = compiled
-        return Pending(key, compiled)
+        return Pending(key, compiled, files=files)
     except (OSError, ValueError, TypeError):
         pass
-    return Pending(key, request_id=_the_worker().send(job))
+    return Pending(key, request_id=_the_worker().send(job), files=files)
 
 
 def compile_kernel(kernel, arg_types, arch=DEFAULT_ARCH):
