@@ -80,12 +80,22 @@ def test_a_student_runs_all_answers_and_sees_the_check_pass(tmp_path, browser):
         wait_for("Run > Run All Cells", lambda: [i for i in browser.find_elements(By.CSS_SELECTOR, ".lm-Menu-itemLabel")
                                                  if i.text == "Run All Cells"], 10)[0].click()
 
+        seen = []
+
         def verdicts():
+            """Every exercise's verdict, once every cell has run; a cell's number shows when it starts,
+            its output may come a moment later (on a busy machine, seconds), so the verdicts are
+            awaited too."""
             prompts = [text(p) for p in browser.find_elements(By.CSS_SELECTOR, f"{PANEL} .jp-CodeCell .jp-InputPrompt")]
             if not prompts or any("*" in p or p.strip() in ("", "[ ]:") for p in prompts):
                 return None                                       # still running, or not reached yet
-            return [text(o) for o in browser.find_elements(By.CSS_SELECTOR, f"{PANEL} .attention-lib-verdict")]
-        found = wait_for("every cell run by Run All", verdicts, 180)
+            seen[:] = [text(o) for o in browser.find_elements(By.CSS_SELECTOR, f"{PANEL} .attention-lib-verdict")]
+            shown = {e for e in exercises if any(v.startswith(f"✘ {e} [") or v.startswith(f"✔ {e} [") for v in seen)}
+            return list(seen) if shown == set(exercises) else None
+        try:
+            found = wait_for("every cell run by Run All, and every exercise's verdict shown", verdicts, 180)
+        except pytest.fail.Exception:
+            pytest.fail(f"after Run All the page shows the verdicts {seen}, not one for each of {exercises}")
         # Every exercise's check says so (notebook 00 also shows a check of its own before them).
         for exercise in exercises:
             assert any(v.startswith(f"✘ {exercise} [not_implemented]: not implemented yet. Hint:") for v in found), found
