@@ -86,11 +86,12 @@ def test_a_student_runs_all_answers_and_sees_the_check_pass(tmp_path, browser):
             """Every exercise's verdict, once every cell has run; a cell's number shows when it starts,
             its output may come a moment later (on a busy machine, seconds), so the verdicts are
             awaited too."""
-            prompts = [text(p) for p in browser.find_elements(By.CSS_SELECTOR, f"{PANEL} .jp-CodeCell .jp-InputPrompt")]
+            prompts = [text(p) for p in
+                       browser.find_elements(By.CSS_SELECTOR, f"{PANEL} .jp-CodeCell .jp-InputPrompt")]
             if not prompts or any("*" in p or p.strip() in ("", "[ ]:") for p in prompts):
                 return None                                       # still running, or not reached yet
             seen[:] = [text(o) for o in browser.find_elements(By.CSS_SELECTOR, f"{PANEL} .attention-lib-verdict")]
-            shown = {e for e in exercises if any(v.startswith(f"✘ {e} [") or v.startswith(f"✔ {e} [") for v in seen)}
+            shown = {e for e in exercises if any(v.startswith((f"✘ {e} [", f"✔ {e} [")) for v in seen)}
             return list(seen) if shown == set(exercises) else None
         try:
             found = wait_for("every cell run by Run All, and every exercise's verdict shown", verdicts, 180)

@@ -6,12 +6,12 @@ import math
 import pytest
 
 from attention_lib.checks import EXERCISES, check, mutation
-from attention_lib.checks.ex04_softmax import CHOSEN, MISTAKES, _without
+from attention_lib.checks.ex04_softmax import OCCUPANCY_CASES, OCCUPANCY_MISTAKES, occupancy_without
 from attention_lib.measure import kernel_report
 
 
 def occupancy(mistake=None):
-    """A student's warps_per_sm, limit by limit, with one usual `mistake` (a MISTAKES code) or none."""
+    """A student's warps_per_sm, limit by limit, with one usual `mistake` (an OCCUPANCY_MISTAKES code) or none."""
     def warps_per_sm(registers, shared_bytes, threads_per_block, sm):
         if mistake == "sm_ignored":                     # an H200's numbers typed in
             sm = kernel_report.SMLimits("typed")
@@ -40,7 +40,7 @@ def test_the_solution_passes_as_a_student_submits_it_and_the_library_function_is
     assert given.diagnosis == "calls_given_code", given
 
 
-@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+@pytest.mark.parametrize("mistake", sorted(OCCUPANCY_MISTAKES))
 def test_each_usual_mistake_gets_its_name(mistake):
     result = check("04x_warps_per_sm", occupancy(mistake), verbose=False)
     assert (result.passed, result.diagnosis) == (False, mistake), result
@@ -48,11 +48,11 @@ def test_each_usual_mistake_gets_its_name(mistake):
 
 
 def test_every_rule_changes_the_answer_on_a_chosen_kernel_of_each_sm_that_has_it():
-    truth = {k: kernel_report.warps_per_sm(*k) for k in CHOSEN}
-    for rule in MISTAKES:
-        assert any(_without(rule, k) != truth[k] for k in CHOSEN), rule
-    assert {k.sm.name for k in CHOSEN} == {"H200", "T4"}
-    assert any(truth[k] == 0 for k in CHOSEN)             # a block too large for the SM: none resident
+    truth = {k: kernel_report.warps_per_sm(*k) for k in OCCUPANCY_CASES}
+    for rule in OCCUPANCY_MISTAKES:
+        assert any(occupancy_without(rule, k) != truth[k] for k in OCCUPANCY_CASES), rule
+    assert {k.sm.name for k in OCCUPANCY_CASES} == {"H200", "T4"}
+    assert any(truth[k] == 0 for k in OCCUPANCY_CASES)             # a block too large for the SM: none resident
 
 
 def test_a_t4_holds_half_an_h200s_warps_and_blocks_and_reserves_no_shared_memory():

@@ -20,7 +20,8 @@ twice from global memory (``stats_not_in_one_pass``); a warp's load of s touches
 segments of 128 bytes on average (``uncoalesced``: lanes that each take a contiguous chunk of the
 row).
 
-The cases come from the constants (the block reduction's cases are a function of the configuration): rows around a block of ROWS_PER_BLOCK, rows of
+The cases come from the constants (the block reduction's cases are a function of the
+configuration): rows around a block of ROWS_PER_BLOCK, rows of
 THREADS_PER_ROW + 5 and 2 THREADS_PER_ROW + 5 scores at either launch, more than 4 warps of
 columns; and from magnitudes: rows around +-1000, rows spanning about 1000, rows whose every
 score but the last 5 is -inf (the first block of columns, or the first 32 lanes' columns, wholly
@@ -467,7 +468,8 @@ register(Exercise(
 
 
 # --- 04x_warps_per_sm (deep dive 04x): the warps an SM holds ---------------------------------------
-class Kernel(NamedTuple):
+
+class OccupancyCase(NamedTuple):
     """One kernel's resources, on one SM."""
 
     registers: int
@@ -476,32 +478,33 @@ class Kernel(NamedTuple):
     sm: kernel_report.SMLimits
 
     def __str__(self):
-        return f"{self.registers} registers, {self.shared_bytes:,} B shared, {self.threads_per_block} threads ({self.sm.name})"
+        return (f"{self.registers} registers, {self.shared_bytes:,} B shared, {self.threads_per_block} threads "
+                f"({self.sm.name})")
 
 
 # Each limit binds in turn, and each rounding changes the answer (comments: what binds on the SM).
-CHOSEN = [
-    Kernel(36, 0, 128, H200),        # softmax kernel 2's row: registers, 36 allocated as 40
-    Kernel(40, 0, 64, H200),         # registers, by sub-partition: 12 warps a quarter, not 51 in all
-    Kernel(16, 32768, 64, H200),     # shared memory, 1 KB reserved a block: 6 blocks, not 7
-    Kernel(16, 0, 256, H200),        # warp slots: 8 blocks of 8 warps
-    Kernel(16, 0, 32, H200),         # block slots: 32 blocks of one warp
-    Kernel(32, 0, 48, H200),         # a partial warp takes a whole warp's slot: 2 warps a block
-    Kernel(36, 4096, 128, T4),       # a T4's 32 warp slots
-    Kernel(16, 0, 32, T4),           # a T4's 16 block slots; no shared memory, no limit from it
-    Kernel(255, 100, 1000, T4),      # registers: one block of 32 warps needs more than a T4 has
+OCCUPANCY_CASES = [
+    OccupancyCase(36, 0, 128, H200),        # softmax kernel 2's row: registers, 36 allocated as 40
+    OccupancyCase(40, 0, 64, H200),         # registers, by sub-partition: 12 warps a quarter, not 51 in all
+    OccupancyCase(16, 32768, 64, H200),     # shared memory, 1 KB reserved a block: 6 blocks, not 7
+    OccupancyCase(16, 0, 256, H200),        # warp slots: 8 blocks of 8 warps
+    OccupancyCase(16, 0, 32, H200),         # block slots: 32 blocks of one warp
+    OccupancyCase(32, 0, 48, H200),         # a partial warp takes a whole warp's slot: 2 warps a block
+    OccupancyCase(36, 4096, 128, T4),       # a T4's 32 warp slots
+    OccupancyCase(16, 0, 32, T4),           # a T4's 16 block slots; no shared memory, no limit from it
+    OccupancyCase(255, 100, 1000, T4),      # registers: one block of 32 warps needs more than a T4 has
 ]
 
 
-def _random_kernels(seed=7, count=8):
+def _random_occupancy_cases(seed=7, count=8):
     """Kernels of the sizes compiled kernels have: 8 to 128 registers a thread, up to 512 threads a
     block, no shared memory or up to 48 KB, on each SM in turn."""
     rng = np.random.default_rng(seed)
-    return [Kernel(int(rng.integers(8, 129)), int(rng.choice([0, int(rng.integers(1, 48 * 1024))])),
+    return [OccupancyCase(int(rng.integers(8, 129)), int(rng.choice([0, int(rng.integers(1, 48 * 1024))])),
                    int(rng.integers(1, 513)), (H200, T4)[i % 2]) for i in range(count)]
 
 
-def _without(rule, k):
+def occupancy_without(rule, k):
     """The resident warps of kernel `k` computed with `rule` left out (a usual mistake), or None
     where that computation fails."""
     sm = H200 if rule == "sm_ignored" else k.sm
@@ -523,7 +526,7 @@ def _without(rule, k):
 
 # Tried in this order: an H200's numbers on a T4 can look like a T4 limit left out, which an H200
 # case would have caught first.
-MISTAKES = {
+OCCUPANCY_MISTAKES = {
     "sm_ignored": "that is the count on an H200; every limit comes from sm, and a {name}'s differ",
     "registers_not_rounded": "a thread's registers are allocated in steps of {step} (36 become 40), and a warp's "
                              "take 32 times that",
@@ -540,16 +543,16 @@ MISTAKES = {
 }
 
 
-def _run(answer, k, rng, _launch):
+def _run_occupancy(answer, k, rng, _launch):
     got = answer(k.registers, k.shared_bytes, k.threads_per_block, k.sm)
     return np.array(float(got)), np.array(float(kernel_report.warps_per_sm(*k))), k
 
 
-def _diagnose(got, expected, k):
+def _diagnose_occupancy(got, expected, k):
     """Name the rule the answer left out: the one whose omission gives its number on this kernel."""
     sm = k.sm
-    for rule, message in MISTAKES.items():
-        if _without(rule, k) == got:
+    for rule, message in OCCUPANCY_MISTAKES.items():
+        if occupancy_without(rule, k) == got:
             return rule, (f"got {got:g} warps for {k}, expected {expected:g}: " + message.format(
                 step=sm.thread_register_step, parts=sm.sub_partitions, part=sm.registers // sm.sub_partitions,
                 reserved=sm.reserved_shared_per_block, warps=sm.warps, blocks=sm.blocks,
@@ -562,8 +565,8 @@ register(Exercise(
     title="warps_per_sm(registers, shared_bytes, threads_per_block, sm): the warps of a kernel an SM holds",
     kind="function",
     gpu_code=False,
-    run=_run,
-    cases=CHOSEN + _random_kernels(),
+    run=_run_occupancy,
+    cases=OCCUPANCY_CASES + _random_occupancy_cases(),
     describe_case=str,
     hint=("list the four things an SM runs out of (registers, shared memory, warp slots, block slots); for "
           "each, how many blocks of this kernel it allows; the SM holds the fewest"),
@@ -579,7 +582,7 @@ register(Exercise(
                 "H200's numbers typed in instead of read from sm"),
     rtol=0.0,
     atol=0.0,
-    diagnose=_diagnose,
-    diagnoses=tuple(MISTAKES),
+    diagnose=_diagnose_occupancy,
+    diagnoses=tuple(OCCUPANCY_MISTAKES),
     solution=kernel_report.warps_per_sm,
 ))
