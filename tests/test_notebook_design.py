@@ -7,7 +7,10 @@
   module is shown in a core notebook before its first exercise, and no cell but the exercise holds
   a line of its solution (the library's version is printed by ``reveal`` after the check, so a
   student copy, whose outputs are cleared, shows it only once the student runs that cell).
-- The solution is the library's code: its lines stand, in order, in the exercise's ``solution``.
+- The exercise comes first, the library's split follows it. The solution is the library's code (its
+  lines stand, in order, in the exercise's ``solution``), but it need not be a piece of the fastest
+  kernel: a teaching kernel of the stage module serves, tested against the references like every
+  kernel, shown by ``reveal`` and compared with the fast version after it.
 - Every exercise refuses an answer that uses its given code (``calls_given_code``).
 """
 
