@@ -539,9 +539,10 @@ register(Exercise(
     more_hints=("the plan, per row a: take the row's value from x into a register; three rounds, with partners 1, "
                 "2 and 4 lanes away, each a shuffle by exclusive-or whose mask names all 32 lanes of the warp (all "
                 "of them call it), then the max of the two or their sum, as take_max says; store the result back "
-                "in x. Where answers go wrong: a mask that leaves out lanes that call the shuffle, a shuffle only "
-                "some lanes reach (under a branch), two rounds or five, and a one-way tree that leaves the result "
-                "in the first lane only",),
+                "in x. The partners never leave the row group: lane exclusive-or 1, 2 or 4 stays among the same 8 "
+                "aligned lanes. Where answers go wrong: a mask that leaves out lanes that call the shuffle, a "
+                "shuffle only some lanes reach (under a branch), two rounds or five, and a one-way tree that "
+                "leaves the result in the first lane only",),
     # float32 sums of 8 values against float64: errors near 1e-7.
     rtol=1e-5,
     atol=1e-5,
@@ -705,8 +706,10 @@ register(Exercise(
            StepCase(64, kernel=True, T_q=33, T_k=40),
            StepCase(100, kernel=True, T_q=20, T_k=20), StepCase(16, kernel=True, BH=2, T_q=17, T_k=17, causal=False)],
     describe_case=str,
-    hint=("a thread's scores form a small grid of its rows times its keys: each of its query values meets each of "
-          "its key values, so a value loaded once can serve a whole row, or column, of that grid"),
+    hint=("in the ownership map a thread's rows come back at a fixed distance, and so do its keys (read thread "
+          "17's printed line); its scores form a small grid of its rows times its keys, where each of its query "
+          "values meets each of its key values, so a value loaded once can serve a whole row, or column, of that "
+          "grid"),
     more_hints=("the plan: read from the ownership map which rows and which keys thread (rg, cg) owns (a row group "
                 "strides down the tile by 16, a column group across by 8); load the MICRO_M query values of column "
                 "d of those rows into a small local array, and the MICRO_N key values into another; then, for "
