@@ -187,6 +187,17 @@ def row_from_x(a, out):
 
 
 @cuda.jit
+def row_from_x_when_wide(a, out):
+    """Right while a has no more columns than rows; takes the row from the grid's x on a wide a."""
+    if a.shape[1] > a.shape[0]:
+        r, c = cuda.grid(2)
+    else:
+        c, r = cuda.grid(2)
+    if r < a.shape[0] and c < a.shape[1]:
+        out[c, r] = a[r, c]
+
+
+@cuda.jit
 def copies(a, out):
     c, r = cuda.grid(2)
     if r < out.shape[0] and c < out.shape[1]:
@@ -224,7 +235,10 @@ def transpose_of_library(a, out):
 @pytest.mark.parametrize("answer, diagnosis, says", [
     (transpose_kernel, "ok", "correct at every size"),
     (row_from_x, "row_is_x", "at a of 19 rows and 7 columns (blocks of 16 threads across (x) and 8 down (y)): "
-                             "21 entries of out were never written: those of a's rows 16 and on"),
+                             "21 entries of out were never written: those of a's rows 16 to 18, exactly"),
+    (row_from_x_when_wide, "row_is_x", "at a of 5 rows and 40 columns (blocks of 16 threads across (x) and 8 down "
+                                       "(y)): 160 entries of out were never written: those of a's columns 8 to 39, "
+                                       "exactly"),
     (copies, "not_transposed", "at a of 7 rows and 7 columns"),
     (no_guard, "out_of_bounds", "out-of-bounds "),
     (guard_on_out, "out_of_bounds", "global array 'a' has shape (19, 7)"),
@@ -237,6 +251,17 @@ def test_00_transpose(answer, diagnosis, says):
     result = verdict("00_transpose", answer)
     assert (result.diagnosis, result.passed) == (diagnosis, diagnosis == "ok"), result.message
     assert says in result.message, result.message
+
+
+@pytest.mark.parametrize("answer, shape", [(row_from_x, (19, 7)), (row_from_x_when_wide, (5, 40))])
+def test_row_is_x_names_only_rows_and_columns_that_exist(answer, shape):
+    """The verdict names the rows and columns of a that were missed, each of them inside a."""
+    import re
+    message = verdict("00_transpose", answer).message
+    named = re.search(r"those of a's (.*?), exactly", message).group(1)
+    for kind, first, last in re.findall(r"(rows?|columns?) (\d+)(?: to (\d+))?", named):
+        size = shape[0] if kind.startswith("row") else shape[1]
+        assert int(first) <= int(last or first) < size, message
 
 
 # --- 00_warp_divergence ------------------------------------------------------------------------

@@ -150,6 +150,13 @@ def _run_transpose(transpose_kernel, shape, rng, launch):
     return got, np.ascontiguousarray(a.T)
 
 
+def _index_range(name, first, count):
+    """'rows 16 to 18', 'row 16', or '' when the range first..count - 1 is empty: only indices that exist."""
+    if first >= count:
+        return ""
+    return f"{name} {first}" if first == count - 1 else f"{name}s {first} to {count - 1}"
+
+
 def _diagnose_transpose(got, a, grid):
     """Diagnosed when the written entries or the values show a typical kernel mistake."""
     rows, cols = a.shape
@@ -160,9 +167,10 @@ def _diagnose_transpose(got, a, grid):
         # a kernel that takes the row from the grid's x reaches rows < gx * bx and cols < gy * by
         reached = (r < grid[0] * bx) & (c < grid[1] * by)
         if np.array_equal(~never, reached):
+            missed = [_index_range("row", grid[0] * bx, rows), _index_range("column", grid[1] * by, cols)]
             raise Diagnosed("row_is_x", (
-                f"{int(never.sum())} entries of out were never written: those of a's rows {grid[0] * bx} and on, "
-                f"and a's columns {grid[1] * by} and on, exactly what a kernel taking the row from the grid's x "
+                f"{int(never.sum())} entries of out were never written: those of a's "
+                f"{' and '.join(m for m in missed if m)}, exactly what a kernel taking the row from the grid's x "
                 "misses: cuda.grid(2) gives (x, y), and x is the column"))
     elif rows == cols > 1 and np.array_equal(got, a):
         raise Diagnosed("not_transposed", "out equals a: element (r, c) of a must land at (c, r) of out")
