@@ -367,7 +367,8 @@ register(Exercise(
                 "each round, the threads below the stride combine their slot with the one a stride above, and "
                 "the whole block waits before the stride halves; from half the block down to 1, "
                 "log2(THREADS_PER_ROW) rounds; every thread reads slot 0, and the block waits once more "
-                "before the slots can be reused",
+                "before the slots can be reused; so the block waits once after the writes, once after each "
+                "round and once after the read, two more barriers than rounds",
                 "where answers go wrong: a barrier placed inside the test that picks the threads of a "
                 "round (every thread of the block must reach every barrier); a barrier missing after "
                 "the values are written, after a round, or after the result is read (the next "
