@@ -350,7 +350,7 @@ register(Exercise(
     cases=_score_cases(),
     hint=("a head is a run of d_k columns of qkv; take the query head's run and its K/V head's run as views "
           "(no copy) and hand them to the tiled dot product, with the sequence as its leading index; a block "
-          "whose whole tile lies after the diagonal has nothing to compute"),
+          "whose whole tile lies after the diagonal has nothing to compute (notebook 03's block-wide exit)"),
     more_hints=("the plan: first the block-wide exit, decided from the block's own position only (its column of "
                 "tiles right of its row of tiles), where the block stores minus infinity and leaves; then the "
                 "sequence and the head from the layer number, the head width from qkv's width and the head "
