@@ -13,7 +13,8 @@ bytes) and float32 arithmetic (``float64_arithmetic``).
 ``10_ideal_work`` (main): a function ``ideal_work(kernel, s)`` -> ``(flops, nbytes)`` for kernel
 "softmax" (rows of causally masked scores), "flash" (causal attention writing out and the lse) or
 "decode" (one query per head against a cache), at sizes ``s`` (a ``BenchSizes``). The FLOPs are
-held to the bench's formulas (2 per multiply-add, 5 per softmax score); the bytes to what the
+held to the bench's formulas (2 per multiply-add and 1 per other float operation, so 5 per score the
+softmax kernel processes; fused attention and decoding counted by their two products alone); the bytes to what the
 sanitizer counts when the library's kernel runs at those sizes: every element of every array it
 reads or writes, once (``softmax v1``, ``flash v2``, ``decode v1``). Besides the engine's diagnoses:
 ``bytes_as_elements``, ``every_access_counted`` (the counted bytes, every request, instead of the
@@ -204,8 +205,9 @@ def _diagnose_work(got, expected, case, truth):
     """Name the slip in the FLOPs or the bytes; the sanitizer's figures otherwise."""
     if not np.isclose(got[0], expected[0], rtol=1e-12):
         return _flops_slip(got[0], expected[0], case) or (
-            "wrong_values", f"the FLOPs: got {got[0]:,.0f}, the formula (2 per multiply-add, 5 per softmax score) "
-                            f"gives {expected[0]:,.0f}")
+            "wrong_values", f"the FLOPs: got {got[0]:,.0f}, the bench's formula (the softmax kernel: 5 per score "
+                            f"it processes; fused attention and decoding: 2 per multiply-add of their two "
+                            f"products) gives {expected[0]:,.0f}")
     return _bytes_slip(got[1], expected[1], truth) or (
         "wrong_values", f"the bytes: got {got[1]:,.0f}, the sanitizer counted {expected[1]:,.0f} ({truth.describe()}, "
                         "4 bytes each)")
@@ -219,12 +221,15 @@ register(Exercise(
     # Each kernel at each size: its first case early, so that a slip in one kernel is named at once.
     cases=[WorkCase(kernel, sizes) for sizes in SIZES for kernel in KERNELS],
     describe_case=str,
-    hint=("list what the kernel must read from main memory and what it must write, each array with its shape, "
-          "and count each element once; then count the arithmetic per score, or per pair of a query and a key "
-          "the mask lets through"),
-    more_hints=("where answers go wrong: elements counted where bytes are asked (a float32 is 4 bytes), an "
-                "output left out (fused attention also writes one number per query row), every pair of a "
-                "causal head counted (query i sees i + 1 keys), and a multiply-add counted as one FLOP",),
+    hint=("the ideal bytes depend only on the shapes of the arrays a kernel must read and write, never on how "
+          "it walks them; the FLOPs depend on how many scores, or (query, key) pairs, the kernel handles and on "
+          "what each one costs"),
+    more_hints=("the plan, kernel by kernel: list the arrays it reads and writes with their shapes (fused attention "
+                "also writes one log-sum-exp per query row), add up their elements and take 4 bytes for each "
+                "float32; for the softmax, 5 FLOPs for every score of its rows, the masked ones too, since its "
+                "kernel reads and writes them all; for fused attention, count the pairs a causal head lets "
+                "through (query i sees keys 0 .. i) and give each pair two products of d_k multiply-adds, 2 FLOPs "
+                "each; for decoding, the one query sees every cached key",),
     rtol=0.0,
     atol=0.5,
     diagnose=_diagnose_work,
