@@ -261,18 +261,19 @@ register(Exercise(
     run=_run_causal_scores,
     cases=_causal_cases,
     describe_case=lambda c: f"BH = {c[0]}, T_q = {c[1]}, T_k = {c[2]}, d_k = {c[3]}",
-    hint=("decide from the block's position alone whether its whole tile lies in the future: then "
-          "every thread of the block writes minus infinity and leaves together; otherwise every "
-          "thread joins the tiled dot product, and the scores of keys after their query are masked"),
+    hint=("one score of a tile decides whether the whole tile lies in the future: the one closest to being "
+          "visible, which sits in a corner of the tile. Which corner? Test only that score, from the block's "
+          "position and the sizes alone, so that every thread of the block takes the same branch"),
     more_hints=(
-        "the plan: from the block indices and the sizes alone, find the tile's most favourable score, its "
-        "last query (the bottom row, cut at T_q) against its first key, and the position that query sits at "
-        "(T_k - T_q further on); if even that key lies after it, every thread writes minus infinity to its "
-        "own score, if it has one, and returns; otherwise every thread calls the tiled dot product, and a "
-        "thread with a score writes it scaled, or minus infinity when its key lies after its query",
+        "the plan: from the block indices, the tile size and the sizes of s, find that corner's query and "
+        "key (the last row of tiles may be cut short by T_q) and the position the query sits at (the queries "
+        "are the last T_q positions). Apply the mask's own rule to that one score. If it is hidden, every "
+        "thread writes minus infinity to its own score, if it has one, and returns. Otherwise every thread "
+        "calls the tiled dot product, and a thread with a score stores it scaled, or minus infinity when the "
+        "mask hides it",
         "where answers go wrong: a test that uses a thread's own query and key lets some threads of a block "
         "leave while the others wait at a barrier inside the dot product (undefined on a GPU); the key at "
-        "the query's own position is visible, so the test is strictly after, not at or after"),
+        "the query's own position is visible; a tile of the last row may hold fewer queries than a whole tile"),
     rtol=1e-5,    # float32 sums of up to 20 products of standard normals, against float64
     atol=1e-5,
     diagnose=_diagnose_causal_scores,
@@ -362,17 +363,16 @@ register(Exercise(
     run=_run_tile_skip,
     cases=_tile_skip_cases,
     describe_case=lambda c: f"BH = {c[0]}, T_q = {c[1]}, T_k = {c[2]}, window = {c[3]}",
-    hint=("a tile may be skipped when even its most favourable score is masked: find, for each edge "
-          "of the visible band, the corner of the tile that comes closest to it"),
+    hint=("a tile may be skipped when even its most favourable score is masked: for each edge of the "
+          "visible band, one corner of the tile comes closest to it, and that corner's score decides"),
     more_hints=(
-        "the plan: find the tile's first and last row and column, cut at T_q and T_k, and the offset "
-        "T_k - T_q; the tile is wholly in the future when its first key lies after its last query's position, "
-        "and wholly too old when a window is given and its last key lies a whole window or more behind its "
-        "first query's position; it may be skipped when either holds",
-        "where answers go wrong: the queries are the last T_q positions; the score nearest the future edge is "
-        "in the tile's last row and first column, the one nearest the past edge in its first row and last "
-        "column; a key at the query's own position is visible, one exactly a window behind is not; a window "
-        "of 0 means there is no past edge at all"),
+        "the plan: find the tile's first and last query and key, cut at T_q and T_k, and the position "
+        "each of those queries sits at. Test the corner nearest the future edge with the causal rule and, "
+        "when a window is given, the corner nearest the past edge with the window's rule. The tile may be "
+        "skipped when either corner's score is hidden",
+        "where answers go wrong: the queries are the last T_q positions; the last row and column of tiles "
+        "may be cut short; a key at the query's own position is visible, one exactly a window behind is "
+        "not; a window of 0 means there is no past edge at all"),
     rtol=1e-5,    # float32 sums of 5 products of standard normals, against float64
     atol=1e-5,
     diagnoses=("skips_visible_tile", "skips_too_few", "window_zero_not_none"),
