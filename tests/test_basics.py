@@ -82,6 +82,30 @@ def test_transpose_matches_numpy(rng, rows, cols):
     assert got.dtype == np.float32 and np.array_equal(got, a.astype(np.float32).T)
 
 
+@pytest.mark.parametrize("rows, cols", [(1, 1), (16, 16), (15, 17), (33, 20), (5, 40), (47, 3)])
+def test_tiled_transpose_matches_numpy(rng, rows, cols):
+    a = rng.standard_normal((rows, cols))
+    got = basics.transpose(a, kernel=basics.transpose_tiled_kernel, block=basics.TILED_TRANSPOSE_BLOCK)
+    assert got.dtype == np.float32 and np.array_equal(got, a.astype(np.float32).T)
+
+
+def test_the_tiled_transpose_writes_rows_of_out_where_the_plain_one_writes_columns(rng):
+    """What the tile is for, counted by the trace. A warp is two rows of 16 lanes: along rows it touches
+    two runs of 64 bytes, at most 4 segments of 128 bytes; down a column of out (16 rows of 128 bytes),
+    a segment every two lanes."""
+    from attention_lib.measure import sanitizer
+    from attention_lib.measure.trace import Traced
+    a = rng.standard_normal((32, 48)).astype(np.float32)          # whole blocks: every warp full
+    stores = {}
+    for kernel, block in ((basics.transpose_kernel, basics.TRANSPOSE_BLOCK),
+                          (basics.transpose_tiled_kernel, basics.TILED_TRANSPOSE_BLOCK)):
+        out = np.zeros((48, 32), np.float32)
+        traced = Traced(kernel, basics.grid_2d(32, 48, block), block, a, out)
+        assert np.array_equal(out, a.T) and traced.worst_warp_load("a")[0] <= 4
+        stores[kernel] = traced.warp_segments("out", kind=sanitizer.STORE)
+    assert stores[basics.transpose_tiled_kernel] <= 4 and stores[basics.transpose_kernel] >= 8
+
+
 def test_transpose_refuses_a_vector():
     with pytest.raises(ValueError, match=r"^a must have shape \(rows, cols\) \(2 axes\), got shape \(3,\)$"):
         basics.transpose(np.zeros(3))

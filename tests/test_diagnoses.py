@@ -15,7 +15,8 @@ ENGINE_CODES = {"ok", "not_implemented", "not_a_kernel", "out_of_bounds", "race"
                 "calls_given_code", "raised_error", "wrong_shape", "wrong_values", "stale_tile", "timeout",
                 "not_gpu_code", "float64_arithmetic"}
 # The codes of the limits an exercise declares (checks/limits.py), named by the engine.
-LIMIT_CODES = {"no_reuse", "uncoalesced", "serial_reduction", "local_memory", "stale_tile", "extra_barriers"}
+LIMIT_CODES = {"no_reuse", "uncoalesced", "serial_reduction", "serial_copy", "local_memory", "stale_tile",
+               "extra_barriers"}
 # The codes the course promises (classroom issue): each must be recognised somewhere.
 PROMISED = {"missing_scale", "scaled_by_d_k", "transposed", "mask_includes_diagonal", "mask_wrong_side",
             "mask_not_applied", "unstable_softmax", "softmax_wrong_axis", "heads_interleaved",

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from numba import cuda
+from numba import cuda, float32
 
 from attention_lib.checks import EXERCISES, check, hint
 from attention_lib.platform.launch import ceil_div
@@ -262,6 +262,150 @@ def test_row_is_x_names_only_rows_and_columns_that_exist(answer, shape):
     for kind, first, last in re.findall(r"(rows?|columns?) (\d+)(?: to (\d+))?", named):
         size = shape[0] if kind.startswith("row") else shape[1]
         assert int(first) <= int(last or first) < size, message
+
+
+# --- 00_tiled_transpose ---------------------------------------------------------------------
+
+TILE, PADDED = basics.TRANSPOSE_TILE, basics.TRANSPOSE_TILE_PADDED
+
+
+@cuda.jit
+def tiled_transpose(a, out):
+    """A right answer written in another style: an unpadded tile, corners named for out."""
+    tile = cuda.shared.array((TILE, TILE), float32)
+    x, y = cuda.threadIdx.x, cuda.threadIdx.y
+    if cuda.blockIdx.y * TILE + y < a.shape[0] and cuda.blockIdx.x * TILE + x < a.shape[1]:
+        tile[y, x] = a[cuda.blockIdx.y * TILE + y, cuda.blockIdx.x * TILE + x]
+    cuda.syncthreads()
+    out_row, out_col = cuda.blockIdx.x * TILE + y, cuda.blockIdx.y * TILE + x
+    if out_row < out.shape[0] and out_col < out.shape[1]:
+        out[out_row, out_col] = tile[x, y]
+
+
+@cuda.jit
+def tile_copy_by_one_thread(a, out):
+    tile = cuda.shared.array((TILE, PADDED), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    r0, c0 = cuda.blockIdx.y * TILE, cuda.blockIdx.x * TILE
+    if tx == 0 and ty == 0:
+        for i in range(TILE):
+            for j in range(TILE):
+                if r0 + i < a.shape[0] and c0 + j < a.shape[1]:
+                    tile[i, j] = a[r0 + i, c0 + j]
+    cuda.syncthreads()
+    if c0 + ty < out.shape[0] and r0 + tx < out.shape[1]:
+        out[c0 + ty, r0 + tx] = tile[tx, ty]
+
+
+@cuda.jit
+def rows_of_out_written_by_lane_0(a, out):
+    tile = cuda.shared.array((TILE, PADDED), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    r0, c0 = cuda.blockIdx.y * TILE, cuda.blockIdx.x * TILE
+    if r0 + ty < a.shape[0] and c0 + tx < a.shape[1]:
+        tile[ty, tx] = a[r0 + ty, c0 + tx]
+    cuda.syncthreads()
+    if tx == 0:
+        for j in range(TILE):
+            if c0 + ty < out.shape[0] and r0 + j < out.shape[1]:
+                out[c0 + ty, r0 + j] = tile[j, ty]
+
+
+def _tiled(store):
+    """A tiled transpose whose last line is `store` (the tile loaded right, the barrier in place)."""
+    namespace = {"cuda": cuda, "float32": float32, "TILE": TILE, "PADDED": PADDED}
+    exec("def kernel(a, out):\n"
+         "    tile = cuda.shared.array((TILE, PADDED), float32)\n"
+         "    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y\n"
+         "    r0, c0 = cuda.blockIdx.y * TILE, cuda.blockIdx.x * TILE\n"
+         "    if r0 + ty < a.shape[0] and c0 + tx < a.shape[1]:\n"
+         "        tile[ty, tx] = a[r0 + ty, c0 + tx]\n"
+         "    cuda.syncthreads()\n" + store, namespace)
+    return cuda.jit(namespace["kernel"])
+
+
+@cuda.jit
+def barrier_inside_the_load_guard(a, out):
+    tile = cuda.shared.array((TILE, PADDED), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    r0, c0 = cuda.blockIdx.y * TILE, cuda.blockIdx.x * TILE
+    if r0 + ty < a.shape[0] and c0 + tx < a.shape[1]:
+        tile[ty, tx] = a[r0 + ty, c0 + tx]
+        cuda.syncthreads()
+    if c0 + ty < out.shape[0] and r0 + tx < out.shape[1]:
+        out[c0 + ty, r0 + tx] = tile[tx, ty]
+
+
+@cuda.jit
+def no_barrier(a, out):
+    tile = cuda.shared.array((TILE, PADDED), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    r0, c0 = cuda.blockIdx.y * TILE, cuda.blockIdx.x * TILE
+    if r0 + ty < a.shape[0] and c0 + tx < a.shape[1]:
+        tile[ty, tx] = a[r0 + ty, c0 + tx]
+    if c0 + ty < out.shape[0] and r0 + tx < out.shape[1]:
+        out[c0 + ty, r0 + tx] = tile[tx, ty]
+
+
+@cuda.jit
+def tile_loaded_down_columns(a, out):
+    tile = cuda.shared.array((TILE, PADDED), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    r0, c0 = cuda.blockIdx.y * TILE, cuda.blockIdx.x * TILE
+    if r0 + tx < a.shape[0] and c0 + ty < a.shape[1]:
+        tile[tx, ty] = a[r0 + tx, c0 + ty]
+    cuda.syncthreads()
+    if c0 + ty < out.shape[0] and r0 + tx < out.shape[1]:
+        out[c0 + ty, r0 + tx] = tile[tx, ty]
+
+
+@cuda.jit
+def padded_shape_as_an_expression(a, out):
+    tile = cuda.shared.array((TILE, TILE + 1), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    r0, c0 = cuda.blockIdx.y * TILE, cuda.blockIdx.x * TILE
+    if r0 + ty < a.shape[0] and c0 + tx < a.shape[1]:
+        tile[ty, tx] = a[r0 + ty, c0 + tx]
+    cuda.syncthreads()
+    if c0 + ty < out.shape[0] and r0 + tx < out.shape[1]:
+        out[c0 + ty, r0 + tx] = tile[tx, ty]
+
+
+SIXTEEN = "at a of 16 rows and 16 columns (blocks of 16 x 16 threads): "
+
+
+@pytest.mark.parametrize("answer, diagnosis, says", [
+    (tiled_transpose, "ok", "correct at every size"),
+    (transpose_kernel, "uncoalesced", SIXTEEN + "the values are right, but a warp's store of out at"),
+    (tile_copy_by_one_thread, "serial_copy", SIXTEEN + "the values are right, but one warp loads 256 elements of a "
+                                             "in 256 instructions"),
+    (rows_of_out_written_by_lane_0, "serial_copy", "one warp stores 32 elements of out in 16 instructions"),
+    (_tiled("    if c0 + ty < out.shape[0] and r0 + tx < out.shape[1]:\n        out[c0 + ty, r0 + tx] = tile[ty, tx]\n"),
+     "tile_not_transposed", SIXTEEN + "each tile of a landed in the right place of out, but untransposed"),
+    (_tiled("    if r0 + ty < out.shape[0] and c0 + tx < out.shape[1]:\n        out[r0 + ty, c0 + tx] = tile[tx, ty]\n"),
+     "tile_not_moved", "at a of 32 rows and 32 columns (blocks of 16 x 16 threads): each tile of a was transposed "
+                       "where it stands"),
+    (_tiled("    if r0 + ty < a.shape[0] and c0 + tx < a.shape[1]:\n        out[c0 + ty, r0 + tx] = tile[tx, ty]\n"),
+     "out_of_bounds", "at a of 15 rows and 17 columns (blocks of 16 x 16 threads): out-of-bounds write out[0, 15]"),
+    (_tiled("    if c0 + ty < out.shape[0] and r0 + tx < out.shape[1]:\n        out[c0 + ty, r0 + tx] = tile[tx, ty]\n"
+            "    cuda.syncthreads()\n"), "extra_barriers", "a thread passed 2 barriers, where the limit is 1"),
+    (barrier_inside_the_load_guard, "divergent_barrier", "at a of 15 rows and 17 columns"),
+    (no_barrier, "race", SIXTEEN + "race on shared 'tile'"),
+    (tile_loaded_down_columns, "uncoalesced", "a warp's load of a at"),
+    (padded_shape_as_an_expression, "not_gpu_code", "cuda.shared.array's shape must be a constant the compiler knows"),
+    (basics.transpose_tiled_kernel, "calls_given_code", "transpose_tiled_kernel"),
+])
+def test_00_tiled_transpose(answer, diagnosis, says):
+    result = verdict("00_tiled_transpose", answer)
+    assert (result.diagnosis, result.passed) == (diagnosis, diagnosis == "ok"), result.message
+    assert says in result.message, result.message
+
+
+def test_the_tiled_transposes_hints_give_the_idea_then_the_plan_in_words():
+    hints = EXERCISES["00_tiled_transpose"].hints
+    assert [h.split(":")[0] for h in hints[1:]] == ["the plan", "where answers go wrong"]
+    for text in hints:
+        assert not any(token in text for token in ("=", "[", "cuda.", "syncthreads")), text
 
 
 # --- 00_warp_divergence ------------------------------------------------------------------------

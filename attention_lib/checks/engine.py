@@ -539,6 +539,20 @@ def _float64_message(instructions, answer):
             "(np.float32(...))")
 
 
+# Numba's refusal of an array whose shape it cannot read as a constant ends before it says why.
+_ARRAY_SHAPE = re.compile(r"No implementation of function Function\(<function (shared|local)\.array")
+
+
+def _explained(error):
+    """The compiler's one-line refusal, said plainly where Numba's own line stops short."""
+    found = _ARRAY_SHAPE.search(error)
+    if found:
+        return (f"cuda.{found.group(1)}.array's shape must be a constant the compiler knows: an int, or a tuple "
+                "of ints and module-level int constants, not an expression such as TILE + 1 (give it a "
+                "constant of its own)")
+    return error
+
+
 def _compiled_verdict(exercise, answer, compiled):
     """(code, message) from what the GPU compiler made of an answer whose cases are all right: code
     that no GPU runs, float64 arithmetic, a compiled limit broken; ("note", ...) once in a process
@@ -552,7 +566,7 @@ def _compiled_verdict(exercise, answer, compiled):
                 return "note", f"(Not compiled for a GPU here: {result.unavailable}.)"
             return None
         if result.error:
-            return "not_gpu_code", (f"the simulator ran it, but a GPU's compiler refuses it: {result.error}. "
+            return "not_gpu_code", (f"the simulator ran it, but a GPU's compiler refuses it: {_explained(result.error)}. "
                                     "The simulator runs any Python; a GPU kernel is limited to what Numba compiles")
         if result.float64:
             return "float64_arithmetic", _float64_message(result.float64, answer)

@@ -6,10 +6,15 @@ limits: each element of x and y read once, every warp's load of them one 128-byt
 ``00_transpose_grid``: the smallest grid of a block that covers a (rows, cols) matrix, x across the
 columns (basics.grid_2d). Named mistakes: ``grid_axes_swapped``, ``grid_too_small``,
 ``grid_too_large``.
-``00_transpose`` (main): out = a^T, one thread per element of a, launched on the library's grid
+``00_transpose`` (warm-up): out = a^T, one thread per element of a, launched on the library's grid
 (basics.transpose_kernel); limits: each element of a read once, a warp's load of a at most 4
 segments. Named mistakes: ``row_is_x`` (the kernel takes the row from the grid's x: part of the
 matrix is never written) and ``not_transposed`` (a copy).
+``00_tiled_transpose`` (main): out = a^T through a tile in shared memory, so that a warp's stores run
+along a row of out as its loads run along a row of a (basics.transpose_tiled_kernel); limits: a read
+once, every warp moving a and out with its lanes side by side, a warp's load of a and store of out at
+most 4 segments, one barrier. Named mistakes: ``tile_not_transposed`` (the tile written back as it was
+read) and ``tile_not_moved`` (each tile transposed where it stands).
 ``00_warp_divergence``: which warps of a 2-D launch split at the bounds guard
 (basics.divergent_warps). Named mistakes: ``lanes_y_fastest`` (a block's threads dealt out to
 warps down y first) and ``idle_warp_counted`` (a warp with no thread inside counted as split).
@@ -22,10 +27,10 @@ import numpy as np
 from numba import cuda
 
 from attention_lib.stages import basics
-from attention_lib.stages.basics import TRANSPOSE_BLOCK, WARP_SIZE  # noqa: F401  (the notebook imports TRANSPOSE_BLOCK here)
+from attention_lib.stages.basics import TILED_TRANSPOSE_BLOCK, TRANSPOSE_BLOCK, WARP_SIZE  # noqa: F401  (the notebook imports TRANSPOSE_BLOCK here)
 from attention_lib.checks.cases import edges
 from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register, unwritten
-from attention_lib.checks.limits import Coalesced, MostLoads
+from attention_lib.checks.limits import Coalesced, MostBarriers, MostLoads, NoSerialCopy
 from attention_lib.platform.launch import ceil_div
 
 
@@ -196,6 +201,90 @@ register(Exercise(
             Coalesced("a", 4)),
     diagnoses=("row_is_x", "not_transposed"),
     solution=basics.transpose_kernel,
+    forbidden=(basics.transpose,),
+))
+
+
+# --- The main exercise: the transpose through shared memory ------------------------------------
+
+def _tiled_cases(tile=basics.TRANSPOSE_TILE):
+    """(rows, cols): one tile, where a tile written back untransposed shows; four tiles, where a tile
+    transposed in place shows; a tile one short and one past each way (each guard tested alone); one
+    element; several tiles with partial edges, wide and tall; a thin matrix."""
+    return [(tile, tile), (2 * tile, 2 * tile), (tile - 1, tile + 1), (tile + 1, tile - 1), (1, 1),
+            (2 * tile + 1, tile + 4), (tile + 4, 3 * tile - 1), (40, 3)]
+
+
+def _tile_mistakes(a):
+    """{code: (out, written)}: what the two usual tile mistakes write, out as (cols, rows) and written
+    the entries they reach. Element (r, c) of a lies at (i, j) of its tile, whose corner is (r0, c0)."""
+    rows, cols = a.shape
+    tile = basics.TRANSPOSE_TILE
+    r, c = np.indices(a.shape)
+    r0, c0, i, j = r // tile * tile, c // tile * tile, r % tile, c % tile
+    found = {}
+    for code, (out_r, out_c) in {"tile_not_transposed": (c0 + i, r0 + j), "tile_not_moved": (r0 + j, c0 + i)}.items():
+        inside = (out_r < cols) & (out_c < rows)
+        out, written = np.zeros((cols, rows), np.float32), np.zeros((cols, rows), bool)
+        out[out_r[inside], out_c[inside]] = a[inside]
+        written[out_r[inside], out_c[inside]] = True
+        found[code] = out, written
+    return found
+
+
+def _run_tiled_transpose(kernel, shape, rng, launch):
+    rows, cols = shape
+    a = rng.standard_normal((rows, cols)).astype(np.float32)
+    expected = np.ascontiguousarray(a.T)
+    full, out = output_array((cols, rows), guard=TILED_TRANSPOSE_BLOCK[0] * TILED_TRANSPOSE_BLOCK[1] * (rows + cols))
+    launch(kernel, basics.grid_2d(rows, cols, TILED_TRANSPOSE_BLOCK), TILED_TRANSPOSE_BLOCK, cuda.to_device(a), out)
+    got = read_output(full, out)
+    if not np.array_equal(got, expected):
+        for code, (wrong, written) in _tile_mistakes(a).items():
+            if written.any() and not np.array_equal(wrong, expected) and np.array_equal(got[written], wrong[written]):
+                raise Diagnosed(code, {
+                    "tile_not_transposed": "each tile of a landed in the right place of out, but untransposed: a "
+                                           "thread must write back the tile's element across the diagonal from the "
+                                           "one it loaded (its x and y exchanged), not its own",
+                    "tile_not_moved": "each tile of a was transposed where it stands: block (x, y) must write its "
+                                      "tile at block (y, x) of out, so the block's corner changes too, not only "
+                                      "the thread's place in the tile"}[code])
+    return got, expected
+
+
+register(Exercise(
+    exercise_id="00_tiled_transpose",
+    title="out = a^T through a tile in shared memory: loads and stores both along rows",
+    kind="kernel",
+    run=_run_tiled_transpose,
+    cases=_tiled_cases(),
+    describe_case=lambda s: (f"a of {s[0]} rows and {s[1]} columns (blocks of {TILED_TRANSPOSE_BLOCK[0]} x "
+                             f"{TILED_TRANSPOSE_BLOCK[1]} threads)"),
+    hint=("a block can share what it reads: if the whole block first copies its square of a into shared "
+          "memory, a thread may then write out any element of that square, not only the one it read; "
+          "pick for each thread the one that makes a warp write along a row of out"),
+    more_hints=("the plan: every thread copies one element of the block's square of a into a shared tile, "
+                "threads of a warp side by side along a row of a; the block waits until the tile is full; "
+                "then every thread writes one element of out's square, threads of a warp side by side along "
+                "a row of out, reading the tile across its diagonal. The square of out sits where the "
+                "transpose puts the square of a: the block's x and y exchange roles",
+                "where answers go wrong: the two guards differ (the load is bounded by a's rows and columns, "
+                "the store by out's), and the barrier must be reached by every thread of the block, so it "
+                "stands outside both guards"),
+    rtol=0.0,     # a transpose moves values: exactly equal
+    atol=0.0,
+    limits=(MostLoads("a", 1, why="each element of a is read once, by one thread"),
+            NoSerialCopy("a"), NoSerialCopy("out", access="store"),
+            Coalesced("a", 4),
+            # A warp is two rows of 16 threads: two runs of 64 bytes, in two to four segments; lanes down
+            # a column of out touch one segment each, 8 or 16 for a warp.
+            Coalesced("out", 4, access="store",
+                      why="neighbouring threads of a warp should {verb} neighbouring addresses; a warp that "
+                          "writes down a column of out touches a segment a lane. Go through the shared tile "
+                          "so that the block writes rows of out"),
+            MostBarriers(1, why="one barrier between filling the tile and reading it")),
+    diagnoses=("tile_not_transposed", "tile_not_moved"),
+    solution=basics.transpose_tiled_kernel,
     forbidden=(basics.transpose,),
 ))
 

@@ -7,8 +7,12 @@ verdict, with what was measured and the limit beside it:
 
 - ``MostLoads(array, most)``: every element of a global array read at most `most` times (reuse
   through shared memory or registers); ``no_reuse``.
-- ``Coalesced(array, most)``: at every load site of the array, a warp's load touches at most `most`
-  128-byte segments on average (neighbouring threads, neighbouring addresses); ``uncoalesced``.
+- ``Coalesced(array, most, access)``: at every load (or store) site of the array, a warp's access
+  touches at most `most` 128-byte segments on average (neighbouring threads, neighbouring
+  addresses); ``uncoalesced``.
+- ``NoSerialCopy(array, access)``: every warp moves the array with its lanes side by side, never an
+  element an instruction in a few lanes' loop (which touches one segment at a time, so coalescing
+  alone cannot see it); ``serial_copy``.
 - ``SharedLoadsPerThread(most)``: no thread reads shared memory more than `most` times (a tree
   reduction reads about 2 log2(n) slots a thread, a serial loop in one thread about n);
   ``serial_reduction``.
@@ -28,6 +32,7 @@ exercise declares: the judge checks them for every answer that runs on a GPU.
 from dataclasses import dataclass
 from typing import Callable, Union
 
+from attention_lib.measure import sanitizer
 from attention_lib.platform import where
 
 
@@ -57,23 +62,55 @@ class MostLoads:
         return None
 
 
+def _kind(access):
+    return {"load": sanitizer.LOAD, "store": sanitizer.STORE}[access]
+
+
 @dataclass
 class Coalesced:
-    """A warp's load of `array` touches at most `most` 128-byte segments, at every load site."""
+    """A warp's load (access="store": store) of `array` touches at most `most` 128-byte segments, at
+    every site."""
 
     array: str
     most: Union[float, Callable] = 2
     code: str = "uncoalesced"
+    access: str = "load"
+    why: str = "neighbouring threads of a warp (consecutive threadIdx.x) should {verb} neighbouring addresses"
 
     def broken(self, traces, case, compiled):
         limit = _value(self.most, case)
         for traced in _traces_with(traces, self.array):
-            segments, filename, line = traced.worst_warp_load(self.array)
+            segments, filename, line = traced.worst_warp_load(self.array, kind=_kind(self.access))
             if segments > limit:
-                return (f"the values are right, but a warp's load of {self.array} at "
+                verb = "read" if self.access == "load" else "write"
+                return (f"the values are right, but a warp's {self.access} of {self.array} at "
                         f"{where.describe_with_code(filename, line)} touched {segments:.1f} segments of 128 "
-                        f"bytes on average, where the limit is {limit:g}: neighbouring threads of a warp "
-                        "(consecutive threadIdx.x) should read neighbouring addresses")
+                        f"bytes on average, where the limit is {limit:g}: {self.why.format(verb=verb)}")
+        return None
+
+
+@dataclass
+class NoSerialCopy:
+    """Every warp loads (access="store": stores) `array` with its lanes side by side: no warp takes
+    more than twice the instructions that 32 lanes side by side would need for its accesses."""
+
+    array: str
+    access: str = "load"
+    code: str = "serial_copy"
+
+    def broken(self, traces, case, compiled):
+        for traced in _traces_with(traces, self.array):
+            serial = traced.serial_warp(self.array, kind=_kind(self.access))
+            if serial is None:
+                continue
+            instructions, accesses, filename, line = serial
+            side_by_side = -(-accesses // 32)
+            if instructions > 2 * side_by_side:
+                verb = "loads" if self.access == "load" else "stores"
+                return (f"the values are right, but one warp {verb} {accesses} elements of {self.array} in "
+                        f"{instructions} instructions (at {where.describe_with_code(filename, line)}), where 32 "
+                        f"lanes side by side need {side_by_side}: a few lanes copy in a loop while the others "
+                        "wait. Give each thread its own elements, so that a warp moves 32 at once")
         return None
 
 

@@ -57,9 +57,11 @@ def _whoami(name):
     return run
 
 
-def _transpose():
+def _transpose(tiled=False):
     from attention_lib.stages import basics
     a = _rng().standard_normal((19, 7))                  # 19 rows: two blocks down of 8, the last partly used
+    if tiled:                                            # two tiles of 16 down, one across, both partly used
+        return lambda k: basics.transpose(a, kernel=k, block=basics.TILED_TRANSPOSE_BLOCK)
     return lambda k: basics.transpose(a, kernel=k)
 
 
@@ -203,6 +205,7 @@ CASES = {
     "basics.whoami_kernel": _whoami("whoami_kernel"),
     "basics.whoami_2d_kernel": _whoami("whoami_2d_kernel"),
     "basics.transpose_kernel": _transpose(),
+    "basics.transpose_tiled_kernel": _transpose(tiled=True),
     "projection.projection_kernel_v1": _projection(1),
     "projection.projection_kernel_v2": _projection(2),
     "projection.projection_kernel_v3": _projection(3),     # (19, 18): one 32 x 32 block, partly used

@@ -6,8 +6,12 @@ questions a check asks of a kernel's structure, each from that one run:
 
 - ``races()``: the data races (sanitizer.Race), empty when none;
 - ``loads(name)``: how often each element of an array was read (reuse);
-- ``warp_segments(name)``, ``worst_warp_load(name)``: the 128-byte segments a warp's load touches
-  (coalescing): on average, and at the load site that touches the most;
+- ``warp_segments(name)``, ``worst_warp_load(name)``: the 128-byte segments a warp's load (or, with
+  ``kind=sanitizer.STORE``, store) touches (coalescing): on average, and at the site that touches
+  the most;
+- ``serial_warp(name)``: the warp that moves an array with the fewest lanes side by side: how many
+  accesses its lanes made and in how many warp instructions (a copy by one lane in a loop makes one
+  instruction an element, a copy by every lane one instruction for 32);
 - ``shared_loads_per_thread()``: the most shared-memory reads one thread made (a tree reduction
   reads about 2 log2(n) slots a thread, a serial loop in one thread n);
 - ``barriers``: the most barriers a thread passed;
@@ -75,40 +79,65 @@ class Traced:
         size = int(np.prod(target.shape))
         return np.bincount(np.asarray(elements, dtype=np.int64), minlength=size).reshape(target.shape)
 
-    def _warp_requests(self, name, segment_bytes):
-        """{(warp, barrier interval, site, n): set of segments} of the loads of array `name`: the n-th
-        load each lane of a warp makes at one source line in one barrier interval is one instruction
-        of the warp (a loop's iterations are separate loads, as the warp runs them in step)."""
+    def _warp_requests(self, name, kind=sanitizer.LOAD):
+        """{(warp, barrier interval, site, n): [elements]} of the accesses of `kind` to array `name`:
+        the n-th access each lane of a warp makes at one source line in one barrier interval is one
+        instruction of the warp (a loop's iterations are separate instructions, as the warp runs them
+        in step). Each lane's element is listed once per access."""
         target = self.launch.targets[name]
         requests, made = {}, {}
-        for element, kind, (block, thread), interval, site, _ in target.trace:
-            if kind == sanitizer.LOAD:
+        for element, access, (block, thread), interval, site, _ in target.trace:
+            if access == kind:
                 warp = self.launch.global_id(block, thread) // 32
                 n = made[block, thread, interval, site] = made.get((block, thread, interval, site), -1) + 1
-                requests.setdefault((warp, interval, site, n), set()).add(
-                    element * target.dtype.itemsize // segment_bytes)
+                requests.setdefault((warp, interval, site, n), []).append(element)
         return requests
 
-    def warp_segments(self, name, segment_bytes=128):
-        """Mean number of `segment_bytes` segments of array `name` that one warp's load touches.
+    def _segments(self, name, elements, segment_bytes):
+        itemsize = self.launch.targets[name].dtype.itemsize
+        return len({element * itemsize // segment_bytes for element in elements})
 
-        The n-th loads of the lanes of one warp (32 consecutive threads, x fastest) from one source
+    def warp_segments(self, name, segment_bytes=128, kind=sanitizer.LOAD):
+        """Mean number of `segment_bytes` segments of array `name` that one warp's load (or store:
+        kind=sanitizer.STORE) touches.
+
+        The n-th accesses of the lanes of one warp (32 consecutive threads, x fastest) at one source
         line in one barrier interval are taken as one instruction; on a GPU each segment it touches
         is a separate memory transaction. 32 float32 side by side: 1 segment; one per row: up to 32.
         """
-        requests = self._warp_requests(name, segment_bytes)
-        return float(np.mean([len(s) for s in requests.values()])) if requests else 0.0
+        requests = self._warp_requests(name, kind)
+        return float(np.mean([self._segments(name, e, segment_bytes) for e in requests.values()])) \
+            if requests else 0.0
 
-    def worst_warp_load(self, name, segment_bytes=128):
-        """(mean segments per warp load, filename, line) of the load site of array `name` whose warp
-        loads touch the most segments on average; (0.0, None, None) when it is never read."""
+    def worst_warp_load(self, name, segment_bytes=128, kind=sanitizer.LOAD):
+        """(mean segments per warp access, filename, line) of the site of array `name` whose warp
+        loads (or stores: kind=sanitizer.STORE) touch the most segments on average; (0.0, None, None)
+        when it is never accessed so."""
         by_site = {}
-        for (_, _, site, _), segments in self._warp_requests(name, segment_bytes).items():
-            by_site.setdefault(site, []).append(len(segments))
+        for (_, _, site, _), elements in self._warp_requests(name, kind).items():
+            by_site.setdefault(site, []).append(self._segments(name, elements, segment_bytes))
         if not by_site:
             return 0.0, None, None
         site, counts = max(by_site.items(), key=lambda item: np.mean(item[1]))
         return float(np.mean(counts)), site[0], site[1]
+
+    def serial_warp(self, name, kind=sanitizer.LOAD):
+        """(instructions, accesses, filename, line) of the warp whose accesses of `kind` to array
+        `name` took the most instructions for the fewest of them: the ratio of its instructions to
+        ceil(accesses / 32), the instructions 32 lanes side by side would need, is the largest; the
+        site is the one where that warp made the most instructions. None when `name` is never
+        accessed so."""
+        per_warp = {}
+        for (warp, _, site, _), elements in self._warp_requests(name, kind).items():
+            instructions, accesses, sites = per_warp.setdefault(warp, [0, 0, {}])
+            per_warp[warp][0] += 1
+            per_warp[warp][1] += len(elements)
+            sites[site] = sites.get(site, 0) + 1
+        if not per_warp:
+            return None
+        instructions, accesses, sites = max(per_warp.values(), key=lambda w: w[0] / -(-w[1] // 32))
+        site = max(sites, key=sites.get)
+        return instructions, accesses, site[0], site[1]
 
     def shared_loads_per_thread(self):
         """The most reads of shared memory one thread made, over every shared array."""

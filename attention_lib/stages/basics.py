@@ -5,7 +5,10 @@ Element-wise kernels on vectors of length n, one CUDA thread per element:
 - ``add_kernel``: out[i] = x[i] + y[i]; ``scale_add_kernel``: out[i] = alpha * x[i] + y[i].
 - ``whoami_kernel`` / ``whoami_2d_kernel``: each thread writes down who it is, to draw which
   thread handles which element.
-- ``transpose_kernel``: out[c, r] = a[r, c], a 2-D grid over a (rows, cols) matrix.
+- ``transpose_kernel``: out[c, r] = a[r, c], a 2-D grid over a (rows, cols) matrix: a warp reads
+  along a row of a and writes down a column of out.
+- ``transpose_tiled_kernel``: the same through a tile in shared memory, so that a warp's writes run
+  along a row of out too.
 - ``grid_2d``: the smallest 2-D grid covering a (rows, cols) matrix, x across the columns.
 - ``divergent_warps``: which warps of a 2-D launch have threads on both sides of the bounds guard.
 - ``warp_load_footprint``: the 128-byte segments and 32-byte sectors one warp's strided load touches.
@@ -15,7 +18,7 @@ Element-wise kernels on vectors of length n, one CUDA thread per element:
 """
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32
 
 from attention_lib.platform.launch import ceil_div, check_grid, check_simulator_budget
 from attention_lib.platform.validation import as_float32, require
@@ -28,6 +31,11 @@ BLOCK_2D = (8, 8)
 # The transpose's block: 16 threads along x (columns), 8 along y (rows). Not square on purpose:
 # a grid or a kernel with its axes swapped then misses part of the matrix instead of passing by luck.
 TRANSPOSE_BLOCK = (16, 8)
+# The tiled transpose: a square tile of a, one element a thread of a square block. Its shared copy has
+# one column of padding (a shared array's shape is a constant, not an expression).
+TRANSPOSE_TILE = 16
+TRANSPOSE_TILE_PADDED = TRANSPOSE_TILE + 1
+TILED_TRANSPOSE_BLOCK = (TRANSPOSE_TILE, TRANSPOSE_TILE)
 # Threads of a block are dealt out to warps of 32 in order of their linear id (x fastest).
 WARP_SIZE = 32
 # Global memory moves 32-byte sectors; 4 sectors make a 128-byte segment (a cache line).
@@ -94,6 +102,23 @@ def transpose_kernel(a, out):
     col, row = cuda.grid(2)                   # x is a's column: a warp reads along a row of a
     if row < a.shape[0] and col < a.shape[1]:
         out[col, row] = a[row, col]           # ... and writes down a column of out
+
+
+@cuda.jit
+def transpose_tiled_kernel(a, out):
+    """out[col, row] = a[row, col] through a tile in shared memory: a warp reads along a row of a and
+    writes along a row of out. a: (rows, cols) float32, out: (cols, rows) float32. Launch on
+    grid_2d(rows, cols, TILED_TRANSPOSE_BLOCK): block (bx, by) moves a's tile at rows by * TILE,
+    columns bx * TILE to out's tile at rows bx * TILE, columns by * TILE."""
+    # The padding column puts a tile's column in 16 different banks: reading it is conflict-free.
+    tile = cuda.shared.array((TRANSPOSE_TILE, TRANSPOSE_TILE_PADDED), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    a_row0, a_col0 = cuda.blockIdx.y * TRANSPOSE_TILE, cuda.blockIdx.x * TRANSPOSE_TILE
+    if a_row0 + ty < a.shape[0] and a_col0 + tx < a.shape[1]:
+        tile[ty, tx] = a[a_row0 + ty, a_col0 + tx]          # neighbouring lanes, neighbouring columns of a
+    cuda.syncthreads()                                      # the whole tile is in before any column of it is read
+    if a_col0 + ty < out.shape[0] and a_row0 + tx < out.shape[1]:
+        out[a_col0 + ty, a_row0 + tx] = tile[tx, ty]        # neighbouring lanes, neighbouring columns of out
 
 
 # --- Grids and warps ---------------------------------------------------------------------
