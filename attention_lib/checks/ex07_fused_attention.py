@@ -468,15 +468,15 @@ register(Exercise(
           "the tile of its first query's first key to its last query's last key; each tile is copied by all "
           "threads together, then each thread folds the keys of it its own query sees, once per tile, and only "
           "if it sees one"),
-    more_hints=("the plan: first the thread's own key range (none for a thread past the block's queries) and the "
-                "block's band; then, tile after tile of the band: how many keys the tile holds (the last may be "
-                "partial), the K rows and the V rows staged by every thread, a barrier, then the tile's first and "
-                "last key the thread's query sees, counted from the tile's start and clipped to it, and, only for "
-                "a thread that sees at least one, the fold of those keys into its running max, sum and output; "
-                "then a second barrier in every thread, before the next copy overwrites the tiles. Where answers "
-                "go wrong: a barrier inside the branch only some threads take; a tile "
-                "folded while the query has seen nothing (its max still minus infinity); the loop bounds taken "
-                "from the thread's own keys instead of the block's band",),
+    more_hints=("the plan: first the thread's own key range (first_key and visible_keys, none for a thread past "
+                "the block's queries) and the block's band (block_band); then, tile after tile of the band: how "
+                "many keys the tile holds (the last may be partial), the K rows and the V rows staged by every "
+                "thread, a barrier, then the tile's first and last key the thread's query sees, counted from the "
+                "tile's start and clipped to it, and, only for a thread that sees at least one, the fold of those "
+                "keys into its running max, sum and output; then a second barrier in every thread, before the next "
+                "copy overwrites the tiles. Where answers go wrong: a barrier inside the branch only some threads "
+                "take; a tile folded while the query has seen nothing (its max still minus infinity); the loop "
+                "bounds taken from the thread's own keys instead of the block's band",),
     # float32 scores, exp and sums of up to 65 terms against float64: errors around 1e-6.
     rtol=1e-5,
     atol=1e-5,
