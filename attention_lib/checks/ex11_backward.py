@@ -297,18 +297,19 @@ register(Exercise(
     kind="device function",
     run=_run_tile,
     cases=tile_cases,
-    hint=("for each query of the tile that sees key j: its score with the key, its weight rebuilt from that "
-          "score and the query's log-sum-exp (no pass over the row), then the score's gradient from the weight, "
-          "the weight's gradient and the row sum D; the weight times the query's dO goes into dV, the score's "
-          "gradient times its q into dK"),
-    more_hints=("where answers go wrong, and the plan: one loop over the rows rows_from to rows_to, each row once. "
-                "The score is the dot product of key j's k with the row's q over d_k columns, times the scale "
-                "(the forward's lse is of scaled scores). The weight is the exponential of the score minus the "
+    hint=("key j's sums run over the queries that see it, so each row of the tile adds one term to each; the "
+          "forward kept neither the score, nor the weight, nor the weight's gradient, but each follows from the "
+          "row's q and dO, key j's k and v, the scale and the row's two statistics, with no pass over the row "
+          "(the weight from the score and the row's log-sum-exp)"),
+    more_hints=("the plan: one loop over the rows rows_from to rows_to, each row once. For a row, first its "
+                "score: the dot product of key j's k with the row's q over d_k columns, times the scale (the "
+                "forward's lse is of scaled scores). Then its weight: the exponential of the score minus the "
                 "row's lse, stats row 0, never the exponential of the score alone (it overflows past 88.7). "
-                "The weight's gradient dP is the dot product of key j's v with the row's dO over d_v columns; "
-                "the score's gradient is the weight times dP minus D, stats row 1, D inside the factor. Then add "
-                "the weight times each of the row's d_v dO values to dv_acc, and the score's gradient times each "
-                "of its d_k q values to dk_acc; the kernel scales dK once at the end",),
+                "Then the weight's gradient dP: the dot product of key j's v with the row's dO over d_v "
+                "columns. Then the score's gradient: the weight times (dP minus D, stats row 1), D inside the "
+                "bracket. Last, add the weight times each of the row's d_v dO values to dv_acc, and the "
+                "score's gradient times each of its d_k q values to dk_acc; the kernel scales dK once at the "
+                "end",),
     # float32 scores, exp and sums of up to 65 terms against float64: errors around 1e-6.
     rtol=1e-4,
     atol=5e-5,
