@@ -324,8 +324,9 @@ register(Exercise(
     run=_run_induction_key,
     cases=[SequenceCase(k) for k in INDUCTION_SEQUENCES],
     describe_case=str,
-    hint=("in the repeat, the query's token has been seen once before, in the first copy; the head looks "
-          "for the position whose previous token is the query's token"),
+    hint=("the model predicts the next token; in the repeat, the query's token has been seen once before, "
+          "in the first copy, and what followed it there is what comes next now; the head looks for the "
+          "position whose previous token is the query's token"),
     more_hints=("where each step goes: find the positions before the query that hold the query's token; "
                 "take the latest of them; the key is the position right after it",
                 "where answers go wrong: the earlier occurrence itself (the head looks one position further, "
