@@ -451,7 +451,7 @@ register(Exercise(
                 "the thread's number modulo 32 the lane; a warp past the last row leaves whole; each lane "
                 "starts from the pair that has seen nothing and walks the columns that start at its lane, "
                 "32 apart (the 32 lanes read 32 neighbouring scores at each step), merging each score in; "
-                "five butterfly exchanges, steps 16 down to 1, each merging the pair received; a fully masked "
+                "five exchanges (a butterfly), steps 16 down to 1, each merging the pair received; a fully masked "
                 "row gets zeros, any other its weights, each lane its own columns",
                 "where answers go wrong: a lane with no column that leaves before the exchanges (every "
                 "lane the mask names must make every shuffle call); adding two sums without bringing "
