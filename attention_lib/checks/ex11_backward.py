@@ -369,15 +369,16 @@ register(Exercise(
     # No group (1 on 1); a group of 3 (6 on 2) whose T x d entries fill one block and a part (T 9, d 4:
     # 36 entries in blocks of 32); multi-query (4 on 1); a group of 2 over several blocks.
     cases=[GroupCase(1, 1, 1, 1), GroupCase(6, 2, 9, 4), GroupCase(4, 1, 5, 7), GroupCase(4, 2, 17, 3)],
-    hint=("one thread per element of the shared head's gradient: which K/V head (the block's second grid "
-          "index), which position and column (its place along the first); then the query heads that read that "
-          "K/V head, each adding its gradient at the same position and column"),
-    more_hints=("where answers go wrong, and the plan: query head h reads K/V head h // group, so the group of "
-                "K/V head g is the group consecutive query heads starting at g times group, not every BH_kv-th "
-                "head; the thread's flat index along the first grid axis splits into a position (the quotient by "
-                "d) and a column (the remainder), so neighbouring threads touch neighbouring addresses; the "
-                "last block hangs past T times d entries and its extra threads write nothing; the sum starts "
-                "from a float32 zero",),
+    hint=("each element of a K/V head's gradient is the sum of group numbers, one from each query head that "
+          "reads that K/V head, all at the same position and column; one thread can own that sum, and "
+          "neighbouring threads can own neighbouring elements"),
+    more_hints=("the plan: the block's second grid index is the K/V head g; the thread's flat index along the "
+                "first axis splits into a position (the quotient by d) and a column (the remainder), so that "
+                "neighbouring threads touch neighbouring addresses; the last block hangs past T times d entries "
+                "and its extra threads write nothing. Query head h reads K/V head h // group, so g's group is the "
+                "group consecutive query heads starting at g times group, not every BH_kv-th head. Start the "
+                "sum from a float32 zero, add the group's values at the thread's position and column, and "
+                "store it once",),
     # Sums of at most 4 float32 standard normals against float64.
     rtol=1e-5,
     atol=1e-5,
