@@ -52,7 +52,8 @@ def token_ids(tokens) -> np.ndarray:
 
 
 def layer_norm(h: np.ndarray, eps: float = LAYER_NORM_EPS) -> np.ndarray:
-    """h: (..., d_model) -> (..., d_model), each row shifted to mean 0 and scaled to variance 1.
+    """h: (..., d_model) -> (..., d_model), each row shifted to mean 0 and divided by sqrt(var + eps):
+    its variance becomes var / (var + eps), just under 1.
 
     The learnt gain and bias of a real layer norm start at 1 and 0, so they are left out.
     """

@@ -63,9 +63,9 @@ MAX_INNER = 200
 TF32_NOTE = ("EFFICIENT_ATTENTION in float32 runs 3xTF32 on tensor cores whatever the TF32 flags say; "
              "MATH is cuBLAS SGEMM, element-wise scale and mask kernels and a softmax, with TF32 off "
              "(FP32, no tensor cores, like our kernels)")
-# What one launch costs the host, for lower_bound's launch term: numba-cuda's maintainers quote
-# roughly 6-7 us plus about 3.5 us per array argument (not measured here), about 20 us for a
-# kernel of four arrays. Launched back to back, kernels start no faster than Python queues them.
+# What one launch costs the host, for lower_bound's launch term: a public benchmark in
+# NVIDIA/numba-cuda pull request #288 gave about 6.6 us for an empty kernel and 3.5 to 4 us more
+# per array argument; about 20 us for a kernel of four arrays is an estimate, not measured here. Launched back to back, kernels start no faster than Python queues them.
 LAUNCH_S = 20e-6
 REGIMES = ("compute", "memory", "launch")
 
