@@ -211,7 +211,8 @@ def plot_tiled_matmul(T, d_model, d_out, tile, block, step, ax=None, cells=False
     """The classic tiled-matmul figure: out = x @ w, one output tile, the strips it reads.
 
     T, d_model, d_out: the sizes (drawn to scale); tile: the tile width; block: (bx, by), the
-    output tile drawn; step: which TILE-wide step along d_model is highlighted. x (T, d_model)
+    output tile drawn; step: which TILE-wide step along d_model is highlighted (None: no step, only
+    the strips the block needs, as before an exercise that leaves the walk to the student). x (T, d_model)
     sits left of out (T, d_out), w (d_model, d_out) above it, so the block's strip of x (its
     rows) and of w (its columns) line up with its tile. cells: draw every element's cell;
     distinct: x's strip and tile in blues, w's in greens (both blue otherwise); thread: (row, col)
@@ -229,9 +230,10 @@ def plot_tiled_matmul(T, d_model, d_out, tile, block, step, ax=None, cells=False
              (d_model + gap, d_model + gap, d_out, T, "whitesmoke", "out (T, d_out)"),
              (0, d_model + gap + by * tile, d_model, tile, "#cfe3f7", "the block's strip of x"),
              (d_model + gap + bx * tile, 0, tile, d_model, w_light, "the block's strip of w"),
-             (step * tile, d_model + gap + by * tile, tile, tile, "#1f77b4", f"x tile of step {step}"),
-             (d_model + gap + bx * tile, step * tile, tile, tile, w_dark, f"w tile of step {step}"),
              (d_model + gap + bx * tile, d_model + gap + by * tile, tile, tile, "#ff7f0e", f"out tile {block}")]
+    if step is not None:
+        boxes[-1:-1] = [(step * tile, d_model + gap + by * tile, tile, tile, "#1f77b4", f"x tile of step {step}"),
+                        (d_model + gap + bx * tile, step * tile, tile, tile, w_dark, f"w tile of step {step}")]
     for x0, y0, width, height, colour, label in boxes:
         ax.add_patch(Rectangle((x0, y0), width, height, facecolor=colour, edgecolor="black", lw=0.8,
                                label=label if colour != "whitesmoke" else None))
@@ -248,12 +250,19 @@ def plot_tiled_matmul(T, d_model, d_out, tile, block, step, ax=None, cells=False
             ax.add_patch(Rectangle((x0, y0), width, height, fill=False, edgecolor="black", lw=2, label=label))
         ax.add_patch(Rectangle((left + col, top + row), 1, 1, facecolor="#d62728", edgecolor="black", lw=1,
                                label=f"out[{row}, {col}]: the thread's output"))
+    if step is None:
+        return _framed(ax, T, d_model, gap, d_out)
     ax.annotate("", xy=((step + 1.9) * tile, d_model + gap + (by + 0.5) * tile),
                 xytext=((step + 1) * tile, d_model + gap + (by + 0.5) * tile),
                 arrowprops=dict(arrowstyle="->", lw=1.5))
     ax.annotate("", xy=(d_model + gap + (bx + 0.5) * tile, (step + 1.9) * tile),
                 xytext=(d_model + gap + (bx + 0.5) * tile, (step + 1) * tile),
                 arrowprops=dict(arrowstyle="->", lw=1.5))
+    return _framed(ax, T, d_model, gap, d_out)
+
+
+def _framed(ax, T, d_model, gap, d_out):
+    """plot_tiled_matmul's axes: limits around the three matrices, equal aspect, no frame, the legend."""
     ax.set_xlim(-1, d_model + gap + d_out + 1)
     ax.set_ylim(T + d_model + gap + 1, -gap)
     ax.set_aspect("equal")
