@@ -228,6 +228,23 @@ def lanes_down_the_columns(a, out):
 
 
 @cuda.jit
+def one_thread_per_row(a, out):
+    """Right values, every element read once, each load coalesced: but one lane in 16 loops over a row."""
+    col, row = cuda.grid(2)
+    if row < a.shape[0] and col == 0:
+        for c in range(a.shape[1]):
+            out[c, row] = a[row, c]
+
+
+@cuda.jit
+def one_thread_for_everything(a, out):
+    if cuda.grid(2) == (0, 0):
+        for r in range(a.shape[0]):
+            for c in range(a.shape[1]):
+                out[c, r] = a[r, c]
+
+
+@cuda.jit
 def transpose_of_library(a, out):
     basics.transpose_kernel(a, out)
 
@@ -243,6 +260,9 @@ def transpose_of_library(a, out):
     (no_guard, "out_of_bounds", "out-of-bounds "),
     (guard_on_out, "out_of_bounds", "global array 'a' has shape (19, 7)"),
     (lanes_down_the_columns, "uncoalesced", "at a of 5 rows and 40 columns (blocks of 16 threads across (x) and 8 down (y)): the values are right, but a warp's load of a"),
+    (one_thread_per_row, "serial_copy", "at a of 7 rows and 7 columns (blocks of 16 threads across (x) and 8 down "
+                                        "(y)): the values are right, but one warp made 7 load instructions of a"),
+    (one_thread_for_everything, "serial_copy", "one warp made 49 load instructions of a"),
     (transpose_of_library, "calls_given_code", "transpose_kernel"),
     (basics.transpose_kernel, "calls_given_code", "transpose_kernel"),
     ((transpose_kernel, transpose_grid), "not_a_kernel", "expected a @cuda.jit kernel"),
@@ -377,9 +397,12 @@ SIXTEEN = "at a of 16 rows and 16 columns (blocks of 16 x 16 threads): "
 @pytest.mark.parametrize("answer, diagnosis, says", [
     (tiled_transpose, "ok", "correct at every size"),
     (transpose_kernel, "uncoalesced", SIXTEEN + "the values are right, but a warp's store of out at"),
-    (tile_copy_by_one_thread, "serial_copy", SIXTEEN + "the values are right, but one warp loads 256 elements of a "
-                                             "in 256 instructions"),
-    (rows_of_out_written_by_lane_0, "serial_copy", "one warp stores 32 elements of out in 16 instructions"),
+    (tile_copy_by_one_thread, "serial_copy", SIXTEEN + "the values are right, but one warp made 256 load instructions "
+                                             "of a"),
+    (rows_of_out_written_by_lane_0, "serial_copy", "one warp made 16 store instructions of out"),
+    (_tiled("    if c0 + ty < out.shape[0] and r0 + tx < out.shape[1] and c0 + tx < out.shape[0]:\n"
+            "        out[c0 + ty, r0 + tx] = tile[tx, ty]\n"),
+     "wrong_values", "at a of 15 rows and 17 columns (blocks of 16 x 16 threads): 14 of 255 entries were never written"),
     (_tiled("    if c0 + ty < out.shape[0] and r0 + tx < out.shape[1]:\n        out[c0 + ty, r0 + tx] = tile[ty, tx]\n"),
      "tile_not_transposed", SIXTEEN + "each tile of a landed in the right place of out, but untransposed"),
     (_tiled("    if r0 + ty < out.shape[0] and c0 + tx < out.shape[1]:\n        out[r0 + ty, c0 + tx] = tile[tx, ty]\n"),

@@ -212,6 +212,12 @@ def tiled(mistake=None):
                 acc = float32(0.0)
             if mistake == "unguarded":
                 x_tile[ty, tx] = x[row, start + tx]
+            elif mistake == "one_row_of_threads_copies_x":      # the block's first row of threads, a loop each
+                if ty == 0:
+                    for r in range(TILE):
+                        x_row = row + r
+                        x_tile[r, tx] = x[x_row, start + tx] if x_row < x.shape[0] and start + tx < x.shape[1] \
+                            else float32(0.0)
             elif mistake == "loads_down_the_columns":          # thread (tx, ty) copies x_tile[tx, ty]
                 r = row - ty + tx
                 x_tile[tx, ty] = x[r, start + ty] if r < x.shape[0] and start + ty < x.shape[1] else float32(0.0)
@@ -262,6 +268,8 @@ def calls_the_library(x, w, row, col):
     (tiled("no_zero_fill"), "stale_tile", "which no thread of its block had written"),
     (tiled("untiled"), "no_reuse", "an element of x was read up to 4 times from global memory, where the limit is 1"),
     (tiled("loads_down_the_columns"), "uncoalesced", "the values are right, but a warp's load of x at"),
+    (tiled("one_row_of_threads_copies_x"), "serial_copy", "at (T 7, d_model 24, d_out 20, bias): the values are "
+                                                          "right, but one warp made 14 load instructions of x"),
     (tiled("one_step_more"), "extra_barriers", "at (T 16, d_model 16, d_out 16, bias): the values are right, but a "
                                                "thread passed 4 barriers, where the limit is 2"),
     (tiled("sum_restarted"), "wrong_values", "entries differ"),

@@ -556,3 +556,24 @@ def test_summary_handles_an_empty_argument():
     report = sanitizer.count_memory(copy_with_optional_bias, 1, 8, a, np.zeros(0, np.float32), out)
     assert report.loads("b").shape == (0,)
     assert "b" in report.summary() and np.array_equal(out, a)
+
+
+@cuda.jit
+def two_tiles_on_one_line(a, out):
+    """Two shared arrays declared on one line: a GPU gives the block two arrays."""
+    first = cuda.shared.array(4, float32); second = cuda.shared.array(4, float32)  # noqa: E702
+    i = cuda.threadIdx.x
+    first[i] = a[i]
+    second[i] = 2 * a[i]
+    cuda.syncthreads()
+    out[i] = first[3 - i] + second[i]
+
+
+def test_two_shared_arrays_declared_on_one_line_are_two_arrays():
+    a = np.arange(4, dtype=np.float32)
+    out = np.zeros(4, np.float32)
+    two_tiles_on_one_line[1, 4](a, out)                                     # the plain simulator
+    assert np.array_equal(out, a[::-1] + 2 * a)
+    traced = sanitizer.count_memory(two_tiles_on_one_line, 1, 4, a, np.zeros(4, np.float32))
+    assert {"first", "second"} <= set(traced.arrays) and not sanitizer.find_races(
+        two_tiles_on_one_line, 1, 4, a, np.zeros(4, np.float32))

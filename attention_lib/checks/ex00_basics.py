@@ -7,8 +7,8 @@ limits: each element of x and y read once, every warp's load of them one 128-byt
 columns (basics.grid_2d). Named mistakes: ``grid_axes_swapped``, ``grid_too_small``,
 ``grid_too_large``.
 ``00_transpose`` (warm-up): out = a^T, one thread per element of a, launched on the library's grid
-(basics.transpose_kernel); limits: each element of a read once, a warp's load of a at most 4
-segments. Named mistakes: ``row_is_x`` (the kernel takes the row from the grid's x: part of the
+(basics.transpose_kernel); limits: each element of a read once, every warp moving a and out with
+its lanes side by side, a warp's load of a at most 4 segments. Named mistakes: ``row_is_x`` (the kernel takes the row from the grid's x: part of the
 matrix is never written) and ``not_transposed`` (a copy).
 ``00_tiled_transpose`` (main): out = a^T through a tile in shared memory, so that a warp's stores run
 along a row of out as its loads run along a row of a (basics.transpose_tiled_kernel); limits: a read
@@ -196,6 +196,7 @@ register(Exercise(
     rtol=0.0,     # a transpose moves values: exactly equal
     atol=0.0,
     limits=(MostLoads("a", 1, why="one thread per element reads its own element once"),
+            NoSerialCopy("a"), NoSerialCopy("out", access="store"),
             # A warp is two rows of 16 threads: two runs of 64 bytes, each within one segment
             # or across two (a row of a starts anywhere); lanes down a column touch 8 or more.
             Coalesced("a", 4)),
@@ -239,9 +240,13 @@ def _run_tiled_transpose(kernel, shape, rng, launch):
     full, out = output_array((cols, rows), guard=TILED_TRANSPOSE_BLOCK[0] * TILED_TRANSPOSE_BLOCK[1] * (rows + cols))
     launch(kernel, basics.grid_2d(rows, cols, TILED_TRANSPOSE_BLOCK), TILED_TRANSPOSE_BLOCK, cuda.to_device(a), out)
     got = read_output(full, out)
-    if not np.array_equal(got, expected):
+    wrong_entries = got != expected
+    if wrong_entries.any():
         for code, (wrong, written) in _tile_mistakes(a).items():
-            if written.any() and not np.array_equal(wrong, expected) and np.array_equal(got[written], wrong[written]):
+            # The mistake explains the answer: it differs from the transpose somewhere it writes, the answer
+            # holds what it writes there, and every wrong entry of the answer is one it writes.
+            explains = (wrong[written] != expected[written]).any() and np.array_equal(got[written], wrong[written])
+            if explains and not (wrong_entries & ~written).any():
                 raise Diagnosed(code, {
                     "tile_not_transposed": "each tile of a landed in the right place of out, but untransposed: a "
                                            "thread must write back the tile's element across the diagonal from the "

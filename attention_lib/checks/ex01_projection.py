@@ -31,7 +31,7 @@ from attention_lib.stages import projection
 from attention_lib.stages.projection import TILE, WIDE_TILE, load_wide_tiles, store_output
 from attention_lib.checks.engine import (Diagnosed, Exercise, host_output, output_array, read_output, register,
                                          traced_launch, unwritten)
-from attention_lib.checks.limits import (Coalesced, MostBarriers, MostLoads, NoLocalMemory, RefilledTiles,
+from attention_lib.checks.limits import (Coalesced, MostBarriers, MostLoads, NoLocalMemory, NoSerialCopy, RefilledTiles,
                                          SharedLoadsPerThread)
 
 
@@ -213,7 +213,7 @@ register(Exercise(
                       why="copy each tile into shared memory once and let the whole block read it from there"),
             # A warp is two rows of 16 threads: two runs of 16 neighbours (64 bytes) of x or of w,
             # each within one segment or across two.
-            Coalesced("x", 4), Coalesced("w", 4),
+            Coalesced("x", 4), Coalesced("w", 4), NoSerialCopy("x"), NoSerialCopy("w"),
             MostBarriers(lambda case: 2 * ceil_div(case.d_model, TILE),
                          why="two per step along d_model, and ceil(d_model / TILE) steps"),),
     diagnoses=("no_reuse", "uncoalesced", "extra_barriers"),

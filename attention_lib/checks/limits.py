@@ -10,9 +10,9 @@ verdict, with what was measured and the limit beside it:
 - ``Coalesced(array, most, access)``: at every load (or store) site of the array, a warp's access
   touches at most `most` 128-byte segments on average (neighbouring threads, neighbouring
   addresses); ``uncoalesced``.
-- ``NoSerialCopy(array, access)``: every warp moves the array with its lanes side by side, never an
-  element an instruction in a few lanes' loop (which touches one segment at a time, so coalescing
-  alone cannot see it); ``serial_copy``.
+- ``NoSerialCopy(array, access)``: every block moves the array with all its warps' lanes side by
+  side, never an element an instruction in a few lanes' loop (which touches one segment at a time,
+  so coalescing alone cannot see it); ``serial_copy``.
 - ``SharedLoadsPerThread(most)``: no thread reads shared memory more than `most` times (a tree
   reduction reads about 2 log2(n) slots a thread, a serial loop in one thread about n);
   ``serial_reduction``.
@@ -91,8 +91,8 @@ class Coalesced:
 
 @dataclass
 class NoSerialCopy:
-    """Every warp loads (access="store": stores) `array` with its lanes side by side: no warp takes
-    more than twice the instructions that 32 lanes side by side would need for its accesses."""
+    """Every block loads (access="store": stores) `array` with all its warps' lanes side by side: no warp
+    takes more than twice its share of the block's accesses, 32 lanes side by side in every warp."""
 
     array: str
     access: str = "load"
@@ -103,14 +103,13 @@ class NoSerialCopy:
             serial = traced.serial_warp(self.array, kind=_kind(self.access))
             if serial is None:
                 continue
-            instructions, accesses, filename, line = serial
-            side_by_side = -(-accesses // 32)
-            if instructions > 2 * side_by_side:
-                verb = "loads" if self.access == "load" else "stores"
-                return (f"the values are right, but one warp {verb} {accesses} elements of {self.array} in "
-                        f"{instructions} instructions (at {where.describe_with_code(filename, line)}), where 32 "
-                        f"lanes side by side need {side_by_side}: a few lanes copy in a loop while the others "
-                        "wait. Give each thread its own elements, so that a warp moves 32 at once")
+            instructions, share, filename, line = serial
+            if instructions > 2 * share:
+                verb = "load" if self.access == "load" else "store"
+                return (f"the values are right, but one warp made {instructions} {verb} instructions of "
+                        f"{self.array} (at {where.describe_with_code(filename, line)}), where its block's "
+                        f"{verb}s spread over all its warps, 32 lanes side by side, take {share} a warp: a few "
+                        "lanes copy in a loop while the others wait. Give every thread its own elements")
         return None
 
 

@@ -34,6 +34,7 @@ if it went to memory: no caches, no coalescing, no registers holding a value for
 """
 
 import bisect
+import dis
 import inspect
 import linecache
 import os
@@ -258,10 +259,15 @@ def _dim3(dims, what):
     return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
 
 
-def _shared_name(filename, lineno, taken):
-    """A readable key for a shared array: the variable it is assigned to, else file:line."""
+def _shared_name(frame, taken):
+    """A readable key for the shared array `frame` is declaring: the variable the call's result is
+    stored in (the first store after the call in its code), else the one its line assigns, else
+    file:line."""
+    filename, lineno = frame.f_code.co_filename, frame.f_lineno
+    stores = (i.argval for i in dis.get_instructions(frame.f_code)
+              if i.offset > frame.f_lasti and i.opname in ("STORE_FAST", "STORE_NAME", "STORE_DEREF", "STORE_GLOBAL"))
     match = re.match(r"\s*([A-Za-z_]\w*)\s*=", linecache.getline(filename, lineno))
-    name = match.group(1) if match else f"shared@{os.path.basename(filename)}:{lineno}"
+    name = next(stores, None) or (match.group(1) if match else f"shared@{os.path.basename(filename)}:{lineno}")
     return name if name not in taken else f"{name}@{lineno}"
 
 
@@ -315,14 +321,14 @@ class _Launch:
         from numba.cuda.np import numpy_support
         from attention_lib.platform import simulator
 
-        site = (caller.f_code.co_filename, caller.f_lineno)
+        site = simulator.declaration(caller)
         if isinstance(dtype, types.Type):
             dtype = numpy_support.as_dtype(dtype)
         # Dynamic shared memory (shape 0) is one buffer for all declarations of a dtype.
         key = ("dynamic", np.dtype(dtype).str) if shape == 0 else site
         view = self._shared.get(key)  # the block's first thread to declare it creates it
         if view is None:
-            name = _shared_name(*site, self.targets) + (" (dynamic)" if shape == 0 else "")
+            name = _shared_name(caller, self.targets) + (" (dynamic)" if shape == 0 else "")
             ary = original(fake_shared, 0, dtype) if shape == 0 else np.empty(shape, dtype)
             self.targets[name] = _Target(self, name, SHARED, ary)
             view = self._shared[key] = _wrap(ary, self.targets[name])

@@ -9,9 +9,9 @@ questions a check asks of a kernel's structure, each from that one run:
 - ``warp_segments(name)``, ``worst_warp_load(name)``: the 128-byte segments a warp's load (or, with
   ``kind=sanitizer.STORE``, store) touches (coalescing): on average, and at the site that touches
   the most;
-- ``serial_warp(name)``: the warp that moves an array with the fewest lanes side by side: how many
-  accesses its lanes made and in how many warp instructions (a copy by one lane in a loop makes one
-  instruction an element, a copy by every lane one instruction for 32);
+- ``serial_warp(name)``: the warp that took the most instructions to move an array beside its share
+  of its block's accesses spread over all the block's warps (a copy by one lane, or one warp, in a
+  loop takes many times its share; every lane of every warp side by side, its share);
 - ``shared_loads_per_thread()``: the most shared-memory reads one thread made (a tree reduction
   reads about 2 log2(n) slots a thread, a serial loop in one thread n);
 - ``barriers``: the most barriers a thread passed;
@@ -122,22 +122,32 @@ class Traced:
         return float(np.mean(counts)), site[0], site[1]
 
     def serial_warp(self, name, kind=sanitizer.LOAD):
-        """(instructions, accesses, filename, line) of the warp whose accesses of `kind` to array
-        `name` took the most instructions for the fewest of them: the ratio of its instructions to
-        ceil(accesses / 32), the instructions 32 lanes side by side would need, is the largest; the
-        site is the one where that warp made the most instructions. None when `name` is never
-        accessed so."""
-        per_warp = {}
-        for (warp, _, site, _), elements in self._warp_requests(name, kind).items():
-            instructions, accesses, sites = per_warp.setdefault(warp, [0, 0, {}])
+        """(instructions, share, filename, line) of the warp that took the most instructions to access
+        array `name` (loads, or stores: kind=sanitizer.STORE) beside its share: in each barrier interval,
+        ceil(its block's accesses / (32 x the block's warps)), the instructions the block's accesses
+        would take spread over all its warps, 32 lanes side by side; summed over the intervals. The
+        warp returned has the largest ratio of instructions to share in the launch; the site is the one
+        where it made the most instructions. A copy by one thread (or one warp of the block) in a loop
+        takes about 32 (or warps) times its share. None when `name` is never accessed so."""
+        warps_per_block = -(-self.launch.threads_per_block // 32)
+        per_warp, per_interval = {}, {}
+        for (warp, interval, site, _), elements in self._warp_requests(name, kind).items():
+            block = warp // warps_per_block
+            instructions, intervals, sites = per_warp.setdefault(warp, [0, set(), {}])
             per_warp[warp][0] += 1
-            per_warp[warp][1] += len(elements)
+            intervals.add(interval)
             sites[site] = sites.get(site, 0) + 1
+            per_interval[block, interval] = per_interval.get((block, interval), 0) + len(elements)
         if not per_warp:
             return None
-        instructions, accesses, sites = max(per_warp.values(), key=lambda w: w[0] / -(-w[1] // 32))
+
+        def share(warp):
+            block = warp // warps_per_block
+            return sum(-(-per_interval[block, interval] // (32 * warps_per_block)) for interval in per_warp[warp][1])
+        worst = max(per_warp, key=lambda warp: per_warp[warp][0] / share(warp))
+        instructions, _, sites = per_warp[worst]
         site = max(sites, key=sites.get)
-        return instructions, accesses, site[0], site[1]
+        return instructions, share(worst), site[0], site[1]
 
     def shared_loads_per_thread(self):
         """The most reads of shared memory one thread made, over every shared array."""

@@ -437,7 +437,8 @@ shared_recorder = block_recorder = None
 
 
 def _shared_array(self, shape, dtype, alignment=None):
-    """``FakeCUDAShared.array`` keyed, as numba-cuda's, by the declaring line, but read from the
+    """``FakeCUDAShared.array`` keyed, as numba-cuda's, by the declaring line (and, unlike numba-cuda's,
+    by the call's place in it: ``declaration``), but read from the
     caller's frame instead of a whole ``traceback.extract_stack`` (which checks every source
     file on the stack, at each declaration of each thread), and stored with ``setdefault``,
     atomic under the interpreter lock: numba-cuda's own threads, which can switch between the
@@ -455,11 +456,18 @@ def _shared_array(self, shape, dtype, alignment=None):
             self._dynshared.fill(-1)              # bytes 0xFF: NaN as float32 or float64
             self._poisoned = True
         return _numba_shared_array(self, shape, dtype)
-    site = (caller.f_code.co_filename, caller.f_lineno)
+    site = declaration(caller)
     shared = self._allocations.get(site)
     if shared is None:
         shared = self._allocations.setdefault(site, garbage(shape, dtype))
     return shared
+
+
+def declaration(frame):
+    """Where a shared array is declared: the file, the line and the call's place in the line's code, so
+    that two arrays declared on one line (``a = cuda.shared.array(..); b = cuda.shared.array(..)``) are two
+    arrays, as they are on a GPU."""
+    return frame.f_code.co_filename, frame.f_lineno, frame.f_lasti
 
 
 def garbage(shape, dtype):
