@@ -284,6 +284,11 @@ def induction_key_from_the_model(tokens, i):
     return toy_model.layer_heads(toy_model.load_trained()[0], tokens, 1)[3][1][i].argmax()
 
 
+def induction_key_from_the_next_token(tokens, i):
+    """Right on every exact repeat, but it reads the token after the query, which the head cannot see."""
+    return int(np.argmax(tokens == tokens[i + 1]))
+
+
 def induction_key_stub(tokens, i):
     raise NotImplementedError()
 
@@ -300,6 +305,8 @@ def test_the_induction_key_solution_passes(answer):
     (induction_key_previous_token, "previous_token", "layer 0"),
     (induction_key_the_query_itself, "wrong_values", "first at query 4 (token"),
     (induction_key_not_returned, "raised_error", "TypeError"),
+    (induction_key_from_the_next_token, "reads_the_future", "once the tokens after position 4 change: the head at "
+                                                            "query 4 sees tokens 0 to 4 only"),
     (induction_key_from_the_model, "calls_given_code", "layer_heads"),
     (induction_key_stub, "not_implemented", "Hint"),
 ])

@@ -42,6 +42,8 @@ query i of the repeated segment, predicted from the tokens alone. The check comp
 head's own choice (the argmax of its row) at every query of the repeat (L <= i < 2L - 1) of eight
 sequences, L from 4 to 11. Besides the engine's diagnoses:
 
+- ``reads_the_future``: an answer that changes when the tokens after its query change (the head
+  cannot see them);
 - ``earlier_occurrence_itself``: the key holding the query's token earlier, not the one after it;
 - ``previous_token``: key i - 1, layer 0's previous-token pattern.
 """
@@ -298,7 +300,27 @@ def _run_induction_key(answer, case, rng, _launch):
     queries = np.arange(length, 2 * length - 1)             # the repeat, before its last token
     got = np.array([int(answer(tokens.copy(), int(i))) for i in queries])
     expected = weights[queries].argmax(axis=-1)
+    _refuse_the_future(answer, tokens, queries, got, rng)
     return got, expected, tokens, queries, weights
+
+
+def _refuse_the_future(answer, tokens, queries, got, rng):
+    """Diagnosed when an answer changes with the tokens after its query: the head at query i sees tokens
+    0..i only (the causal mask), so its pick cannot depend on what comes later. Every token after i is
+    replaced by another of the vocabulary, and the answer asked again."""
+    for i, said in zip(queries, got):
+        future = tokens.copy()
+        future[i + 1:] = (tokens[i + 1:] + rng.integers(1, toy_model.VOCAB, tokens.size - i - 1)) % toy_model.VOCAB
+        try:
+            now = int(answer(future, int(i)))
+        except Exception as error:  # noqa: BLE001  (what the answer raises on another future is the answer's)
+            now = f"{type(error).__name__}"
+        if now != said:
+            now = f"key {now}" if isinstance(now, int) else f"an error ({now})"
+            raise Diagnosed("reads_the_future", (
+                f"at query {i} you said key {said}, but {now} once the tokens after position {i} change: the "
+                f"head at query {i} sees tokens 0 to {i} only (the causal mask), so its pick cannot depend on the "
+                "tokens after it, the next one included"))
 
 
 def _diagnose_induction_key(got, expected, tokens, queries, weights):
@@ -335,7 +357,7 @@ register(Exercise(
     rtol=0,
     atol=0,
     diagnose=_diagnose_induction_key,
-    diagnoses=("earlier_occurrence_itself", "previous_token"),
+    diagnoses=("earlier_occurrence_itself", "previous_token", "reads_the_future"),
     solution=induction_key,
     forbidden=(toy_model.layer_heads, toy_model.forward, toy_model.induction_score, attention.attention_weights,
                attention.attention),
