@@ -174,80 +174,215 @@ def test_the_rounded_lse_diagnosis_says_why():
     assert "6.1e-05" in message and "exp(LSE_c - M)" in message
 
 
-# --- 09_split_k (main): one query head against a staged chunk --------------------------------
+# --- 09_chunk_partial (main): a chunk's partial, a block per (chunk, query head) -------------------
 
-FIRST_BARRIER = "    cuda.syncthreads()                               # wait: the chunk is staged"
-SECOND_BARRIER = "    cuda.syncthreads()                               # wait: every score"
-SCORE = "s_chunk[tid] = scale * row_dot(q[h], k_s, tid, q.shape[1])"
-M_LOOP = "for t in range(n_keys):\n        m = max(m, s_chunk[t])\n    for t in range(n_keys):"
+from attention_lib.stages.kv_cache import KEYS_PER_CHUNK, chunk_reduce, row_dot  # noqa: E402,F401  (planted answers' names)
 
-SPLIT_K_MISTAKES = {
-    "no_stage_barrier": ([(FIRST_BARRIER, "    pass                               # wait: the chunk is staged")],
-                         "race", "race on shared"),
-    "no_score_barrier": ([(SECOND_BARRIER, "    pass                               # wait: every score")],
-                         "race", "race on shared"),
-    "barrier_in_if": ([("   # every thread reads all of q[h]\n    cuda.syncthreads()",
-                        "   # every thread reads all of q[h]\n        cuda.syncthreads()")],
-                      "divergent_barrier", "On a GPU that hangs the block"),
-    "chunk_ignored": ([("o_part[h, c, e] =", "o_part[h, 0, e] ="), ("lse_part[h, c] =", "lse_part[h, 0] =")],
+STAGED = "    cuda.syncthreads()                                      # wait: the chunk's keys are staged\n"
+STAGE = "tile[i // d_k, i % d_k] = k_cache[g, start + i // d_k, i % d_k]"
+SCORE = "s = scale * row_dot(q[h], tile, tid, d_k) if tid < n_keys else np.float32(-math.inf)"
+MAX = "m = chunk_reduce(b_s, s, True)"
+WEIGHTS = ("a_s[tid] = math.exp(s - m)                              # the weights, <= 1, exactly 1 at the max\n"
+           "    l = chunk_reduce(b_s, a_s[tid], False)")
+V_LOOP = "for e in range(tid, d_k, KEYS_PER_CHUNK):"
+LSE = "lse_part[h, c] = m + math.log(l)"
+
+CHUNK_MISTAKES = {
+    # the scores' max, as readers wrote it
+    "m_first_score": ([(MAX, "a_s[tid] = s\n    cuda.syncthreads()\n    m = a_s[0]\n    cuda.syncthreads()")],
+                      "m_is_first_score", "right when the largest comes first"),
+    "max_from_zero": ([(MAX, "m = chunk_reduce(b_s, max(s, np.float32(0.0)), True)")], "max_from_zero",
+                      "start the max from -inf"),
+    "no_max": ([("a_s[tid] = math.exp(s - m)", "a_s[tid] = math.exp(s)"), (LSE, "lse_part[h, c] = math.log(l)")],
+               "unstable_softmax", "every score of the chunk is 760"),
+    "zero_in_the_max": ([(MAX, "m = chunk_reduce(b_s, s if tid < n_keys else np.float32(0.0), True)")],
+                        "partial_chunk", "gave the max a 0"),
+    "zero_score_counted": ([("else np.float32(-math.inf)", "else np.float32(0.0)")], "partial_chunk",
+                           "right in every full chunk, wrong in the last one"),
+    # who writes what
+    "chunk_ignored": ([("o_part[h, c, e] = acc / l", "o_part[h, 0, e] = acc / l"), (LSE, "lse_part[h, 0] = m + math.log(l)")],
                       "blocks_overwrite_partials", "written by two blocks"),
     "every_thread_lse": ([("if tid == 0:", "if tid >= 0:")], "threads_overwrite_partials", "two threads of one block"),
-    "one_component": ([("for e in range(tid, q.shape[1], KEYS_PER_CHUNK):", "for e in range(tid, min(tid + 1, q.shape[1])):")],
-                      "components_not_strided", "never written"),
-    "stride_8": ([("for e in range(tid, q.shape[1], KEYS_PER_CHUNK):", "for e in range(tid, q.shape[1], 8):")],
-                 "threads_overwrite_partials", "with a GPU's launch"),
-    "not_normalised": ([("weighted_value(s_chunk, v_s, n_keys, m, e) / l", "weighted_value(s_chunk, v_s, n_keys, m, e)")],
-                       "output_not_normalised", "divide it by l"),
-    "lse_m": ([("lse_part[h, c] = m + math.log(l)", "lse_part[h, c] = m")], "lse_is_max", "m + log l"),
-    "lse_log_l": ([("lse_part[h, c] = m + math.log(l)", "lse_part[h, c] = math.log(l)")], "lse_without_max",
-                  "add m back"),
-    "no_scale": ([(SCORE, "s_chunk[tid] = row_dot(q[h], k_s, tid, q.shape[1])")], "missing_scale", "1/sqrt(d_k)"),
-    "no_max": ([("m = max(m, s_chunk[t])", "m = np.float32(0.0)")], "unstable_softmax", "overflows float32"),
-    "zero_padded": ([("if tid < n_keys:", "if True:"), (SCORE, SCORE + " if tid < n_keys else np.float32(0.0)"),
-                     (M_LOOP, M_LOOP.replace("n_keys", "KEYS_PER_CHUNK"))], "partial_chunk", "last one"),
-    "whole_chunk": ([("if tid < n_keys:", "if tid < KEYS_PER_CHUNK:"), (M_LOOP, M_LOOP.replace("n_keys", "KEYS_PER_CHUNK")),
-                     ("weighted_value(s_chunk, v_s, n_keys, m, e)", "weighted_value(s_chunk, v_s, KEYS_PER_CHUNK, m, e)")],
-                    "stale_tile", "which no thread of its block had written"),
-    "past_n_keys": ([("if tid < n_keys:", "if tid <= n_keys:")], "stale_tile", "the values are right, but"),
-    "recomputed": ([("m = max(m, s_chunk[t])", "m = max(m, scale * row_dot(q[h], k_s, t, q.shape[1]))"),
-                    ("l += math.exp(s_chunk[t] - m)", "l += math.exp(scale * row_dot(q[h], k_s, t, q.shape[1]) - m)")],
-                   "scores_recomputed", "read shared memory"),
-    "float64": ([("np.float32(-math.inf), np.float32(0.0)", "-math.inf, 0.0")], "float64_arithmetic", "float64"),
+    "stride_8": ([(V_LOOP, "for e in range(tid, d_k, 8):")], "threads_overwrite_partials", "with a GPU's launch"),
+    "one_component": ([(V_LOOP, "for e in range(tid, min(tid + 1, d_k)):")], "components_not_strided", "never written"),
+    # the loads
+    "every_component_everywhere": ([(V_LOOP, "for e in range(d_k):"),
+                                    ("        o_part[h, c, e] = acc / l",
+                                     "        if e % KEYS_PER_CHUNK == tid:\n            o_part[h, c, e] = acc / l")],
+                                   "no_reuse", "an element of v_cache was read up to"),
+    "staged_by_thread_0": ([("for i in range(tid, n_keys * d_k, KEYS_PER_CHUNK):",
+                             "for i in range(n_keys * d_k if tid == 0 else 0):")], "serial_copy",
+                           "a few lanes copy in a loop"),
+    "scored_from_global": ([(STAGE, "pass"),
+                            (SCORE, "s = np.float32(-math.inf)\n    if tid < n_keys:\n        s = np.float32(0.0)\n"
+                                    "        for e in range(d_k):\n            s += q[h, e] * k_cache[g, start + tid, e]\n"
+                                    "        s *= scale")],
+                           "uncoalesced", "a warp's load of k_cache"),
+    # barriers and guards
+    "no_stage_barrier": ([(STAGED, "")], "race", "race on shared"),
+    "barrier_in_the_loop": ([(STAGE + "\n" + STAGED, STAGE + "\n    " + STAGED)], "divergent_barrier",
+                            "On a GPU that hangs the block"),
+    "weights_unsynced": ([(WEIGHTS, "l = chunk_reduce(b_s, math.exp(s - m), False)\n    a_s[tid] = math.exp(s - m)")],
+                         "race", "race on shared"),
+    "scored_past_n_keys": ([("if tid < n_keys else", "if tid < KEYS_PER_CHUNK else")], "stale_tile",
+                           "which no thread of its block had written"),
+    "extra_barrier": ([("    if tid == 0:", "    cuda.syncthreads()\n    if tid == 0:")], "extra_barriers",
+                      "barriers, where the limit is"),
+    # the formula
+    "not_normalised": ([("o_part[h, c, e] = acc / l", "o_part[h, c, e] = acc")], "output_not_normalised",
+                       "divide it by l"),
+    "lse_m": ([(LSE, "lse_part[h, c] = m")], "lse_is_max", "m + log l"),
+    "lse_log_l": ([(LSE, "lse_part[h, c] = math.log(l)")], "lse_without_max", "add m back"),
+    "no_scale": ([("s = scale * row_dot", "s = row_dot")], "missing_scale", "1/sqrt(d_k)"),
+    "float64": ([("acc = np.float32(0.0)", "acc = 0.0")], "float64_arithmetic", "float64"),
 }
 
 
 @cuda.jit(device=True)
-def split_k_stub(q, h, c, k_s, v_s, s_chunk, n_keys, scale, lse_part, o_part):
+def chunk_partial_in_another_style(q, k_cache, v_cache, h, g, c, n_keys, scale, lse_part, o_part, tile, a_s, b_s):
+    """A right answer: the keys staged row by row, the scores kept in a_s, its own tree for each
+    reduction (3 reads a round in the max's), the weights recomputed from the scores."""
+    tid, d_k = cuda.threadIdx.x, q.shape[1]
+    first = c * KEYS_PER_CHUNK
+    for t in range(n_keys):
+        for e in range(tid, d_k, KEYS_PER_CHUNK):
+            tile[t, e] = k_cache[g, first + t, e]
+    cuda.syncthreads()
+    mine = np.float32(-math.inf)
+    if tid < n_keys:
+        dot = np.float32(0.0)
+        for e in range(d_k):
+            dot += q[h, e] * tile[tid, e]
+        mine = dot * scale
+    a_s[tid] = mine
+    b_s[tid] = mine
+    cuda.syncthreads()
+    half = KEYS_PER_CHUNK // 2
+    while half >= 1:
+        if tid < half and b_s[tid + half] > b_s[tid]:
+            b_s[tid] = b_s[tid + half]
+        cuda.syncthreads()
+        half //= 2
+    m = b_s[0]
+    cuda.syncthreads()
+    b_s[tid] = math.exp(mine - m)
+    cuda.syncthreads()
+    half = KEYS_PER_CHUNK // 2
+    while half >= 1:
+        if tid < half:
+            b_s[tid] = b_s[tid] + b_s[tid + half]
+        cuda.syncthreads()
+        half //= 2
+    l = b_s[0]
+    for e in range(tid, d_k, KEYS_PER_CHUNK):
+        acc = np.float32(0.0)
+        for t in range(n_keys):
+            acc += math.exp(a_s[t] - m) * v_cache[g, first + t, e]
+        o_part[h, c, e] = acc / l
+    if tid == 0:
+        lse_part[h, c] = m + math.log(l)
+
+
+def _staged_and_scored(rest):
+    """An answer that stages and scores as the library's does, then keeps the scores in a_s (a
+    barrier after them) and runs `rest` (source text indented by four spaces)."""
+    namespace = {"cuda": cuda, "np": np, "math": math, "KEYS_PER_CHUNK": KEYS_PER_CHUNK, "row_dot": row_dot}
+    exec("def answer(q, k_cache, v_cache, h, g, c, n_keys, scale, lse_part, o_part, tile, a_s, b_s):\n"
+         "    tid, d_k, start = cuda.threadIdx.x, q.shape[1], c * KEYS_PER_CHUNK\n"
+         "    for i in range(tid, n_keys * d_k, KEYS_PER_CHUNK):\n"
+         "        tile[i // d_k, i % d_k] = k_cache[g, start + i // d_k, i % d_k]\n"
+         "    cuda.syncthreads()\n"
+         "    s = scale * row_dot(q[h], tile, tid, d_k) if tid < n_keys else np.float32(-math.inf)\n"
+         "    a_s[tid] = s\n"
+         "    cuda.syncthreads()\n" + rest, namespace)
+    return cuda.jit(device=True)(namespace["answer"])
+
+
+WEIGH = ("    for e in range(tid, d_k, KEYS_PER_CHUNK):\n"
+         "        acc = np.float32(0.0)\n"
+         "        for t in range(n_keys):\n"
+         "            acc += math.exp(a_s[t] - m) * v_cache[g, start + t, e]\n"
+         "        o_part[h, c, e] = acc / l\n"
+         "    if tid == 0:\n"
+         "        lse_part[h, c] = m + math.log(l)\n")
+
+# Thread 0 finds m and l alone and hands them over through shared memory.
+serial_thread_0 = _staged_and_scored(
+    "    if tid == 0:\n"
+    "        m, l = np.float32(-math.inf), np.float32(0.0)\n"
+    "        for t in range(n_keys):\n"
+    "            m = max(m, a_s[t])\n"
+    "        for t in range(n_keys):\n"
+    "            l += math.exp(a_s[t] - m)\n"
+    "        b_s[0], b_s[1] = m, l\n"
+    "    cuda.syncthreads()\n"
+    "    m, l = b_s[0], b_s[1]\n" + WEIGH)
+
+# Every thread walks all the scores for m and l (no tree).
+serial_in_every_thread = _staged_and_scored(
+    "    m, l = np.float32(-math.inf), np.float32(0.0)\n"
+    "    for t in range(n_keys):\n"
+    "        m = max(m, a_s[t])\n"
+    "    for t in range(n_keys):\n"
+    "        l += math.exp(a_s[t] - m)\n" + WEIGH)
+
+# Each thread takes its own score as m (a thread without a position the first score), and weighs
+# with it throughout: right until the scores spread past 88.
+own_score_as_m = _staged_and_scored(
+    "    m = s if tid < n_keys else a_s[0]\n"
+    "    l = np.float32(0.0)\n"
+    "    for t in range(n_keys):\n"
+    "        l += math.exp(a_s[t] - m)\n" + WEIGH)
+
+
+@cuda.jit(device=True)
+def chunk_partial_stub(q, k_cache, v_cache, h, g, c, n_keys, scale, lse_part, o_part, tile, a_s, b_s):
     raise NotImplementedError()
 
 
-def test_the_split_k_solution_passes_at_both_launches():
-    result = check("09_split_k", mutation.solution_copy(EXERCISES["09_split_k"]), verbose=False)
-    assert result.passed and result.diagnosis == "ok" and "a GPU's" in result.message, result
+def test_the_chunk_partial_solution_and_another_style_pass_at_both_launches():
+    for answer in (mutation.solution_copy(EXERCISES["09_chunk_partial"]), chunk_partial_in_another_style):
+        result = check("09_chunk_partial", answer, verbose=False)
+        assert result.passed and result.diagnosis == "ok" and "a GPU's" in result.message, result
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("mistake", sorted(SPLIT_K_MISTAKES))
-def test_split_k_mistakes_get_their_diagnosis(mistake):
-    changes, diagnosis, says = SPLIT_K_MISTAKES[mistake]
-    result = check("09_split_k", variant("09_split_k", *changes), verbose=False)
+@pytest.mark.parametrize("mistake", sorted(CHUNK_MISTAKES))
+def test_chunk_partial_mistakes_get_their_diagnosis(mistake):
+    changes, diagnosis, says = CHUNK_MISTAKES[mistake]
+    result = check("09_chunk_partial", variant("09_chunk_partial", *changes), verbose=False)
     assert (result.passed, result.diagnosis, says in result.message) == (False, diagnosis, True), result
     assert "\n" not in str(result)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("answer, diagnosis, says", [
-    (split_k_stub, "not_implemented", "Hint:"),
-    (kv_cache.attend_chunk, "calls_given_code", "attend_chunk"),
-], ids=["stub", "library_function"])
-def test_split_k_stub_and_library_code(answer, diagnosis, says):
-    result = check("09_split_k", answer, verbose=False)
+    (serial_thread_0, "serial_reduction", "one thread read shared memory"),
+    (serial_in_every_thread, "serial_reduction", "with a GPU's launch"),
+    (own_score_as_m, "m_is_own_score", "right when every score is equal"),
+    (chunk_partial_stub, "not_implemented", "Hint:"),
+    (kv_cache.chunk_partial, "calls_given_code", "chunk_partial"),
+], ids=["serial_thread_0", "serial_in_every_thread", "own_score_as_m", "stub", "library_function"])
+def test_chunk_partial_written_answers(answer, diagnosis, says):
+    result = check("09_chunk_partial", answer, verbose=False)
     assert (result.passed, result.diagnosis, says in result.message) == (False, diagnosis, True), result
 
 
+def test_a_merge_whose_max_misses_the_last_chunk_fails():
+    """M from the first chunk and those after it, all but the last: right until the last chunk's LSE
+    lies far above the others'."""
+    result = check("09_lse_merge", variant("09_lse_merge", ("big = np.float32(-math.inf)", "big = lse_part[h, 0]"),
+                                           ("for c in range(lse_part.shape[1]):\n            big",
+                                            "for c in range(1, lse_part.shape[1] - 1):\n            big")),
+                   verbose=False)
+    assert (result.passed, result.diagnosis) == (False, "max_not_largest"), result
+    assert "last high LSEs" in result.message, result
+
+
 def test_the_hints_of_09_give_no_code(capsys):
-    for exercise_id in ("09_lse_merge", "09_split_k"):
+    for exercise_id in ("09_lse_merge", "09_chunk_partial"):
         hints = EXERCISES[exercise_id].hints
-        assert len(hints) >= 2
+        assert [h.split(":")[0] for h in hints[1:]] == ["the plan", "where answers go wrong"], exercise_id
         hint(exercise_id, 2)
         assert capsys.readouterr().out.startswith(f"{exercise_id}, hint 2 of {len(hints)}: the plan")
         for text in hints:

@@ -207,6 +207,56 @@ def test_decode_step_wants_a_cache_and_a_known_version():
         kv_cache.decode_step(np.zeros((2, 5)), KVCache(2, 4, 5), version=3)
 
 
+# --- The chunk partial kernel: a block per (chunk, query head) -------------------------------------
+
+@pytest.mark.parametrize("n_head, n_kv_head, length, d_k", [
+    (1, 1, 1, 5), (2, 1, C - 1, 64), (4, 2, C, 5), (4, 2, C + 1, 128), (3, 3, 3 * C + 2, 17), (4, 1, 2 * C + 5, 3)])
+def test_the_chunk_partial_kernel_matches_the_chunks_of_numpy(rng, n_head, n_kv_head, length, d_k):
+    cache = filled_cache(rng, n_head, length, d_k, capacity=length + 2, n_kv_head=n_kv_head)
+    q = rng.standard_normal((n_head, d_k))
+    lse_part, o_part = kv_cache.chunk_partials_device(q, cache)
+    group = n_head // n_kv_head                              # query head h reads kv head h // group
+    want_lse, want_o = kv_cache.chunk_partials(q, np.repeat(cache.keys, group, 0), np.repeat(cache.values, group, 0))
+    assert lse_part.dtype == o_part.dtype == np.float32
+    assert np.allclose(lse_part, want_lse, rtol=1e-5, atol=1e-5) and np.allclose(o_part, want_o, rtol=1e-5, atol=1e-5)
+    out, _ = kv_cache.merge_partials(lse_part, o_part)       # merged: the decode step's output
+    assert np.allclose(out, kv_cache.decode_step(q, cache), rtol=1e-5, atol=1e-5)
+
+
+def test_the_chunk_partial_kernel_survives_scores_past_exps_range(rng):
+    cache = filled_cache(rng, 2, 2 * C + 3, 16)
+    q = rng.standard_normal((2, 16)) * 400.0                 # scores spread over hundreds inside a chunk
+    lse_part, o_part = kv_cache.chunk_partials_device(q, cache)
+    want_lse, want_o = kv_cache.chunk_partials(q, cache.keys, cache.values)
+    assert np.isfinite(lse_part).all() and np.isfinite(o_part).all()
+    assert np.allclose(lse_part, want_lse, rtol=1e-5, atol=1e-4) and np.allclose(o_part, want_o, rtol=1e-4, atol=1e-5)
+
+
+def test_the_chunk_partial_kernel_reads_the_cache_once_a_query_head_and_has_no_race(rng):
+    """Grouped heads: 4 query heads on 2 kv heads read each cached number twice, decode_kernel_v2 once."""
+    n_head, n_kv_head, length, d_k = 4, 2, 2 * C + 3, 5
+    q = rng.standard_normal((n_head, d_k)).astype(np.float32)
+    k, v = np.full((2, n_kv_head, length + 2, d_k), np.nan, np.float32)
+    k[:, :length], v[:, :length] = rng.standard_normal((2, n_kv_head, length, d_k))
+    chunks, scale = kv_cache.n_chunks(length), np.float32(1 / math.sqrt(d_k))
+    parts = (np.zeros((n_head, chunks), np.float32), np.zeros((n_head, chunks, d_k), np.float32))
+    grid, block = kv_cache.chunk_grid(n_head, length)
+    assert grid == (chunks, n_head) and block == C
+    args = (q, k, v, length, scale, *parts)
+    assert sanitizer.find_races(kv_cache.chunk_partial_kernel, grid, block, *args) == []
+    report = sanitizer.count_memory(kv_cache.chunk_partial_kernel, grid, block, *args)
+    (grid2, block2), _ = kv_cache.decode_grid(n_head, d_k, length, 2, n_kv_head)
+    report2 = sanitizer.count_memory(kv_cache.decode_kernel_v2, grid2, block2, *args)
+    for name in ("k_cache", "v_cache"):
+        assert (report.loads(name)[:, :length] == 2).all() and (report.loads(name)[:, length:] == 0).all()
+        assert (report2.loads(name)[:, :length] == 1).all()
+
+
+def test_chunk_partials_device_refuses_a_query_of_the_wrong_shape():
+    with pytest.raises(ValueError, match=r"^q must have shape \(n_head, d_k\) = \(2, 5\)"):
+        kv_cache.chunk_partials_device(np.zeros((3, 5)), KVCache(2, 4, 5))
+
+
 # --- Races and memory traffic --------------------------------------------------------------------
 
 def launches(rng, n_head, length, d_k, capacity):

@@ -1,6 +1,6 @@
 """Notebook 09's exercises, with their typical mistakes named: the log-sum-exp merge of split-K
-partials (warm-up) and one query head's partial of a staged chunk, inside the split-K kernel
-(main), below."""
+partials (warm-up) and a chunk's partial, run by every thread of the split-K kernel's block of one chunk
+and one query head (main), below."""
 
 import functools
 import math
@@ -15,8 +15,9 @@ from numba import cuda
 from attention_lib.stages import kv_cache
 from attention_lib.checks import shapes
 from attention_lib.checks.engine import (Diagnosed, Exercise, RaceFound, output_array, read_output, register,
-                                         traced_launch, unwritten)
-from attention_lib.checks.limits import NoUnwrittenReads, SharedLoadsPerThread
+                                         unwritten)
+from attention_lib.checks.limits import (Coalesced, MostBarriers, MostLoads, NoSerialCopy, NoUnwrittenReads,
+                                         SharedLoadsPerThread)
 
 
 # --- Warm-up: the log-sum-exp merge of split-K partials, as a kernel --------------------------
@@ -41,7 +42,8 @@ from attention_lib.checks.limits import NoUnwrittenReads, SharedLoadsPerThread
 class LseCase(NamedTuple):
     """One size tried: n_head heads of n_chunks partials with d_v components; LSEs of order 3
     ("normal"), around +-1000 ("large"), with each head's last chunk masked ("masked") or its first
-    ("first masked"), or spread over -60 .. 60, the first chunk's the lowest ("spread")."""
+    ("first masked"), or spread over -60 .. 60, the first chunk's the lowest ("spread"), or the last
+    chunk's 800, the others' within -60 .. 0 ("last high": a max that misses the last chunk overflows)."""
 
     n_head: int
     n_chunks: int
@@ -53,7 +55,8 @@ class LseCase(NamedTuple):
 
 
 LSE_CASES = [LseCase(1, 1, 1, "normal"), LseCase(3, 5, 7, "normal"), LseCase(5, 3, 19, "large"),
-             LseCase(2, 4, 33, "masked"), LseCase(3, 4, 5, "first masked"), LseCase(2, 5, 9, "spread")]
+             LseCase(2, 4, 33, "masked"), LseCase(3, 4, 5, "first masked"), LseCase(2, 5, 9, "spread"),
+             LseCase(3, 4, 6, "last high")]
 
 
 def _lse_partials(n_head, n_chunks, d_v, kind, rng):
@@ -64,6 +67,9 @@ def _lse_partials(n_head, n_chunks, d_v, kind, rng):
     if kind == "spread":                 # past exp's float32 range apart, the first chunk's the lowest
         lse = np.sort(rng.uniform(-60.0, 60.0, (n_head, n_chunks)), axis=1)
         lse[:, 0], lse[:, -1] = -60.0, 60.0
+    if kind == "last high":              # the last chunk's LSE 800 above the others' (past exp's float64 range)
+        lse = rng.uniform(-60.0, 0.0, (n_head, n_chunks))
+        lse[:, -1] = 800.0
     o = rng.standard_normal((n_head, n_chunks, d_v))
     if kind in ("masked", "first masked"):  # the last (first) chunk of every head saw only masked keys
         column = -1 if kind == "masked" else 0
@@ -86,7 +92,7 @@ def _run_lse_merge(kernel, case, rng, launch):
     except (OverflowError, ZeroDivisionError, FloatingPointError, ValueError):
         # The simulator's math.exp raises on overflow, and math.log(0) (a sum that underflowed)
         # raises ValueError; a GPU returns inf, NaN or -inf instead.
-        if kind not in ("large", "spread"):
+        if kind not in ("large", "spread", "last high"):
             raise                        # not the overflow this case tests: the engine reports it
         return np.full(expected.shape, np.inf), expected, lse_part, o_part, kind
     got = np.concatenate([read_output(full_out, d_out), read_output(full_lse, d_lse)[:, None]], axis=1)
@@ -99,7 +105,7 @@ def _diagnose_lse_merge(got, expected, lse_part, o_part, kind):
     lse64 = lse_part.astype(np.float64)
     m = lse64.max(axis=1, keepdims=True)
     broken = not np.isfinite(got[np.isfinite(expected)]).all()
-    if broken and kind in ("masked", "first masked", "spread"):
+    if broken and kind in ("masked", "first masked", "spread", "last high"):
         return "max_not_largest", ("inf or NaN where a head's chunk LSEs lie far apart (past 88, or -inf for a chunk "
                                    "whose keys were all masked): exp(LSE_c - M) overflows float32 unless M is the "
                                    "largest LSE_c of the head, which makes every weight at most 1")
@@ -140,16 +146,18 @@ register(Exercise(
     # (n_head, n_chunks, d_v, kind): one of each; sizes that are no multiple of the (16, 4)
     # block; chunk LSEs around +-1000 (overflow without the max, lost precision with a
     # rounded LSE); the last chunk's LSE -inf; the first chunk's -inf; LSEs 120 apart, the first
-    # the lowest (overflow with an M that is not the largest).
+    # the lowest (overflow with an M that is not the largest); the last chunk's LSE 800 above the
+    # others (overflow with a max that misses the last chunk).
     cases=LSE_CASES,
     hint=("each thread owns one output component of one head: it looks at every chunk's LSE, weighs chunk c "
           "by its share of the softmax's denominator, and adds up"),
-    more_hints=("the plan, for thread (e, h) inside the output: a first pass over the head's chunks finds M, the "
-                "largest LSE; a second adds up the weights, exp of LSE minus M, and the weighted components of "
-                "the chunks' outputs; the component is the weighted sum divided by the sum of the weights, and the "
-                "thread of component 0 also writes M plus the log of that sum. Where answers go wrong: exp of an "
-                "LSE as it is (it can be 1000), an M that is not the largest (the first chunk's may be minus "
-                "infinity), weights taken against a rounded total, threads outside the output that still write",),
+    more_hints=("the plan: for thread (e, h) inside the output, a first pass over the head's chunks finds M, "
+                "the largest LSE; a second adds up the weights, exp of LSE minus M, and the weighted components "
+                "of the chunks' outputs; the component is the weighted sum divided by the sum of the weights, and "
+                "the thread of component 0 also writes M plus the log of that sum",
+                "where answers go wrong: exp of an LSE as it is (it can be 1000), an M that is not the largest (the "
+                "first chunk's may be minus infinity, the last chunk's may be the largest), weights taken against "
+                "a rounded total, threads outside the output that still write"),
     # float32 exp and sums of a few terms against float64: errors around 1e-7 on outputs of order 1,
     # and the float32 rounding of an lse near 1000 (6e-5) is inside rtol.
     rtol=1e-5,
@@ -162,44 +170,54 @@ register(Exercise(
 ))
 
 
-# --- Main: one query head's partial of a staged chunk, inside the split-K kernel ------------------
-# The answer has attend_chunk's signature ``(q, h, c, k_s, v_s, s_chunk, n_keys, scale, lse_part,
-# o_part)``: every thread of block (c, g) calls it once per query head h of g's group, after the
-# kernel staged chunk c of kv head g (n_keys positions) in the shared k_s and v_s. It writes the
-# chunk's log-sum-exp lse_part[h, c] = m + log l and normalised output o_part[h, c, :] = sum_t
-# exp(s_t - m) v_t / l, with the shared s_chunk for the scores, and places its own barriers. The
-# check runs decode_kernel_v2 with the answer in attend_chunk's place, launched as decode_step
-# launches it ((n_chunks, n_kv_head) blocks of KEYS_PER_CHUNK threads), every launch traced, at the
-# simulator's KEYS_PER_CHUNK (8) and a GPU's (32): chunk lengths around a chunk, grouped heads, heads
-# wider than the block, scores past exp's float32 range. Unfilled slots of the cache hold NaN.
-# Limits: no shared slot read that no thread wrote (``stale_tile``), and shared reads per thread
-# within 2 d_k + n (4 + 2 ceil(d_k / KEYS_PER_CHUNK)) a query head (``scores_recomputed``: every
-# thread scoring every position). Besides the engine's diagnoses (race, divergent_barrier):
+# --- Main: a chunk's partial, a block per (chunk, query head) --------------------------------
+# The answer has chunk_partial's signature ``(q, k_cache, v_cache, h, g, c, n_keys, scale, lse_part,
+# o_part, tile, a_s, b_s)``: every thread of block (c, h) of chunk_partial_kernel calls it once
+# (kv_cache.chunk_grid: (n_chunks, n_head) blocks of KEYS_PER_CHUNK threads), with g = h's kv head,
+# n_keys the chunk's filled positions and three shared scratch arrays; it loads the chunk, scores it,
+# reduces, weighs and writes lse_part[h, c] = m + log l and o_part[h, c, :] = sum_t exp(s_t - m) v_t
+# / l, placing its own barriers (kv_cache.chunk_reduce, notebook 04's tree, may do the reductions).
+# The check runs chunk_partial_kernel with the answer in chunk_partial's place, every launch traced,
+# at the simulator's KEYS_PER_CHUNK (8) and a GPU's (32), on chunks one short, exact and one past,
+# heads of 64 and 128, grouped heads, scores spread past exp's range inside a chunk, all below -760,
+# and a last chunk 90 above the others; unfilled cache slots hold NaN. Limits (per launch): each
+# cached number read at most once per query head of its kv head (``no_reuse``); at a GPU's launch (a
+# block one warp), a warp's load of k_cache and v_cache and its store of o_part at most 2 segments of
+# 128 bytes (``uncoalesced``), with its lanes side by side (``serial_copy``); no shared slot read that
+# no thread wrote (``stale_tile``); shared reads per thread within d_k + n ceil(d_k / n) + 5 log2 n
+# + 4, n = KEYS_PER_CHUNK (``serial_reduction``: the max or the sum walked over all n scores by one
+# thread, or by every thread); barriers within 2 log2 n + 5 (``extra_barriers``). Named mistakes,
+# besides the engine's:
 #
-# - ``blocks_overwrite_partials``: two blocks wrote the same partial;
-# - ``threads_overwrite_partials``: several threads of a block wrote the same partial (every thread
-#   writing lse_part, say);
-# - ``components_not_strided``: output components KEYS_PER_CHUNK and more never written;
-# - ``unstable_softmax``: inf or NaN with scores past 88.7 (exp of a score without m subtracted);
-# - ``output_not_normalised``: o_part holds sum_t exp(s_t - m) v_t, not divided by l;
-# - ``lse_is_max`` / ``lse_without_max``: lse_part holds m alone, or log l alone;
-# - ``missing_scale``: the scores not multiplied by scale;
-# - ``partial_chunk``: right in every full chunk, wrong in the last, partly filled one (scores past its
-#   n_keys positions counted, as zeros say).
+# - ``m_is_first_score``: inf or NaN once a chunk's largest score lies past 88 above its first,
+#   while right when the largest comes first: m was the first score (or a max over part of the chunk);
+# - ``m_is_own_score``: right when every score is equal, inf or NaN when one thread's score lies far
+#   below the max: each thread took its own score (not the chunk's max) as m;
+# - ``unstable_softmax``: inf or NaN even when every score is 760: exp of a score without m subtracted;
+# - ``max_from_zero``: NaN when every score lies below -760: the max started from 0, so every
+#   exp(s - m) underflowed to 0 and l = 0;
+# - ``partial_chunk``: right in every full chunk, wrong in the last, short one (its missing positions
+#   counted: a score of 0 in the sum, or in the max);
+# - ``output_not_normalised``, ``lse_is_max``, ``lse_without_max``, ``missing_scale``;
+# - ``blocks_overwrite_partials`` / ``threads_overwrite_partials``: two blocks (c or h not used),
+#   or two threads of a block (every thread writing lse_part), wrote the same partial;
+# - ``components_not_strided``: output components KEYS_PER_CHUNK and up never written.
 
 class ChunkCase(NamedTuple):
     """One size tried: n_head query heads on n_kv_head kv heads of width d_k, `length` positions
-    filled; large: scores 700 .. 760 (exact integers), past exp's float32 range."""
+    filled; scores random, or "spread" (-700 .. 760 inside each chunk, its first position the
+    lowest), "low" (-800 .. -760) or "last high" (the last chunk's 90 .. 100, the others' -50 .. 0),
+    exact integers."""
 
     n_head: int
     n_kv_head: int
     d_k: int
     length: int
-    large: bool = False
+    scores: str = "random"
 
     def __str__(self):
-        return (f"(n_head {self.n_head}, n_kv_head {self.n_kv_head}, d_k {self.d_k}, length {self.length}"
-                f"{', scores 700 to 760' if self.large else ''})")
+        kind = "" if self.scores == "random" else f", {self.scores} scores"
+        return f"(n_head {self.n_head}, n_kv_head {self.n_kv_head}, d_k {self.d_k}, length {self.length}{kind})"
 
 
 def _chunk_reference(q, keys, values, length, scale, score_padding=None):
@@ -213,63 +231,144 @@ def _chunk_reference(q, keys, values, length, scale, score_padding=None):
     for h in range(n_head):
         for c in range(chunks):
             span = slice(c * size, min((c + 1) * size, length))
-            s = keys[h // group, span].astype(np.float64) @ q[h] * scale
+            s = keys[h // group, span].astype(np.float64) @ q[h].astype(np.float64) * float(scale)
             padded = np.concatenate([s, np.full(size - len(s), score_padding)]) if score_padding is not None else s
             p = np.exp(padded - padded.max())
-            out[h, c, :d_k] = p[:len(s)] @ values[h // group, span] / p.sum()
+            out[h, c, :d_k] = p[:len(s)] @ values[h // group, span].astype(np.float64) / p.sum()
             out[h, c, d_k] = padded.max() + np.log(p.sum())
     return out
 
 
-@functools.lru_cache(maxsize=64)
-def _kernel_around(answer, size):
-    """decode_kernel_v2 with the answer in attend_chunk's place, its names those of the kv_cache
-    module when built (KEYS_PER_CHUNK = size, TILE_SHAPE: the configuration's)."""
-    names = {**vars(kv_cache), "attend_chunk": answer}
-    return cuda.jit(types.FunctionType(kv_cache.decode_kernel_v2.py_func.__code__, names, "decode_kernel_v2"))
+def _integer_scores(kind, length, rng):
+    """The scores of one kv head's `length` positions, exact integers, as ChunkCase describes."""
+    size = kv_cache.KEYS_PER_CHUNK
+    if kind == "low":
+        return rng.integers(-800, -759, length)
+    if kind == "last high":
+        last = (kv_cache.n_chunks(length) - 1) * size
+        return np.concatenate([rng.integers(-50, 1, last), rng.integers(90, 101, length - last)])
+    scores = rng.integers(-700, 761, length)             # spread: in each chunk the first the lowest,
+    for start in range(0, length, size):                 # the middle one the largest
+        filled = min(size, length - start)
+        scores[start], scores[start + filled // 2] = -700, 760
+    return scores
 
 
-def _run_split_k(answer, case, rng, _launch):
-    n_head, n_kv_head, d_k, length, large = case
-    capacity, chunks = length + 2, kv_cache.n_chunks(length)
-    keys = np.full((n_kv_head, capacity, d_k), np.nan, np.float32)    # unfilled slots: NaN
+def _chunk_inputs(case, rng):
+    """(q, keys, values, scale) of a case, float32; unfilled cache slots NaN. Integer scores: q = 8
+    times the first unit vector and scale 1/8, so that s_t is the key's first component, exactly."""
+    n_head, n_kv_head, d_k, length, kind = case
+    keys = np.full((n_kv_head, length + 2, d_k), np.nan, np.float32)     # unfilled slots: NaN
     values = keys.copy()
     keys[:, :length], values[:, :length] = rng.standard_normal((2, n_kv_head, length, d_k))
     q = rng.standard_normal((n_head, d_k)).astype(np.float32)
     scale = np.float32(1 / math.sqrt(d_k))
-    if large:                            # q . k * scale = k[0] * 4 / sqrt(16): integers 700 .. 760, exact
+    if kind != "random":
         q[:] = 0.0
-        q[:, 0] = 4.0
-        keys[:, :length, 0] = rng.integers(700, 761, size=(n_kv_head, length))
-    full_lse, lse_part = output_array((n_head, chunks), guard=kv_cache.KEYS_PER_CHUNK)
-    full_o, o_part = output_array((n_head, chunks, d_k), guard=kv_cache.KEYS_PER_CHUNK * d_k)
-    (grid, block), _ = kv_cache.decode_grid(n_head, d_k, length, 2, n_kv_head)
+        q[:, 0], scale = 8.0, np.float32(0.125)
+        for g in range(n_kv_head):
+            keys[g, :length, 0] = _integer_scores(kind, length, rng)
+    return q, keys, values, scale
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel_around(answer, size):
+    """chunk_partial_kernel with the answer in chunk_partial's place, its names those of the kv_cache
+    module when built (KEYS_PER_CHUNK = size, TILE_SHAPE: the configuration's)."""
+    names = {**vars(kv_cache), "chunk_partial": answer}
+    return cuda.jit(types.FunctionType(kv_cache.chunk_partial_kernel.py_func.__code__, names, "chunk_partial_kernel"))
+
+
+def _partials(kernel, q, keys, values, length, scale, launch):
+    """The kernel's (n_head, n_chunks, d_k + 1) output, o_c then LSE_c, launched on chunk_grid."""
+    n_head, d_k = q.shape
+    chunks, size = kv_cache.n_chunks(length), kv_cache.KEYS_PER_CHUNK
+    full_lse, lse_part = output_array((n_head, chunks), guard=size)
+    full_o, o_part = output_array((n_head, chunks, d_k), guard=size * d_k)
+    grid, block = kv_cache.chunk_grid(n_head, length)
+    launch(kernel, grid, block, cuda.to_device(q), cuda.to_device(keys), cuda.to_device(values), length, scale,
+           lse_part, o_part)
+    return np.concatenate([read_output(full_o, o_part), read_output(full_lse, lse_part)[..., None]], axis=2)
+
+
+# What a GPU's float32 exp or log does where the simulator's Python math raises instead.
+_FLOAT_ERRORS = (OverflowError, ZeroDivisionError, ValueError, FloatingPointError)
+
+
+def _right_on(kernel, scores, launch):
+    """Whether the kernel gets one chunk of one head right whose scores are `scores` (exact integers)."""
+    size = kv_cache.KEYS_PER_CHUNK
+    q = np.zeros((1, 16), np.float32)
+    q[0, 0] = 8.0
+    keys = np.zeros((1, size, 16), np.float32)
+    keys[0, :, 0] = scores
+    values = np.linspace(-1.0, 1.0, size * 16, dtype=np.float32).reshape(1, size, 16)
+    expected = _chunk_reference(q, keys, values, size, np.float32(0.125))
+    try:
+        got = _partials(kernel, q, keys, values, size, np.float32(0.125), launch)
+    except Exception:  # noqa: BLE001  (whatever the answer raises, this chunk is not right)
+        return False
+    return bool(np.allclose(got, expected, rtol=1e-5, atol=1e-5))
+
+
+def _name_the_max(kernel, kind, launch):
+    """Diagnosed for an answer wrong on a case of far-apart scores, from one chunk tried three
+    more ways: the largest score first, every score 760, every score below -760."""
+    size = kv_cache.KEYS_PER_CHUNK
+    if kind == "spread":
+        if not _right_on(kernel, np.full(size, 760), launch):
+            raise Diagnosed("unstable_softmax", (
+                "inf or NaN even when every score of the chunk is 760: exp(s) overflows float32 above 88.7; "
+                "take every exponential against the chunk's max, exp(s - m)"))
+        first_largest = np.where(np.arange(size) % 2 == 0, -700, 0)
+        first_largest[0] = 760
+        if _right_on(kernel, first_largest, launch):
+            raise Diagnosed("m_is_first_score", (
+                "inf or NaN where a chunk's largest score lies 1460 above its first, but right when the largest "
+                "comes first: m was the chunk's first score (or a max over part of the chunk), so exp(s - m) "
+                "overflowed; m must be the largest of all the chunk's scores"))
+        raise Diagnosed("m_is_own_score", (
+            "right when every score is equal, inf or NaN when the scores spread past 88: the threads did not "
+            "share one m (each took its own score, say), so exp(s - m) overflowed in a thread whose m lay far "
+            "below the chunk's max; reduce the scores to the chunk's max and give it to every thread"))
+    if kind == "low":
+        if not _right_on(kernel, np.arange(-800, -800 + size), launch):
+            raise Diagnosed("max_from_zero", (
+                "NaN where every score lies below -760: m came out 0, above every score, so every exp(s - m) "
+                "underflowed to 0 and l = 0; start the max from -inf, not from 0"))
+        raise Diagnosed("partial_chunk", (
+            "NaN in the short last chunk where every score lies below -760, right in full chunks: a thread "
+            "without a position gave the max a 0 (above every score), so l = 0; give it -inf instead"))
+
+
+def _run_chunk_partial(answer, case, rng, launch):
+    kernel = _kernel_around(answer, kv_cache.KEYS_PER_CHUNK)
+    q, keys, values, scale = _chunk_inputs(case, rng)
+    length = case.length
     expected = _chunk_reference(q, keys, values, length, scale)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)     # an unstable answer's overflow: said once
-            traced_launch(_kernel_around(answer, kv_cache.KEYS_PER_CHUNK), grid, block, cuda.to_device(q),
-                          cuda.to_device(keys), cuda.to_device(values), length, scale, lse_part, o_part)
-    except OverflowError:
-        # The simulator's math.exp raises past float64's range (a GPU's float32 exp returns inf).
-        if not large:
-            raise
-        return np.full(expected.shape, np.inf), expected, q, keys, values, length, scale, large
+        got = _partials(kernel, q, keys, values, length, scale, launch)
     except RaceFound as race:
-        _name_overwritten_partials(str(race), n_head // n_kv_head)
+        _name_overwritten_partials(str(race))
         raise
-    got = np.concatenate([read_output(full_o, o_part), read_output(full_lse, lse_part)[..., None]], axis=2)
+    except _FLOAT_ERRORS:
+        # The simulator's math.exp raises past float64's range and math.log(0) raises; a GPU's float32
+        # exp returns inf and its log of 0 gives -inf.
+        if case.scores == "random":
+            raise
+        got = np.full(expected.shape, np.nan)
+    if case.scores != "random" and not np.allclose(got, expected, rtol=1e-5, atol=1e-5):
+        _name_the_max(kernel, case.scores, launch)
     never = unwritten(got)
-    if never.any():
-        size = kv_cache.KEYS_PER_CHUNK
-        if d_k > size and never[:, :, size:d_k].all() and not never[:, :, :size].any():
-            raise Diagnosed("components_not_strided", (
-                f"output components {size} .. {d_k - 1} were never written: a block has {size} threads for "
-                f"{d_k} components, so thread tid takes components tid, tid + {size}, ..."))
-    return got, expected, q, keys, values, length, scale, large
+    size, d_k = kv_cache.KEYS_PER_CHUNK, case.d_k
+    if d_k > size and never[:, :, size:d_k].all() and not never[:, :, :size].any():
+        raise Diagnosed("components_not_strided", (
+            f"output components {size} .. {d_k - 1} were never written: a block has {size} threads for "
+            f"{d_k} components, so a thread takes more than one"))
+    return got, expected, q, keys, values, length, scale
 
 
-def _name_overwritten_partials(race, group):
+def _name_overwritten_partials(race):
     """Diagnosed when the race is two writes of one partial (global lse_part or o_part), not a
     missing barrier around shared memory; nothing otherwise."""
     if "global 'lse_part'" not in race and "global 'o_part'" not in race:
@@ -278,103 +377,134 @@ def _name_overwritten_partials(race, group):
     element = "".join(re.search(r"'(\w+)'(\[[^]]*\])", race).groups())      # lse_part[0, 0]
     if len(blocks) > 1:
         raise Diagnosed("blocks_overwrite_partials", (
-            f"{element} was written by two blocks, {' and '.join(sorted(blocks))}: block (c, g) writes chunk c "
-            f"of query head h only, the h it is called with"))
+            f"{element} was written by two blocks, {' and '.join(sorted(blocks))}: the block of chunk c and "
+            "query head h writes lse_part[h, c] and o_part[h, c, :] only"))
     raise Diagnosed("threads_overwrite_partials", (
-        f"{element} was written by two threads of one block: one thread writes the chunk's LSE, and "
-        "thread tid the output components tid, tid + KEYS_PER_CHUNK, ..."))
-
-
-def _diagnose_split_k(got, expected, q, keys, values, length, scale, large):
-    close = dict(rtol=1e-4, atol=1e-4)
-    d_k, size = q.shape[1], kv_cache.KEYS_PER_CHUNK
-    if large and not np.isfinite(got).all():
-        return "unstable_softmax", ("inf or NaN where the scores reach 700 to 760: exp(s) overflows float32 "
-                                    "above 88.7; take every exponential against the chunk's max, exp(s - m)")
-    o, lse = expected[..., :d_k], expected[..., d_k]
-    if np.allclose(got[..., d_k], lse, **close):
-        # lse right: l = exp(lse - m) is known only through the output's normalisation
-        ratio = got[..., :d_k] / np.where(o == 0, 1, o)
-        constant = np.isfinite(ratio).all() and np.allclose(ratio, ratio[..., :1], **close)
-        if constant and not np.allclose(ratio, 1, **close):
-            return "output_not_normalised", ("o_part is sum_t exp(s_t - m) v_t: divide it by l, the sum of the "
-                                             "weights, so that each chunk hands over its own softmax's output")
-    if np.allclose(got[..., :d_k], o, **close):
-        m = np.array([[_chunk_max(q, keys, length, scale, h, c) for c in range(expected.shape[1])]
-                      for h in range(q.shape[0])])
-        if np.allclose(got[..., d_k], m, **close):
-            return "lse_is_max", "lse_part holds m, the chunk's largest score: the log-sum-exp is m + log l"
-        if np.allclose(got[..., d_k], lse - m, **close):
-            return "lse_without_max", "lse_part holds log l: the weights were taken against m, so add m back"
-    if np.allclose(got, _chunk_reference(q, keys, values, length, np.float32(1.0)), **close):
-        return "missing_scale", "the scores were not multiplied by scale = 1/sqrt(d_k)"
-    full = np.arange(expected.shape[1]) < length // size                 # the chunks holding size positions
-    if full.any() and not full.all() and np.allclose(got[:, full], expected[:, full], **close):
-        return "partial_chunk", (f"right in every full chunk, wrong in the last one, which holds only "
-                                 f"{length % size} of its {size} positions: score, sum and weigh its n_keys "
-                                 "positions only, the ones staged")
-    return None
+        f"{element} was written by two threads of one block: each partial needs one writer (one thread "
+        "for lse_part, one per component of o_part)"))
 
 
 def _chunk_max(q, keys, length, scale, h, c):
     """The largest scaled score of query head h in chunk c (the right chunk and kv head)."""
     size, group = kv_cache.KEYS_PER_CHUNK, q.shape[0] // keys.shape[0]
     span = slice(c * size, min((c + 1) * size, length))
-    return float((keys[h // group, span].astype(np.float64) @ q[h] * scale).max())
+    return float((keys[h // group, span].astype(np.float64) @ q[h].astype(np.float64) * float(scale)).max())
 
 
-def _split_k_cases(configuration):
-    """Sizes around the configuration's chunk (KEYS_PER_CHUNK, 8 or 32): one full chunk for one head
-    of width 1; 4 query heads on 2 kv heads over 2 chunks and 3 positions, heads wider than the
-    block (KEYS_PER_CHUNK + 3); one chunk one position short; multi-query attention over three full
-    chunks; a single position shared by a group of 2; a chunk and one position, scores 700 to 760."""
-    size = kv_cache.SHAPE_CONSTANTS["KEYS_PER_CHUNK"][0 if configuration == shapes.SIMULATOR else 1]
-    return [ChunkCase(1, 1, 1, size), ChunkCase(4, 2, size + 3, 2 * size + 3), ChunkCase(3, 3, 5, size - 1),
-            ChunkCase(4, 1, 6, 3 * size), ChunkCase(2, 1, 3, 1), ChunkCase(2, 2, 16, size + 1, large=True)]
+def _diagnose_chunk_partial(got, expected, q, keys, values, length, scale):
+    close = dict(rtol=1e-4, atol=1e-4)
+    d_k, size = q.shape[1], kv_cache.KEYS_PER_CHUNK
+    o, lse = expected[..., :d_k], expected[..., d_k]
+    with np.errstate(all="ignore"):
+        if np.allclose(got[..., d_k], lse, **close):
+            # lse right: l = exp(lse - m) is known only through the output's normalisation
+            ratio = got[..., :d_k] / np.where(o == 0, 1, o)
+            constant = np.isfinite(ratio).all() and np.allclose(ratio, ratio[..., :1], **close)
+            if constant and not np.allclose(ratio, 1, **close):
+                return "output_not_normalised", ("o_part is sum_t exp(s_t - m) v_t: divide it by l, the sum of "
+                                                 "the weights, so that each chunk hands over its own softmax's output")
+        if np.allclose(got[..., :d_k], o, **close):
+            m = np.array([[_chunk_max(q, keys, length, scale, h, c) for c in range(expected.shape[1])]
+                          for h in range(q.shape[0])])
+            if np.allclose(got[..., d_k], m, **close):
+                return "lse_is_max", "lse_part holds m, the chunk's largest score: the log-sum-exp is m + log l"
+            if np.allclose(got[..., d_k], lse - m, **close):
+                return "lse_without_max", "lse_part holds log l: the weights were taken against m, so add m back"
+        if np.allclose(got, _chunk_reference(q, keys, values, length, np.float32(1.0)), **close):
+            return "missing_scale", "the scores were not multiplied by scale = 1/sqrt(d_k)"
+        full = np.arange(expected.shape[1]) < length // size                 # the chunks holding size positions
+        if full.any() and not full.all() and np.allclose(got[:, full], expected[:, full], **close):
+            return "partial_chunk", (f"right in every full chunk, wrong in the last one, which holds only "
+                                     f"{length % size} of its {size} positions: score, reduce and weigh those "
+                                     "only (a thread without a position adds nothing to the max or the sum)")
+    return None
+
+
+def _chunk_cases(configuration):
+    """Sizes around the configuration's chunk n (KEYS_PER_CHUNK, 8 or 32): 2 query heads on 1 kv
+    head, narrower than the block, over 3 chunks, the last short; one exact chunk at d_k 64; one
+    short of a chunk, multi-query, d_k 64; one past a chunk, multi-query, d_k 128; a single position;
+    two chunks whose scores spread past exp's range; all scores low, the last chunk short; the last
+    chunk's scores 90 above the others'."""
+    n = kv_cache.SHAPE_CONSTANTS["KEYS_PER_CHUNK"][0 if configuration == shapes.SIMULATOR else 1]
+    return [ChunkCase(2, 1, n // 2 + 1, 2 * n + 3), ChunkCase(2, 2, 64, n), ChunkCase(2, 1, 64, n - 1),
+            ChunkCase(2, 1, 128, n + 1), ChunkCase(3, 3, 24, 1), ChunkCase(2, 1, 16, 2 * n, "spread"),
+            ChunkCase(2, 2, 16, n + 3, "low"), ChunkCase(1, 1, 16, n + 5, "last high")]
+
+
+class _InWholeWarps:
+    """A limit on what a warp does, measured where a block is a whole warp (a GPU's launch): at the
+    simulator's, a warp of 32 threads spans 4 blocks of 8, each in a chunk of its own and some short,
+    so neither its segments nor its lanes side by side say anything about one block."""
+
+    def __init__(self, limit):
+        self.limit, self.code = limit, limit.code
+
+    def broken(self, traces, case, compiled):
+        return self.limit.broken(traces, case, compiled) if kv_cache.KEYS_PER_CHUNK >= 32 else None
+
+
+def _group(case):
+    return case.n_head // case.n_kv_head
+
+
+def _log2_chunk():
+    return int(math.log2(kv_cache.KEYS_PER_CHUNK))
 
 
 def _shared_reads(case):
-    """The most shared reads a thread may make: per query head of its group, 2 d_k + n (4 + 2 ceil(d_k /
-    KEYS_PER_CHUNK)) for a chunk of n positions (about twice what scoring its own position, finding
-    (m, l) from the scores and weighing its components read); a thread that scores every position of
-    the chunk itself reads n d_k."""
-    size = kv_cache.KEYS_PER_CHUNK
-    n = min(size, case.length)
-    return case.n_head // case.n_kv_head * (2 * case.d_k + n * (4 + 2 * math.ceil(case.d_k / size)))
+    """A key's row (d_k), one weight a position for each component a thread owns (n ceil(d_k / n)),
+    two trees of log2 n rounds (2 reads a round in one, 3 in the other) and 4 more; n = KEYS_PER_CHUNK.
+    A max or a sum walked over the chunk's scores adds n - 4 or more at a GPU's launch (n = 32)."""
+    n = kv_cache.KEYS_PER_CHUNK
+    return case.d_k + n * math.ceil(case.d_k / n) + 5 * _log2_chunk() + 4
 
 
 register(Exercise(
-    exercise_id="09_split_k",
-    title="split-K decoding: one query head against a staged chunk, its scores, the chunk's (m, l) with its "
-          "barriers, (LSE_c, o_c)",
+    exercise_id="09_chunk_partial",
+    title="split-K decoding: a block loads a chunk of the cache, scores it, reduces its max and sum and "
+          "writes its (LSE_c, o_c)",
     kind="device function",
-    gpu_code=True,
     both_shapes=True,
-    run=_run_split_k,
-    cases=_split_k_cases,
-    hint=("the chunk's scores are shared by its threads: each thread scores its own position once, and after a "
-          "barrier every thread can read all of them, find the chunk's max and sum, and work out its own output "
-          "components"),
-    more_hints=("the plan: a barrier first (the chunk staged; on the next query head, nobody still reading the "
-                "last head's scores); thread tid, if its position is one of the chunk's n_keys, writes its scaled "
-                "score (row_dot of the head's query and its staged key) into the shared scores; a second barrier "
-                "(every score in); every thread then finds m, the largest of the n_keys scores, and l, the sum of "
-                "exp of each score minus m; thread tid writes components tid, tid plus KEYS_PER_CHUNK, and so on, "
-                "each weighted_value over l; thread 0 writes m plus log l. Where answers go wrong: a barrier "
-                "inside the test on tid, which some threads never reach; positions past n_keys read; every thread "
-                "writing the LSE; the output not divided by l",),
-    # float32 sums of up to KEYS_PER_CHUNK terms against float64, values of order 1
+    run=_run_chunk_partial,
+    cases=_chunk_cases,
+    hint=("every score of the chunk is needed by every output component, so the block computes each score "
+          "once and shares it; the chunk's max and sum are reductions over the block's threads, as in "
+          "notebook 04, halving the active threads each round"),
+    more_hints=("the plan: the block first copies the chunk's keys into shared memory, its threads side by "
+                "side along the cache; after a barrier each thread scores one position, and a thread without "
+                "one holds minus infinity; a reduction gives every thread the max, each thread turns its score "
+                "into a weight and keeps it in shared memory, and a second reduction sums the weights; then "
+                "each thread owns some output components, walks the positions reading each value straight "
+                "from the cache, and one thread writes the log-sum-exp",
+                "where answers go wrong: m taken from the first score or from the thread's own score (right "
+                "until scores spread past 88), a max started from 0 (every weight underflows when all scores "
+                "lie below -104), a barrier inside a test on the thread index, a short last chunk whose missing "
+                "positions join the max or the sum, weights read before every thread has written its own, a "
+                "loop over all scores in one thread (the serial limit), a component loop that stops at the "
+                "block's size"),
+    # float32 sums of up to KEYS_PER_CHUNK terms and dot products of up to 128 against float64
     rtol=1e-5,
     atol=1e-5,
-    diagnose=_diagnose_split_k,
-    diagnoses=("scores_recomputed", "blocks_overwrite_partials", "threads_overwrite_partials",
-               "components_not_strided", "unstable_softmax", "output_not_normalised", "lse_is_max",
-               "lse_without_max", "missing_scale", "partial_chunk"),
-    solution=kv_cache.attend_chunk,
-    forbidden=(kv_cache.decode_step, kv_cache.decode_kernel_v1, kv_cache.decode_kernel_v2, kv_cache.attend_tile,
-               kv_cache.online_step, kv_cache.decode_merge_kernel),
-    limits=(NoUnwrittenReads(why="read only the chunk's n_keys staged positions"),
-            SharedLoadsPerThread(_shared_reads, code="scores_recomputed",
-                                 why="each score is computed once, by the thread of its position, and read by the "
-                                     "others from shared memory")),
+    diagnose=_diagnose_chunk_partial,
+    diagnoses=("m_is_first_score", "m_is_own_score", "unstable_softmax", "max_from_zero", "partial_chunk",
+               "output_not_normalised", "lse_is_max", "lse_without_max", "missing_scale",
+               "blocks_overwrite_partials", "threads_overwrite_partials", "components_not_strided"),
+    solution=kv_cache.chunk_partial,
+    forbidden=(kv_cache.decode_step, kv_cache.decode_kernel_v1, kv_cache.decode_kernel_v2, kv_cache.attend_chunk,
+               kv_cache.weighted_value, kv_cache.stage_tile, kv_cache.attend_tile, kv_cache.online_step,
+               kv_cache.chunk_partial_kernel, kv_cache.chunk_partials_device, kv_cache.decode_merge_kernel),
+    limits=(MostLoads("k_cache", _group, why="each query head reads its chunk of the cache once"),
+            MostLoads("v_cache", _group, why="each query head reads its chunk of the cache once"),
+            *(_InWholeWarps(limit) for limit in (Coalesced("k_cache", 2), Coalesced("v_cache", 2),
+                                                 Coalesced("o_part", 2, access="store"),
+                                                 NoSerialCopy("k_cache"), NoSerialCopy("v_cache"))),
+            NoUnwrittenReads(why="read only the rows of the chunk's filled positions"),
+            SharedLoadsPerThread(_shared_reads,
+                                 why="the limit is a key's row, one weight a position for each component a thread "
+                                     "owns, and two trees of log2(KEYS_PER_CHUNK) rounds; a max or a sum walked "
+                                     "over all the chunk's scores by one thread (or by each) goes past it"),
+            MostBarriers(lambda case: 2 * _log2_chunk() + 5,
+                         why="one after the staging, and two reductions of log2(KEYS_PER_CHUNK) rounds with a "
+                             "barrier each, one before and one after")),
 ))

@@ -111,6 +111,8 @@ def _kv_cache(name):
             return kv_cache.decode_step(q, cache, version=1, kernel=k)
         if name == "decode_kernel_v2":
             return kv_cache.decode_step(q, cache, kernel=k)
+        if name == "chunk_partial_kernel":                   # a block per (chunk, query head)
+            return kv_cache.chunk_partials_device(q, cache, kernel=k)
         return kv_cache.decode_step(q, cache, merge_kernel=k)
     return run
 
@@ -122,6 +124,10 @@ def _multihead(name):
         return lambda k: multihead.split_heads(x, 3, kernel=k)
     if name == "merge_heads_kernel":
         return lambda k: multihead.merge_heads(x.reshape(2, 19, 3, 5).transpose(0, 2, 1, 3), kernel=k)
+    if name == "qkv_av_kernel":                        # causal weights; 4 query heads of width 5 on 2 V heads
+        from attention_lib import reference
+        a = reference.softmax(reference.apply_causal_mask(_rng().standard_normal((8, 19, 19))))
+        return lambda k: multihead.qkv_av(a, _rng().standard_normal((2, 19, 40)), 4, 2, causal=True, kernel=k)
     # The layer's in-place kernels: B 2, T 19 (partial tiles, one skipped right of the diagonal),
     # 4 query heads of width 3 on 2 K/V heads, causal; the launches before them run for real.
     x = _rng().standard_normal((2, 19, 12))
@@ -213,9 +219,11 @@ CASES = {
     "softmax.softmax_kernel_v1": _softmax(1),
     "softmax.softmax_kernel_v2": _softmax(2),
     "softmax.softmax_kernel_v3": _softmax(3),        # 5 rows: a block of 4 warps and one of 1
+    "softmax.block_softmax_kernel": _softmax(2),     # launched on kernel 2's grid
     "scores.scores_kernel_v1": _scores(1),
     "scores.scores_kernel_v2": _scores(2),
     "scores.scores_kt_kernel": _scores("kt"),
+    "scores.scores_tiled_kernel": _scores(2),              # launched through scores(kernel=...): q and k as v2's
     "mask.mask_kernel": _mask("mask_kernel"),
     "mask.causal_scores_kernel": _mask("causal_scores_kernel"),
     "mask.window_scores_kernel": _mask("window_scores_kernel"),
@@ -226,6 +234,7 @@ CASES = {
     "multihead.merge_heads_kernel": _multihead("merge_heads_kernel"),
     "multihead.qkv_scores_kernel": _multihead("qkv_scores_kernel"),
     "multihead.qkv_weighted_sum_kernel": _multihead("qkv_weighted_sum_kernel"),
+    "multihead.qkv_av_kernel": _multihead("qkv_av_kernel"),
     "flash.flash_attention_kernel_v1": _flash(1),
     "flash.flash_attention_kernel_v2": _flash(2),
     "flash.flash_attention_kernel_v3": _flash(3),        # T 19 of 64 queries, one key tile of 32
@@ -233,8 +242,10 @@ CASES = {
     "kv_cache.decode_kernel_v1": _kv_cache("decode_kernel_v1"),
     "kv_cache.decode_kernel_v2": _kv_cache("decode_kernel_v2"),
     "kv_cache.decode_merge_kernel": _kv_cache("decode_merge_kernel"),
+    "kv_cache.chunk_partial_kernel": _kv_cache("chunk_partial_kernel"),
     "registers.row_scores_kernel_v1": _registers(1),
     "registers.row_scores_kernel_v2": _registers(2),
+    "registers.row_scores_kernel_v3": _registers(3),     # 35 rows against 19 keys: one partial key tile
     "backward.row_dot_kernel": _backward("row_dot_kernel"),
     "backward.transpose_kernel": _backward("transpose_kernel"),
     "backward.score_grad_kernel": _backward("score_grad_kernel"),

@@ -13,7 +13,10 @@
   2, ``decode_kernel_v2`` (split-K: a block per chunk of KEYS_PER_CHUNK positions and kv head,
   writing each chunk's log-sum-exp and normalised output) + ``decode_merge_kernel`` (their
   log-sum-exp merge); their device functions (``row_dot``, which the backward reuses,
-  ``online_step``, ``attend_chunk``, ``weighted_value``, ...).
+  ``online_step``, ``attend_chunk``, ``weighted_value``, ...). ``chunk_partial_kernel`` writes the
+  same partials with a block per (chunk, query head); its ``chunk_partial``, with the tree
+  reductions of ``chunk_reduce``, is notebook 09's main exercise (``chunk_grid``,
+  ``chunk_partials_device``).
 - ``KERNELS``, ``decode_grid``; the launcher ``decode_step(q, cache, version=2, kernel=None,
   merge_kernel=None)``.
 - A layer with a cache on the device: ``qkv_heads``, ``prefill``, ``decode_layer_step``,
@@ -40,9 +43,10 @@ from attention_lib.platform.validation import as_float32, positive_int, require,
 # also the tile of positions kernel 1 stages at a time: (simulator, GPU), a check runs answers at
 # both. On a GPU 32 (one warp): a chunk's keys and values staged in shared memory, 2 x 32 x 129
 # float32, take 33,024 bytes (33,152 with its 32 scores); 64 would pass the 48 KB a block may hold
-# statically. ANDREA-120M's T = 1024 is 32 chunks a head, 12 kv heads x 32 = 384 blocks a sequence,
-# 2.9 per SM of an H200's 132 (3 to 5 % occupancy, from the grid); production split-decoding picks
-# the splits from batch x heads and the SM count. On the simulator 8: fewer threads to simulate.
+# statically. ANDREA-120M's T = 1024 is 32 chunks a head, 12 kv heads x 32 = 384 blocks a sequence:
+# 2.9 warps per SM on average over an H200's 132 SMs, from the grid, where the kernel's shared memory
+# allows 6 (the kernel report); production split-decoding picks the splits from batch x heads and
+# the SM count. On the simulator 8: fewer threads to simulate.
 SHAPE_CONSTANTS = {"KEYS_PER_CHUNK": (8, 32)}
 KEYS_PER_CHUNK_GPU = SHAPE_CONSTANTS["KEYS_PER_CHUNK"][1]
 KEYS_PER_CHUNK = SHAPE_CONSTANTS["KEYS_PER_CHUNK"][0 if SIMULATOR_SHAPES else 1]
@@ -358,6 +362,69 @@ def decode_kernel_v2(q, k_cache, v_cache, length, scale, lse_part, o_part):
         attend_chunk(q, h, c, k_s, v_s, s_chunk, n_keys, scale, lse_part, o_part)
 
 
+@cuda.jit(device=True)
+def chunk_reduce(partial, value, take_max):
+    """The max (take_max) or the sum of `value` over the block's KEYS_PER_CHUNK threads, returned to
+    every thread: notebook 04's tree (softmax.block_reduce) for a block of one chunk. partial:
+    (KEYS_PER_CHUNK,) float32 shared array, overwritten. Every thread of the block must call it: it
+    waits at 2 + log2(KEYS_PER_CHUNK) barriers."""
+    tid = cuda.threadIdx.x
+    partial[tid] = value
+    cuda.syncthreads()                     # wait: every thread's value is in `partial`
+    stride = KEYS_PER_CHUNK // 2
+    while stride > 0:                      # log2(KEYS_PER_CHUNK) rounds, halving the active threads
+        if tid < stride:
+            other = partial[tid + stride]
+            partial[tid] = max(partial[tid], other) if take_max else partial[tid] + other
+        cuda.syncthreads()                 # wait: this round is written before the next reads it
+        stride //= 2
+    result = partial[0]
+    cuda.syncthreads()                     # wait: all have read partial[0] before it is reused
+    return result
+
+
+@cuda.jit(device=True)
+def chunk_partial(q, k_cache, v_cache, h, g, c, n_keys, scale, lse_part, o_part, tile, a_s, b_s):
+    """Chunk c's partial of query head h (kv head g, n_keys positions), by every thread of the block:
+    lse_part[h, c] = m + log l, o_part[h, c, e] = sum_t exp(s_t - m) v_t[e] / l. tile (KEYS_PER_CHUNK,
+    MAX_D + 1), a_s and b_s (KEYS_PER_CHUNK,): shared float32 scratch. The keys are staged as one run
+    of the cache, the values read straight from it (each serves one thread once)."""
+    tid, d_k, start = cuda.threadIdx.x, q.shape[1], c * KEYS_PER_CHUNK
+    for i in range(tid, n_keys * d_k, KEYS_PER_CHUNK):      # the keys, one run: lanes side by side
+        tile[i // d_k, i % d_k] = k_cache[g, start + i // d_k, i % d_k]
+    cuda.syncthreads()                                      # wait: the chunk's keys are staged
+    s = scale * row_dot(q[h], tile, tid, d_k) if tid < n_keys else np.float32(-math.inf)   # weight 0
+    m = chunk_reduce(b_s, s, True)                          # the chunk's largest score, in every thread
+    a_s[tid] = math.exp(s - m)                              # the weights, <= 1, exactly 1 at the max
+    l = chunk_reduce(b_s, a_s[tid], False)                  # its barriers also wait for every weight
+    for e in range(tid, d_k, KEYS_PER_CHUNK):               # neighbouring lanes, neighbouring addresses
+        acc = np.float32(0.0)
+        for t in range(n_keys):
+            acc += a_s[t] * v_cache[g, start + t, e]
+        o_part[h, c, e] = acc / l
+    if tid == 0:                                            # one writer per partial
+        lse_part[h, c] = m + math.log(l)
+
+
+@cuda.jit
+def chunk_partial_kernel(q, k_cache, v_cache, length, scale, lse_part, o_part):
+    """Split-K decoding, step 1, a block per (chunk c, query head h): chunk_partial of both.
+
+    q: (n_head, d_k); k_cache, v_cache: (n_kv_head, capacity, d_k), query head h reading kv head
+    h // (n_head // n_kv_head); length: filled positions; scale: 1/sqrt(d_k); writes lse_part
+    (n_head, n_chunks) and o_part (n_head, n_chunks, d_k); float32. Grid: chunk_grid(n_head,
+    length), blocks of KEYS_PER_CHUNK threads. Each cached number is read once per query head
+    (decode_kernel_v2 reads it once per kv head, for its whole group).
+    """
+    tile = cuda.shared.array(TILE_SHAPE, np.float32)        # a chunk's rows, one position per row
+    a_s = cuda.shared.array(KEYS_PER_CHUNK, np.float32)     # a number per thread
+    b_s = cuda.shared.array(KEYS_PER_CHUNK, np.float32)     # and another
+    c, h = cuda.blockIdx.x, cuda.blockIdx.y
+    n_keys = min(KEYS_PER_CHUNK, length - c * KEYS_PER_CHUNK)   # the last chunk may be short
+    chunk_partial(q, k_cache, v_cache, h, h // (q.shape[0] // k_cache.shape[0]), c, n_keys, scale,
+                  lse_part, o_part, tile, a_s, b_s)
+
+
 @cuda.jit
 def decode_merge_kernel(lse_part, o_part, out, lse):
     """Split-K decoding, step 2: the chunks' (LSE_c, o_c) merged with log-sum-exp, one thread per
@@ -403,6 +470,11 @@ def decode_grid(n_head, d_k, length, version, n_kv_head=None):
         return [(n_kv_head, n_head // n_kv_head)]
     merge_grid = (ceil_div(d_k, MERGE_BLOCK[0]), ceil_div(n_head, MERGE_BLOCK[1]))
     return [((n_chunks(length), n_kv_head), KEYS_PER_CHUNK), (merge_grid, MERGE_BLOCK)]
+
+
+def chunk_grid(n_head, length):
+    """(grid, block) of chunk_partial_kernel: a block per (chunk, query head), KEYS_PER_CHUNK threads."""
+    return (n_chunks(length), n_head), KEYS_PER_CHUNK
 
 
 def _check_query(q, cache):
@@ -463,6 +535,22 @@ def decode_step(q, cache, version=2, kernel=None, merge_kernel=None):
     if library_kernels:
         require_finite_result("decode_step", out, "q or the cached keys and values")
     return out
+
+
+def chunk_partials_device(q, cache, kernel=None):
+    """Every chunk's partial of every query head, by chunk_partial_kernel (or `kernel`, same
+    signature and launch): q (n_head, d_k) or (n_head, 1, d_k) float, cache: KVCache -> (lse_part
+    (n_head, n_chunks), o_part (n_head, n_chunks, d_k)), float32, as chunk_partials gives them."""
+    q = _check_query(q, cache)
+    n_head, d_k, length = cache.n_head, cache.d_k, cache.length
+    grid, block = chunk_grid(n_head, length)
+    check_grid("chunk_partials_device", grid, x="the cache's length in chunks", y="the cache's n_head")
+    check_simulator_budget("chunk_partials_device", grid[0] * grid[1] * block, 2 * n_head * length * d_k)
+    lse_part = cuda.device_array((n_head, grid[0]), np.float32)
+    o_part = cuda.device_array((n_head, grid[0], d_k), np.float32)
+    (chunk_partial_kernel if kernel is None else kernel)[grid, block](
+        cuda.to_device(q), cache.k_device, cache.v_device, length, scores.scale_factor(d_k), lse_part, o_part)
+    return lse_part.copy_to_host(), o_part.copy_to_host()
 
 
 # --- A multi-head attention layer with a cache ------------------------------------------------
