@@ -172,3 +172,41 @@ def test_the_simulator_refuses_a_full_size_launch(monkeypatch):
 def test_the_grid_at_full_size_is_the_gpus_on_either_backend():
     # ANDREA-120M: batch 8 x 12 heads, T 1024: 64 x 64 tiles of 16 x 16 per head
     assert scores.score_grid(96, 1024, 1024) == ((64, 64, 96), (16, 16))
+
+
+# --- The teaching kernel: the whole tiled body, K in its own layout ------------------------------
+
+@pytest.mark.parametrize("q_shape, t_k", [((1, 1), 1), ((3, 17, 5), 15), ((2, 2, 16, 33), 17), ((15, 64), 33),
+                                          ((1, 17, 128), 16)],
+                         ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else str(s))
+def test_the_teaching_kernel_matches_the_reference(rng, q_shape, t_k):
+    """Partly used tiles of S on both axes, d_k of one short step, one past two steps, 64 and 128."""
+    q = rng.standard_normal(q_shape)
+    k = rng.standard_normal(q_shape[:-2] + (t_k, q_shape[-1]))
+    d_k = q_shape[-1]
+    for scale in (True, False):
+        got = scores.scores(q, k, scale=scale, kernel=scores.scores_tiled_kernel)
+        assert got.dtype == np.float32 and got.shape == q_shape[:-1] + (t_k,)
+        atol = tolerance(d_k) * (1 if scale else math.sqrt(d_k))
+        assert np.allclose(got, reference.scores(q, k, scale=scale), rtol=1e-5, atol=atol)
+
+
+def test_the_teaching_kernel_reads_once_per_tile_coalesced_and_without_bank_conflicts(rng):
+    """q read once per tile of keys and k once per tile of queries; warp loads of q and k and stores of s
+    at most 4 segments; every warp access of a tile reaches each bank for one word at most."""
+    from attention_lib.measure.trace import Traced
+    t_q, t_k, d_k = 17, 20, 21               # two tiles each way, two steps
+    q = rng.standard_normal((1, t_q, d_k)).astype(np.float32)
+    k = rng.standard_normal((1, t_k, d_k)).astype(np.float32)
+    grid, block = scores.score_grid(1, t_q, t_k)
+    traced = Traced(scores.scores_tiled_kernel, grid, block, q, k, np.float32(0.3),
+                    np.zeros((1, t_q, t_k), np.float32))
+    assert traced.races() == [] and traced.barriers == 4
+    assert (traced.loads("q") == 2).all() and (traced.loads("k") == 2).all()
+    assert max(traced.worst_warp_load(name)[0] for name in ("q", "k")) <= 4
+    assert traced.worst_warp_load("s", kind=sanitizer.STORE)[0] <= 4
+    for name in ("q_tile", "kt_tile"):
+        for kind in (sanitizer.LOAD, sanitizer.STORE):
+            for elements in traced._warp_requests(name, kind).values():
+                words = set(elements)
+                assert len(words) == len({w % 32 for w in words}), (name, kind)

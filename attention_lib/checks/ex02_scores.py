@@ -1,25 +1,30 @@
-"""Notebook 02's exercises: the scaled scores, one thread per score, then tiled with K^T given.
+"""Notebook 02's exercises: the scaled scores, one thread per score, then a whole tiled kernel.
 
 ``02_scaled_scores`` (warm-up): scores_kernel_v1's signature ``(q, k, inv_sqrt_dk, s)``,
 launched on the library's grid. A wrong answer is compared with the usual wrong formulas:
 ``missing_scale`` (q k^T), ``scaled_by_d_k`` (q k^T / d_k: the scale applied twice, or d_k in
-place of its root) and ``transposed``: either Q K instead of Q K^T (q[i] . k[:, j]), or q and k
+place of its root), ``scale_ignored`` (1/sqrt(d_k) computed in the kernel: the last case passes
+another scale) and ``transposed``: either Q K instead of Q K^T (q[i] . k[:, j]), or q and k
 swapped (S^T). Both stay in bounds only on a square case with T_q = T_k = d_k, which is why one
 comes second, after the all-ones case. ``grid_axes_swapped``: the row taken from the grid's x,
 so rows past the x extent of the grid are never written (and on a GPU neighbouring threads
 would write a row apart).
 
-``02_scores_kt`` (main): K arrives already transposed, kt (BH, d_k, T_k), as some KV caches
-store it; the student writes scores_kt_kernel's whole body from its contract. Every case is
-traced on the simulator (races, divergent barriers, and the engine's ``stale_tile`` for a slot
-read before any write). On wrong values: ``edge_not_zeroed`` (a thread that writes a score read
-a slot its block's latest fill did not write: an earlier step's value), ``missing_scale``,
-``scale_applied_twice``. With right values: ``scale_not_folded`` (after FOLD_CASE, no shared
-array holds q times the scale among the slots its block wrote), then the declared limits:
-``no_reuse`` (an element of q read more than ceil(T_k / TILE) times, of kt more than
-ceil(T_q / TILE)), ``uncoalesced`` (a warp's load of q or kt touching over 4 segments of 128
-bytes on average at one line), ``extra_barriers`` (more than two barriers per step along
-d_k: a step past its end).
+``02_scores_tiled`` (main): the tiled kernel for K as the projection writes it, (BH, T_k, d_k),
+written whole from its contract (scores.scores_tiled_kernel): who copies which element of q and
+k, where k's element lands in its tile, the walk along d_k, the barriers and the guards are the
+student's. Every case is traced (races, divergent barriers, the engine's ``stale_tile``) and
+passes a scale other than 1/sqrt(d_k). On wrong values: ``edge_not_zeroed`` (a thread that
+writes a score read a slot its block's latest fill did not write), ``missing_scale``,
+``scale_applied_twice``, ``scale_ignored``, ``tile_not_transposed`` (k's tile read as if its
+rows and columns were exchanged, when they were not, or the other way round),
+``key_block_dropped`` (every block copied the first 16 keys) and ``d_k_cut_short`` (the sum
+stopped at a multiple of 16 columns: a d_k fixed in the code). With right values, measured from
+the trace in ``run``: ``scale_not_folded`` (after FOLD_CASE no shared array holds q times the
+scale) and ``bank_conflict`` (a warp's read of a tile puts two different words in one bank, or
+its store three); then the declared limits: ``no_reuse``, ``serial_copy``, ``uncoalesced`` (q,
+k loaded and s stored at most 4 segments a warp), ``extra_barriers`` (two a step along d_k) and
+``stale_tile`` (a slot read that its step did not write).
 """
 
 from collections import defaultdict
@@ -34,19 +39,20 @@ from attention_lib.platform.launch import ceil_div
 from attention_lib.stages import scores
 from attention_lib.checks.engine import (Diagnosed, Exercise, host_output, output_array, read_output, register,
                                          traced_launch, unwritten)
-from attention_lib.checks.limits import Coalesced, MostBarriers, MostLoads
+from attention_lib.checks.limits import Coalesced, MostBarriers, MostLoads, NoSerialCopy, RefilledTiles
 
 
 def _run_scores(kernel, case, rng, launch):
-    bh, t_q, t_k, d_k = case
+    bh, t_q, t_k, d_k = case[:4]
+    scale = _warm_up_scale(case)
     q = rng.standard_normal((bh, t_q, d_k)).astype(np.float32)
     k = rng.standard_normal((bh, t_k, d_k)).astype(np.float32)
     full, s = output_array((bh, t_q, t_k), guard=scores.TILE * scores.TILE)
     grid, block = scores.score_grid(bh, t_q, t_k)
-    launch(kernel, grid, block, cuda.to_device(q), cuda.to_device(k), scores.scale_factor(d_k), s)
-    got, expected = read_output(full, s), reference.scores(q, k)
+    launch(kernel, grid, block, cuda.to_device(q), cuda.to_device(k), np.float32(scale), s)
+    got, expected = read_output(full, s), reference.scores(q, k, scale=False) * np.float32(scale)
     _check_grid_axes(got, expected, grid)
-    return got, expected, q, k
+    return got, expected, q, k, np.float32(scale)
 
 
 def _check_grid_axes(got, expected, grid):
@@ -66,24 +72,46 @@ def _check_grid_axes(got, expected, grid):
 
 
 def _warm_up_cases(configuration):
-    """(BH, T_q, T_k, d_k): all ones first; then T_q = T_k = d_k = 7, where both transposes stay in
-    bounds; T_q != T_k next; then a tile + 1 keys and two tiles + 1 queries in 3 heads: partly used
-    blocks, and rows beyond the grid's x extent (two tiles + 1 rows, keys in two tiles)."""
+    """(BH, T_q, T_k, d_k), and a scale where it is not 1/sqrt(d_k): all ones first; then T_q = T_k = d_k = 7, where both transposes stay
+    in bounds; T_q != T_k next; then a tile + 1 keys and two tiles + 1 queries in 3 heads: partly used
+    blocks, and rows beyond the grid's x extent (two tiles + 1 rows, keys in two tiles). The scale is
+    1/sqrt(d_k), as the launcher passes it, except in the last case: a kernel that computes it itself
+    instead of multiplying by its argument is wrong there."""
     tile = scores.TILE
-    return [(1, 1, 1, 1), (2, 7, 7, 7), (2, 7, 5, 5), (3, 2 * tile + 1, tile + 1, 24)]
+    return [(1, 1, 1, 1), (2, 7, 7, 7), (2, 7, 5, 5), (3, 2 * tile + 1, tile + 1, 24, 0.3)]
 
 
-def _diagnose(got, expected, q, k):
+def _warm_up_scale(case):
+    """The float32 a warm-up case passes as inv_sqrt_dk: its fifth entry, else 1/sqrt(d_k)."""
+    return np.float32(case[4]) if len(case) > 4 else scores.scale_factor(case[3])
+
+
+def _scale_ignored(raw, scale, d_k):
+    """("scale_ignored", scores, message) when `scale` is not 1/sqrt(d_k), else nothing: a kernel that
+    computes 1/sqrt(d_k) itself instead of using its argument."""
+    if np.isclose(scale, 1 / np.sqrt(d_k), rtol=1e-3):
+        return []
+    return [("scale_ignored", raw / np.sqrt(d_k),
+             f"the scores came out divided by sqrt(d_k) = {np.sqrt(d_k):.3g}, but this case passes inv_sqrt_dk = "
+             f"{scale:.3g}: the kernel computed the scale itself. Multiply by the argument it is given (a caller "
+             "may want another scale, or 1.0 for unscaled scores)")]
+
+
+def _diagnose(got, expected, q, k, scale):
     """Name the mistake when `got` equals a known wrong formula; None otherwise."""
     d_k = q.shape[-1]
     raw = reference.scores(q, k, scale=False)
     wrong = [("missing_scale", raw, f"the scores are q.k without the scale: multiply by inv_sqrt_dk "
-                                    f"(= 1/sqrt({d_k}) here)")]
+                                    f"(= {scale:.3g} here)")] if scale != 1 else []
+    wrong += _scale_ignored(raw, scale, d_k)
     wrong.append(("scaled_by_d_k", raw / d_k, (
         f"the scores came out divided by d_k = {d_k}, not by sqrt(d_k) = {np.sqrt(d_k):.3g}: either the scale "
         "was applied twice, or d_k was used in place of its square root; multiply by inv_sqrt_dk exactly once")))
+    if _scale_ignored(raw, scale, d_k) and scale != 1:
+        wrong.append(("scaled_by_d_k", raw * scale * scale, (
+            f"the scores came out multiplied by inv_sqrt_dk = {scale:.3g} twice: multiply by it exactly once")))
     if k.shape[-2] == d_k:  # only then does k[h, c, j] stay in bounds
-        wrong.append(("transposed", (q.astype(np.float64) @ k) / np.sqrt(d_k),
+        wrong.append(("transposed", (q.astype(np.float64) @ k) * scale,
                       "the scores are Q K, not Q K^T: score (i, j) is the dot product of row i "
                       "of q with row j of k, both read along d_k"))
     if q.shape[-2] == k.shape[-2]:  # only then do swapped q and k stay in bounds
@@ -102,7 +130,7 @@ register(Exercise(
     kind="kernel",
     run=_run_scores,
     cases=_warm_up_cases,
-    describe_case=lambda c: f"BH = {c[0]}, T_q = {c[1]}, T_k = {c[2]}, d_k = {c[3]}",
+    describe_case=lambda c: f"BH = {c[0]}, T_q = {c[1]}, T_k = {c[2]}, d_k = {c[3]}, inv_sqrt_dk = {_warm_up_scale(c):.3g}",
     hint=("one thread per score, one grid layer per head: the thread of row i and column j "
           "computes one dot product of length d_k and scales it"),
     more_hints=(
@@ -116,7 +144,7 @@ register(Exercise(
     rtol=1e-5,
     atol=1e-5,
     diagnose=_diagnose,
-    diagnoses=("missing_scale", "scaled_by_d_k", "transposed", "grid_axes_swapped"),
+    diagnoses=("missing_scale", "scaled_by_d_k", "scale_ignored", "transposed", "grid_axes_swapped"),
     solution=scores.scores_kernel_v1,
     forbidden=(scores.scores, scores.launch_scores, scores.tile_dot, scores.dot_qk_tiles),
 ))
@@ -126,39 +154,78 @@ register(Exercise(
 # in at most 2 segments of 128 bytes: a coalesced load touches at most 4. One that walks down a column
 # of rows over 128 bytes apart touches one segment per thread.
 COALESCED_SEGMENTS = 4
+# Shared memory: 32 banks of 4-byte words. A warp's access to n different words of one bank takes n
+# rounds (the same word is broadcast). The sum reads a tile 16 times a step: those reads must take one
+# round; the copy stores into it once a step: two rounds are allowed (one word of padding gives that).
+BANKS = 32
+MOST_WAYS = {"read": 1, "store": 2}
 
 
-# --- The main exercise: K^T given ----------------------------------------------------------
+# --- The main exercise: the whole tiled kernel, K in its own layout ------------------------------
 
-def _kt_cases(configuration):
-    """(BH, T_q, T_k, d_k), from the tile: one score; FOLD_CASE, one block per head and one partial
-    step along d_k (the tile of q then holds a head's whole q, where the fold is read); T_q a whole
-    tile, T_k one past two, d_k one whole step (an extra step shows in the barriers); T_q one past
-    a tile, T_k two whole tiles, d_k one past two steps (a last step of one column; rows of q and kt
-    at least 128 bytes apart, so a load walking down a column touches a segment per thread)."""
+def _tiled_cases(configuration):
+    """(BH, T_q, T_k, d_k, scale), from the tile, each with a scale other than 1/sqrt(d_k): FOLD_CASE
+    first (two heads, one row of blocks a head and two columns, T_k a tile + 1: a block offset dropped
+    from the key shows; one partial step along d_k, where the tile of q holds a head's whole q); then
+    one whole tile and one whole step (an extra step shows in the barriers); the model's head width, 64,
+    and 128, in one block each (the simulator stays fast: a d_k fixed at 64 shows at 128); one query past
+    a tile with a last step of one column (d_k 33: two whole steps and one past). T_q and T_k each take
+    the residues 15, 16 and 17 of the tile."""
     tile = scores.TILE
-    return [(1, 1, 1, 1), FOLD_CASE, (1, tile, 2 * tile + 1, tile), (1, tile + 1, 2 * tile, 2 * tile + 1)]
+    return [FOLD_CASE, (1, tile, tile, tile, 0.5), (1, tile - 1, tile, 64, 0.2), (1, tile, tile - 1, 128, 1.5),
+            (1, tile + 1, tile, 2 * tile + 1, 0.7)]
 
 
-FOLD_CASE = (2, 7, 9, 5)
+FOLD_CASE = (2, scores.TILE - 1, scores.TILE + 1, 5, 0.3)
 
 
-def _run_scores_kt(kernel, case, rng, launch):
-    """Every case traced: races, barriers and reads of unwritten slots (the engine), the tile of q
-    after FOLD_CASE, and the limits (reads per element, segments per warp load, barriers)."""
-    bh, t_q, t_k, d_k = case
+def _describe_tiled(case):
+    return f"BH = {case[0]}, T_q = {case[1]}, T_k = {case[2]}, d_k = {case[3]}, inv_sqrt_dk = {case[4]:g}"
+
+
+def _run_tiled(kernel, case, rng, launch):
+    """Every case traced: races, barriers and reads of unwritten slots (the engine); once the values are
+    right, the tile of q after FOLD_CASE and the banks of every warp's access to a tile; then the
+    declared limits."""
+    bh, t_q, t_k, d_k, scale = case
+    scale = np.float32(scale)
     q = rng.standard_normal((bh, t_q, d_k)).astype(np.float32)
     k = rng.standard_normal((bh, t_k, d_k)).astype(np.float32)
-    kt = np.ascontiguousarray(np.swapaxes(k, 1, 2))                  # (BH, d_k, T_k)
     grid, block = scores.score_grid(bh, t_q, t_k)
-    inv_sqrt_dk = scores.scale_factor(d_k)
-    expected = reference.scores(q, k)
+    expected = reference.scores(q, k, scale=False) * scale
     got = host_output((bh, t_q, t_k))
-    traced = traced_launch(kernel, grid, block, q, kt, inv_sqrt_dk, got)
-    reused = traced.loads("q").max(initial=0) <= ceil_div(t_k, scores.TILE)    # else no_reuse says it
-    if case == FOLD_CASE and reused and np.allclose(got, expected, rtol=1e-5, atol=1e-5):
-        _check_fold(traced, q, inv_sqrt_dk)
-    return got, expected, q, k, traced
+    traced = traced_launch(kernel, grid, block, q, k, scale, got)
+    if np.allclose(got, expected, rtol=1e-5, atol=1e-5):
+        reused = traced.loads("q").max(initial=0) <= ceil_div(t_k, scores.TILE)    # else no_reuse says it
+        if case == FOLD_CASE and reused:
+            _check_fold(traced, q, scale)
+        _check_banks(traced)
+    return got, expected, q, k, scale, traced
+
+
+def _bank_ways(words):
+    """How many rounds a warp's access to these 4-byte words takes: the most different words in one bank."""
+    per_bank = {}
+    for word in set(words):
+        per_bank.setdefault(word % BANKS, set()).add(word)
+    return max(len(w) for w in per_bank.values())
+
+
+def _check_banks(traced):
+    """bank_conflict when a warp's read of a shared array puts two different words in one bank, or its
+    store three: named with the array, the line and the rounds."""
+    for name in traced.arrays(sanitizer.SHARED):
+        itemsize = traced.launch.targets[name].dtype.itemsize
+        for access, kind in (("read", sanitizer.LOAD), ("store", sanitizer.STORE)):
+            for (_, _, site, _), elements in traced._warp_requests(name, kind).items():
+                ways = _bank_ways([element * itemsize // 4 for element in elements])
+                if ways > MOST_WAYS[access]:
+                    raise Diagnosed("bank_conflict", (
+                        f"the values are right, but a warp's {access} of {name} at {where.describe_with_code(*site)} "
+                        f"puts {ways} different words in one bank of shared memory ({ways} rounds instead of 1), "
+                        f"where the limit is {MOST_WAYS[access]}: a tile the sum reads 16 times a step must be read "
+                        "in one round, and the copy into it in at most two. Lay the tile out (which index is its "
+                        "row, how many words a row holds) so that a warp's words fall in different banks"))
 
 
 def _written_by_the_last_block(traced):
@@ -183,16 +250,16 @@ def _holds_all(values, wanted):
     return bool(np.isclose(values[None, :], wanted.ravel()[:, None], rtol=1e-6, atol=0).any(axis=1).all())
 
 
-def _check_fold(traced, q, inv_sqrt_dk):
-    """scale_not_folded when, after a case of one block per head and one step along d_k, no shared
+def _check_fold(traced, q, scale):
+    """scale_not_folded when, after a case of one row of blocks a head and one step along d_k, no shared
     array holds the last block's head of q times the scale among the slots it wrote."""
     written = _written_by_the_last_block(traced)
-    if any(_holds_all(values, q[blk[2]] * inv_sqrt_dk) for blk, values in written.values()):
+    if any(_holds_all(values, q[blk[2]] * scale) for blk, values in written.values()):
         return
     unscaled = any(_holds_all(values, q[blk[2]]) for blk, values in written.values())
     raise Diagnosed("scale_not_folded", (
-        "the values are right, but after this case (one block per head, one step along d_k) no shared array "
-        "holds q's elements times inv_sqrt_dk among the slots its block wrote" +
+        "the values are right, but after this case (one row of blocks a head, one step along d_k) no shared "
+        "array holds q's elements times inv_sqrt_dk among the slots its block wrote" +
         ("; one holds them unscaled" if unscaled else "") +
         ": the contract has the scale multiplied into the tile of q as it is copied, so the sum is the score"))
 
@@ -220,61 +287,110 @@ def _read_before_refill(traced, t_q, t_k):
     return None
 
 
-def _diagnose_kt(got, expected, q, k, traced):
-    """edge_not_zeroed (a score summed a slot its step did not write), missing_scale (q.k) and
-    scale_applied_twice (q.k / d_k); None for any other wrong value."""
+def _untransposed(q, k):
+    """q.k^T as a kernel gets it that reads k's tile with its row and column exchanged: thread (x, y)
+    of block (bx, by) sums q[i, c0 + c] k[16 bx + c, c0 + x] over c and the steps c0 (0 past an edge)."""
+    tile = scores.TILE
+    bh, t_q, d_k = q.shape
+    t_k = k.shape[1]
+    width = ceil_div(d_k, tile) * tile
+    qp = np.zeros((bh, t_q, width))
+    qp[:, :, :d_k] = q
+    out = np.zeros((bh, t_q, t_k))
+    for bx in range(ceil_div(t_k, tile)):
+        kb = np.zeros((bh, tile, width))                     # the block's 16 keys, zero past T_k and d_k
+        rows = k[:, bx * tile:(bx + 1) * tile]
+        kb[:, :rows.shape[1], :d_k] = rows
+        block = sum(qp[:, :, c0:c0 + tile] @ kb[:, :, c0:c0 + tile] for c0 in range(0, width, tile))
+        out[:, :, bx * tile:(bx + 1) * tile] = block[:, :, :min(tile, t_k - bx * tile)]
+    return out
+
+
+def _diagnose_tiled(got, expected, q, k, scale, traced):
+    """edge_not_zeroed (a score summed a slot its step did not write), then the usual wrong formulas:
+    missing_scale, scale_applied_twice, scale_ignored, tile_not_transposed, key_block_dropped and
+    d_k_cut_short; None for any other wrong value."""
+    tile = scores.TILE
     t_q, t_k = got.shape[-2:]
     stale = _read_before_refill(traced, t_q, t_k)
     if stale:
-        return "edge_not_zeroed", (f"{stale}. Past an edge of q, kt or d_k every slot a score sums must still be "
+        return "edge_not_zeroed", (f"{stale}. Past an edge of q, k or d_k every slot a score sums must still be "
                                    "written in that step, with a value that adds nothing")
     d_k = q.shape[-1]
     raw = reference.scores(q, k, scale=False)
-    if np.allclose(got, raw, rtol=1e-4, atol=1e-4):
-        return "missing_scale", ("the scores are q.k without the scale: the contract has each element of q "
-                                 "multiplied by inv_sqrt_dk as it is copied into its tile")
-    if d_k > 1 and np.allclose(got, raw / d_k, rtol=1e-4, atol=1e-4):
-        return "scale_applied_twice", (
-            f"the scores came out divided by d_k = {d_k}: inv_sqrt_dk was applied twice (to both tiles, or on "
-            "the load and again in the sum); the contract has it in the tile of q only")
+    wrong = [("missing_scale", raw, "the scores are q.k without the scale: the contract has each element of q "
+                                    "multiplied by inv_sqrt_dk as it is copied into its tile"),
+             ("scale_applied_twice", raw * scale * scale, (
+                 f"the scores came out multiplied by inv_sqrt_dk = {scale:g} twice (in both tiles, or on the copy "
+                 "and again on the sum); the contract has it in the tile of q only"))]
+    wrong += [(code, candidate * scale if code != "scale_ignored" else candidate, message)
+              for code, candidate, message in _scale_ignored(raw, scale, d_k)]
+    wrong.append(("tile_not_transposed", _untransposed(q, k) * scale, (
+        "the scores are those of a tile of k read with its row and column exchanged: thread x summed "
+        "column x of the step from 16 keys, not the 16 columns of key x. Store k's element where the sum "
+        "reads it (its key along the tile's columns), or read the tile as it was stored")))
+    if t_k > tile:
+        first_keys = k[:, np.arange(t_k) % tile]
+        wrong.append(("key_block_dropped", reference.scores(q, first_keys, scale=False) * scale, (
+            f"the scores of key j came out as those of key j mod {tile}: every block copied the first {tile} "
+            "keys. The key a thread copies is the block's first key (blockIdx.x times 16) plus its row in "
+            "the block")))
+    for cut in range(tile, d_k, tile):
+        wrong.append(("d_k_cut_short", reference.scores(q[..., :cut], k[..., :cut], scale=False) * scale, (
+            f"the sums stopped after {cut} of d_k = {d_k} columns: the walk along d_k must take "
+            f"ceil(d_k / {tile}) steps, with d_k read from the arrays, not fixed in the code")))
+    for code, candidate, message in wrong:
+        if np.allclose(got, candidate, rtol=1e-4, atol=1e-4):
+            return code, message
     return None
 
 
 def _barriers_why(case):
-    """What 02_scores_kt's barrier limit counts, for one case."""
+    """What 02_scores_tiled's barrier limit counts, for one case."""
     steps = ceil_div(case[3], scores.TILE)
     return (f"{steps} step{'s' if steps > 1 else ''} of {scores.TILE} along d_k = {case[3]}, two barriers each; "
             "every barrier more makes the whole block wait once more")
 
 
 register(Exercise(
-    exercise_id="02_scores_kt",
-    title="tiled scores with K given transposed, kt (BH, d_k, T_k): coalesced tiles, the scale folded in",
+    exercise_id="02_scores_tiled",
+    title="tiled scores with K as the projection writes it: the transposing copy, the scale folded in",
     kind="kernel",
-    run=_run_scores_kt,
-    cases=_kt_cases,
-    describe_case=lambda c: f"BH = {c[0]}, T_q = {c[1]}, T_k = {c[2]}, d_k = {c[3]}",
-    hint=("a block needs only 16 rows of q and 16 columns of kt: copy them into shared memory a slice "
-          "of d_k at a time, each element by one thread, and choose for each array which of its indices "
-          "neighbouring threads (threadIdx.x) vary, so that a warp reads neighbouring addresses"),
+    run=_run_tiled,
+    cases=_tiled_cases,
+    describe_case=_describe_tiled,
+    hint=("a block's 256 scores need only 16 rows of q and 16 rows of k: copy them into shared memory a slice "
+          "of d_k at a time, each element by one thread, neighbouring threads on neighbouring addresses. Rows "
+          "of k are read along d_k, yet a thread's sum walks down one key's row while its neighbours walk down "
+          "the next keys' rows: choose where each element of k lands in its tile so that a warp's reads of "
+          "the tile fall in different banks"),
     more_hints=(
-        "the plan: step along d_k 16 columns at a time. Each thread copies one element of q, times the scale, "
-        "into the tile of q with threadIdx.x along d_k (q's last axis), and one element of kt into the tile "
-        "of kt with threadIdx.x along the keys (kt's last axis), so kt's tile keeps kt's own layout and needs "
-        "no transposing; a slot past an edge of T_q, T_k or d_k gets a 0. Then a barrier, the 16 "
-        "multiply-adds of the thread's row of one tile by its column of the other, and a second barrier "
-        "before the next copy; after the last step, the guarded write of the sum",
-        "where answers go wrong: every thread copies and reaches both barriers, also those whose score lies "
-        "past the edge of s (only the final write is guarded); the loop makes exactly as many steps as d_k "
-        "needs; the sum begins from a float32 zero"),
-    rtol=1e-5,     # float32 sums of up to 33 products of standard normals, against float64
-    atol=1e-5,
-    diagnose=_diagnose_kt,
-    diagnoses=("edge_not_zeroed", "missing_scale", "scale_applied_twice", "scale_not_folded"),
+        "the plan: step along d_k 16 columns at a time. Each thread copies one column of the step from one "
+        "query row of its block, times the scale, and the same column from one key row of its block (the "
+        "block's keys start at its x times 16), neighbouring threads along d_k in both. The key's element "
+        "goes into its tile with row and column exchanged, so that the sum reads a row of that tile, and "
+        "the tile's rows get a word or two of padding so that the exchanged stores of a warp fall in "
+        "different banks. A slot past an edge of T_q, T_k or d_k gets a 0. Then a barrier, the 16 "
+        "multiply-adds, and a second barrier before the next copy; after the last step, the guarded "
+        "write of the sum",
+        "where answers go wrong: the key a thread copies is not the key it scores (the copy takes the "
+        "thread's y as the key, its x as the column); every thread copies and reaches both barriers, also "
+        "those whose score lies past the edge of s; rows of 16 words put a warp's exchanged stores in 4 "
+        "banks; the loop takes as many steps as the arrays' d_k needs, which may be 128; the scale is an "
+        "argument, not computed from d_k"),
+    rtol=1e-5,     # float32 sums of up to 128 products of standard normals, scaled by at most 1.5
+    atol=1e-4,
+    diagnose=_diagnose_tiled,
+    diagnoses=("edge_not_zeroed", "missing_scale", "scale_applied_twice", "scale_ignored", "tile_not_transposed",
+               "key_block_dropped", "d_k_cut_short", "scale_not_folded", "bank_conflict"),
     limits=(MostLoads("q", lambda case: ceil_div(case[2], scores.TILE)),
-            MostLoads("kt", lambda case: ceil_div(case[1], scores.TILE)),
-            Coalesced("q", COALESCED_SEGMENTS), Coalesced("kt", COALESCED_SEGMENTS),
-            MostBarriers(lambda case: 2 * ceil_div(case[3], scores.TILE), why=_barriers_why)),
-    solution=scores.scores_kt_kernel,
-    forbidden=(scores.scores_kt, scores.launch_scores, scores.tile_dot, scores.dot_qk_tiles),
+            MostLoads("k", lambda case: ceil_div(case[1], scores.TILE)),
+            NoSerialCopy("q"), NoSerialCopy("k"), NoSerialCopy("s", access="store"),
+            Coalesced("q", COALESCED_SEGMENTS), Coalesced("k", COALESCED_SEGMENTS),
+            Coalesced("s", COALESCED_SEGMENTS, access="store"),
+            MostBarriers(lambda case: 2 * ceil_div(case[3], scores.TILE), why=_barriers_why),
+            RefilledTiles()),
+    solution=scores.scores_tiled_kernel,
+    forbidden=(scores.scores, scores.launch_scores, scores.scores_kernel_v2, scores.tile_dot,
+               scores.load_qk_tiles, scores.dot_qk_tiles),
 ))

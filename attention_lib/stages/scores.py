@@ -10,6 +10,10 @@ Entry S[i, j] says how well query i matches key j. For one head that is a (T_q, 
   TILE columns of its rows of q and of kt in shared memory at a time, so each element read from
   global memory serves TILE threads; kt's tile is copied as it lies, and the scale is folded
   into q's tile as it is loaded.
+- ``scores_tiled_kernel``: the teaching version of the tiled kernel for K as the projection writes
+  it, (BH, T_k, d_k), in one body: a thread copies q and k along d_k (coalesced), stores k's
+  element transposed into a tile padded to KT_WIDTH (no bank conflicts on the store or the
+  reads), and folds the scale into q's tile.
 - ``tile_dot`` + ``scores_kernel_v2``: the same tiles for K as the projection writes it, (BH,
   T_k, d_k): its tile is stored transposed on the way in (``load_qk_tiles``, rows padded to
   KT_WIDTH against bank conflicts), then TILE multiply-adds (``dot_qk_tiles``).
@@ -89,6 +93,35 @@ def scores_kt_kernel(q, kt, inv_sqrt_dk, s):
         cuda.syncthreads()                                   # wait: every thread has read them
     if i < q.shape[1] and j < kt.shape[2]:
         s[h, i, j] = acc                                     # the scale is already in the sum
+
+
+@cuda.jit
+def scores_tiled_kernel(q, k, inv_sqrt_dk, s):
+    """Tiled scores, K in its own layout: s[h, i, j] = (q[h, i] . k[h, j]) * inv_sqrt_dk.
+
+    q: (BH, T_q, d_k), k: (BH, T_k, d_k), s: (BH, T_q, T_k) float32; inv_sqrt_dk: float32.
+    Grid and block: score_grid (blocks of TILE x TILE, x over keys, y over queries, z over heads).
+    Thread (tx, ty) scores query i against key j. Per step of TILE columns along d_k it copies column
+    c0 + tx of query i and of key `key`, row ty of its block's keys: neighbouring threads read
+    neighbouring addresses of both arrays. The key's element goes into kt_tile transposed, so that
+    the sum reads a row of kt_tile (rows padded to KT_WIDTH: no bank conflict on the store); the
+    query's goes in times the scale, so that the sum is the score.
+    """
+    q_tile = cuda.shared.array((TILE, TILE), np.float32)      # [query in the block, column of the step]
+    kt_tile = cuda.shared.array((TILE, KT_WIDTH), np.float32)  # [column of the step, key in the block]
+    tx, ty, h, acc = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockIdx.z, np.float32(0.0)
+    i, j, key = cuda.blockIdx.y * TILE + ty, cuda.blockIdx.x * TILE + tx, cuda.blockIdx.x * TILE + ty
+    for c0 in range(0, q.shape[2], TILE):                     # one step of TILE columns along d_k
+        inside = i < q.shape[1] and c0 + tx < q.shape[2]      # tx runs along d_k in both copies
+        q_tile[ty, tx] = q[h, i, c0 + tx] * inv_sqrt_dk if inside else np.float32(0.0)   # the scale folded in
+        inside = key < k.shape[1] and c0 + tx < k.shape[2]
+        kt_tile[tx, ty] = k[h, key, c0 + tx] if inside else np.float32(0.0)             # stored transposed
+        cuda.syncthreads()                                    # wait: both tiles are complete
+        for cc in range(TILE):
+            acc += q_tile[ty, cc] * kt_tile[cc, tx]
+        cuda.syncthreads()                                    # wait: every thread has read them
+    if i < q.shape[1] and j < k.shape[1]:                     # a score only where both exist
+        s[h, i, j] = acc                                      # the scale is already in the sum
 
 
 @cuda.jit(device=True)
