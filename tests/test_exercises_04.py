@@ -5,6 +5,7 @@ function; the library's own kernel would be refused as given code). The mistakes
 solution with one thing changed, the way students write them.
 """
 
+import linecache
 import math
 
 import numpy as np
@@ -214,7 +215,7 @@ def test_row_softmax_mistakes_get_their_diagnosis(answer, diagnosis, says):
     assert (result.passed, result.diagnosis, says in result.message) == (False, diagnosis, True), result
 
 
-# --- 04_block_reduction (main): the tree of kernel 2 ---------------------------------------------
+# --- 04_block_reduction (warm-up): the tree of kernel 2 ---------------------------------------------
 
 @cuda.jit(device=True)
 def tree_solution(partial, value, take_max):
@@ -460,6 +461,240 @@ def test_the_block_reduction_runs_at_a_gpus_block_size_too():
 def test_block_reduction_mistakes_get_their_diagnosis(answer, diagnosis, says):
     result = verdict("04_block_reduction", answer)
     assert (result.passed, result.diagnosis, says in result.message) == (False, diagnosis, True), result
+
+
+# --- 04_block_softmax (main): one block per row, the whole kernel -----------------------------------
+
+def block_kernel(body, extra=None):
+    """A block-per-row kernel from the source of its body (indented 4 spaces), with the names a
+    notebook has: cuda, np, math, THREADS_PER_ROW and the warm-up's block_reduce."""
+    namespace = {"cuda": cuda, "np": np, "math": math, "THREADS_PER_ROW": THREADS_PER_ROW,
+                 "block_reduce": softmax.block_reduce, "float32": np.float32, **(extra or {})}
+    code = "def kernel(s, out):\n" + body
+    label = f"<block-per-row answer {len(linecache.cache)}>"      # its source kept, for the GPU's compiler
+    linecache.cache[label] = (len(code), None, code.splitlines(keepends=True), label)
+    exec(compile(code, label, "exec"), namespace)
+    return cuda.jit(namespace["kernel"])
+
+
+PROLOGUE = ("    partial = cuda.shared.array(THREADS_PER_ROW, np.float32)\n"
+            "    row, tid = cuda.blockIdx.x, cuda.threadIdx.x\n")
+MAX_WALK = ("    row_max = np.float32(-math.inf)\n"
+            "    for j in range(tid, s.shape[1], THREADS_PER_ROW):\n"
+            "        row_max = max(row_max, s[row, j])\n")
+REDUCE_MAX = "    row_max = block_reduce(partial, row_max, True)\n"
+SHIFT = "    shift = row_max if row_max > -math.inf else np.float32(0.0)\n"
+SUM_WALK = ("    total = np.float32(0.0)\n"
+            "    for j in range(tid, s.shape[1], THREADS_PER_ROW):\n"
+            "        total += math.exp(s[row, j] - shift)\n")
+REDUCE_SUM = "    total = block_reduce(partial, total, False)\n"
+WRITE = ("    inv_total = np.float32(1.0) / total if total > 0 else np.float32(0.0)\n"
+         "    for j in range(tid, s.shape[1], THREADS_PER_ROW):\n"
+         "        out[row, j] = math.exp(s[row, j] - shift) * inv_total\n")
+SOLUTION = PROLOGUE + MAX_WALK + REDUCE_MAX + SHIFT + SUM_WALK + REDUCE_SUM + WRITE
+
+
+@cuda.jit
+def block_softmax_early_exit(s, out):
+    """A right answer in another style: the block leaves together on a fully masked row, as kernel 2
+    does, and the two reductions run on two shared arrays of their own."""
+    maxima = cuda.shared.array(THREADS_PER_ROW, np.float32)
+    sums = cuda.shared.array(THREADS_PER_ROW, np.float32)
+    row = cuda.blockIdx.x
+    m = np.float32(-math.inf)
+    for j in range(cuda.threadIdx.x, s.shape[1], THREADS_PER_ROW):
+        m = max(m, s[row, j])
+    m = softmax.block_reduce(maxima, m, True)
+    if m == -math.inf:                                 # the same in every thread: all leave together
+        for j in range(cuda.threadIdx.x, s.shape[1], THREADS_PER_ROW):
+            out[row, j] = 0.0
+        return
+    l = np.float32(0.0)
+    for j in range(cuda.threadIdx.x, s.shape[1], THREADS_PER_ROW):
+        l += math.exp(s[row, j] - m)
+    l = softmax.block_reduce(sums, l, False)
+    for j in range(cuda.threadIdx.x, s.shape[1], THREADS_PER_ROW):
+        out[row, j] = math.exp(s[row, j] - m) / l
+
+
+@pytest.mark.parametrize("answer", [lambda: mutation.solution_copy(EXERCISES["04_block_softmax"]),
+                                    lambda: block_kernel(SOLUTION), lambda: block_softmax_early_exit])
+def test_the_block_softmax_solution_passes(answer):
+    result = verdict("04_block_softmax", answer())
+    assert result.passed and result.diagnosis == "ok", result
+    assert "and a GPU's" in result.message
+
+
+def test_the_block_softmax_cases_follow_the_block():
+    from attention_lib.checks import shapes
+    exercise = EXERCISES["04_block_softmax"]
+    assert exercise.both_shapes
+    with shapes.configured(shapes.GPU, block_softmax_early_exit):
+        cases = exercise.cases_for(shapes.GPU)
+        assert {c[1] for c in cases} >= {127, 128, 129, 2 * 128 + 5}
+    assert {c[1] for c in exercise.cases_for(shapes.SIMULATOR)} >= {31, 32, 33, 2 * 32 + 5}
+
+
+ALL_IN_THREAD_0 = """    if cuda.threadIdx.x == 0:
+        row = cuda.blockIdx.x
+        m = np.float32(-math.inf)
+        for j in range(s.shape[1]):
+            m = max(m, s[row, j])
+        shift = m if m > -math.inf else np.float32(0.0)
+        total = np.float32(0.0)
+        for j in range(s.shape[1]):
+            total += math.exp(s[row, j] - shift)
+        inv = np.float32(1.0) / total if total > 0 else np.float32(0.0)
+        for j in range(s.shape[1]):
+            out[row, j] = math.exp(s[row, j] - shift) * inv
+"""
+
+# The walks in contiguous chunks, the write pass strided: right values, loads spread over segments.
+CHUNKS = """    row, tid = cuda.blockIdx.x, cuda.threadIdx.x
+    partial = cuda.shared.array(THREADS_PER_ROW, np.float32)
+    chunk = (s.shape[1] + THREADS_PER_ROW - 1) // THREADS_PER_ROW
+    first, end = tid * chunk, min((tid + 1) * chunk, s.shape[1])
+    m = np.float32(-math.inf)
+    for j in range(first, end):
+        m = max(m, s[row, j])
+    m = block_reduce(partial, m, True)
+    shift = m if m > -math.inf else np.float32(0.0)
+    total = np.float32(0.0)
+    for j in range(first, end):
+        total += math.exp(s[row, j] - shift)
+    total = block_reduce(partial, total, False)
+    inv = np.float32(1.0) / total if total > 0 else np.float32(0.0)
+    for j in range(tid, s.shape[1], THREADS_PER_ROW):
+        out[row, j] = math.exp(s[row, j] - shift) * inv
+"""
+
+# The write pass in contiguous chunks, the walks strided: right values, stores spread over segments.
+CHUNKED_WRITE = (PROLOGUE + MAX_WALK + REDUCE_MAX + SHIFT + SUM_WALK + REDUCE_SUM +
+                 "    inv_total = np.float32(1.0) / total if total > 0 else np.float32(0.0)\n"
+                 "    chunk = (s.shape[1] + THREADS_PER_ROW - 1) // THREADS_PER_ROW\n"
+                 "    for j in range(tid * chunk, min((tid + 1) * chunk, s.shape[1])):\n"
+                 "        out[row, j] = math.exp(s[row, j] - shift) * inv_total\n")
+
+# Every thread walks the whole row itself: no reduction, each score read THREADS_PER_ROW times a walk.
+WHOLE_ROW_EACH = (PROLOGUE +
+                  "    row_max = np.float32(-math.inf)\n"
+                  "    for j in range(s.shape[1]):\n"
+                  "        row_max = max(row_max, s[row, j])\n" + SHIFT +
+                  "    total = np.float32(0.0)\n"
+                  "    for j in range(s.shape[1]):\n"
+                  "        total += math.exp(s[row, j] - shift)\n" + WRITE)
+
+# The tree by hand, thread 0 walking every slot: right values, a serial reduction.
+SERIAL_TREE = (PROLOGUE + MAX_WALK +
+               "    partial[tid] = row_max\n"
+               "    cuda.syncthreads()\n"
+               "    row_max = np.float32(-math.inf)\n"
+               "    for t in range(THREADS_PER_ROW):\n"
+               "        row_max = max(row_max, partial[t])\n"
+               "    cuda.syncthreads()\n" + SHIFT + SUM_WALK + REDUCE_SUM + WRITE)
+
+# A fully masked row's zeros written by thread 0 alone: the loads are the solution's, the stores serial.
+ZEROS_BY_THREAD_0 = (PROLOGUE + MAX_WALK + REDUCE_MAX +
+                     "    if row_max == -math.inf:\n"
+                     "        if tid == 0:\n"
+                     "            for j in range(s.shape[1]):\n"
+                     "                out[row, j] = 0.0\n"
+                     "        return\n" + SHIFT + SUM_WALK + REDUCE_SUM + WRITE)
+
+# Only threads with a column write their slot of the max's tree, which reads every slot: the slots
+# unwritten are only ever max's second argument, which the simulator's max(x, NaN) drops, so the values
+# come out right and the limit names the read.
+UNWRITTEN_SLOTS = (PROLOGUE + MAX_WALK +
+                   "    if tid < s.shape[1]:\n"
+                   "        partial[tid] = row_max\n"
+                   "    cuda.syncthreads()\n"
+                   "    stride = THREADS_PER_ROW // 2\n"
+                   "    while stride > 0:\n"
+                   "        if tid < stride:\n"
+                   "            partial[tid] = max(partial[tid], partial[tid + stride])\n"
+                   "        cuda.syncthreads()\n"
+                   "        stride //= 2\n"
+                   "    row_max = partial[0]\n"
+                   "    cuda.syncthreads()\n" + SHIFT + SUM_WALK + REDUCE_SUM + WRITE)
+
+BY_THE_LIBRARY = ("    row, tid = cuda.blockIdx.x, cuda.threadIdx.x\n"
+                  "    partial = cuda.shared.array(THREADS_PER_ROW, np.float32)\n"
+                  "    m = softmax.block_max(partial, softmax.strided_max(s, row, tid, THREADS_PER_ROW))\n"
+                  "    total = softmax.block_sum(partial, softmax.strided_sum_exp(s, row, tid, THREADS_PER_ROW, m))\n"
+                  "    softmax.strided_write(s, out, row, tid, THREADS_PER_ROW, m, np.float32(1.0) / total)\n")
+
+PEAKS = "at rows = 3, T_k = 35 (peaks scores): "
+
+
+def MAX_WALK_FROM(start):
+    """The solution whose max walk starts at `start` instead of tid."""
+    return SOLUTION.replace("for j in range(tid, s.shape[1], THREADS_PER_ROW):\n        row_max",
+                            f"for j in range({start}, s.shape[1], THREADS_PER_ROW):\n        row_max")
+
+
+
+GPU = "with a GPU's launch"
+AT_31 = "at rows = 3, T_k = 31 (normal scores): "
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("answer, diagnosis, says", [
+    # the named mistakes
+    (SOLUTION.replace("row_max = np.float32(-math.inf)", "row_max = np.float32(0.0)"), "wrong_neutral_value",
+     "at rows = 2, T_k = 69 (large scores): rows around +1000 are right but rows around -1000 are not"),
+    (SOLUTION.replace(REDUCE_MAX, "    row_max = block_reduce(partial, row_max if tid < s.shape[1] else "
+                                  "np.float32(0.0), True)\n"), "wrong_neutral_value",
+     "at rows = 2, T_k = 31 (deep scores): every score of these rows lies below -90"),
+    (MAX_WALK_FROM("tid + 1"), "max_misses_a_column", PEAKS + "row 0's largest score, in column 0, was left out"),
+    (SOLUTION.replace("for j in range(tid, s.shape[1], THREADS_PER_ROW):\n        row_max",
+                      "for j in range(tid, s.shape[1] - 1, THREADS_PER_ROW):\n        row_max"),
+     "max_misses_a_column", PEAKS + "row 1's largest score, in column 34, was left out"),
+    (SOLUTION.replace("for j in range(tid, s.shape[1], THREADS_PER_ROW):\n        row_max",
+                      "for j in range(tid, s.shape[1], THREADS_PER_ROW + 1):\n        row_max"),
+     "max_misses_a_column", PEAKS + "row 2's largest score, in column 32, was left out"),
+    (SOLUTION.replace(SHIFT, "    shift = np.float32(0.0)\n"), "unstable_softmax", "Subtract the row maximum"),
+    (SOLUTION.replace(SHIFT, "    shift = row_max\n").replace(" if total > 0 else np.float32(0.0)", ""),
+     "fully_masked_row", "has every score -inf (fully masked) and its weights came out NaN"),
+    (SOLUTION.replace(REDUCE_SUM, ""), "sum_not_reduced",
+     AT_31 + "each thread divided its columns by its own partial sum"),
+    # the usual wrong answers of the design
+    (ALL_IN_THREAD_0, "serial_copy", AT_31 + "the values are right, but one warp made 93 loads of s"),
+    (SOLUTION.replace("row, tid = cuda.blockIdx.x, cuda.threadIdx.x", "row, tid = 0, cuda.threadIdx.x"),
+     "race", "Two blocks touch one element of global memory"),
+    (SOLUTION.replace("partial = cuda.shared.array(THREADS_PER_ROW, np.float32)",
+                      "partial = cuda.shared.array(32, np.float32)"), "out_of_bounds", GPU),
+    (SOLUTION.replace("range(tid, s.shape[1], THREADS_PER_ROW)", "range(tid, s.shape[1], 32)"), "race", GPU),
+    (WHOLE_ROW_EACH, "no_reuse", AT_31 + "the values are right, but an element of s was read up to 65 times"),
+    # the limits
+    (CHUNKS, "uncoalesced", "the values are right, but a warp's load of s"),
+    (CHUNKED_WRITE, "uncoalesced", "a warp's store of out"),
+    (SERIAL_TREE, "serial_reduction", AT_31 + "the values are right, but one thread read shared memory 43 times, "
+                                      "where the limit is 24"),
+    (SOLUTION.replace(REDUCE_MAX, REDUCE_MAX + "    cuda.syncthreads()\n"), "extra_barriers",
+     AT_31 + "the values are right, but a thread passed 15 barriers, where the limit is 14"),
+    (UNWRITTEN_SLOTS, "stale_tile", AT_31 + "the values are right, but thread (15, 0, 0) of block (0, 0, 0) read "
+                                    "partial[31]"),
+    (ZEROS_BY_THREAD_0, "serial_copy", "at rows = 5, T_k = 33 (masked scores): the values are right, but one warp "
+                                       "made 33 stores to out"),
+    # barriers, guards, float32, given code
+    (PROLOGUE + "    if tid >= s.shape[1]:\n        return\n" + MAX_WALK + REDUCE_MAX + SHIFT + SUM_WALK
+     + REDUCE_SUM + WRITE, "divergent_barrier", AT_31),
+    (PROLOGUE + MAX_WALK + "    if row_max == -math.inf:\n        return\n" + REDUCE_MAX + SHIFT + SUM_WALK
+     + REDUCE_SUM + WRITE, "divergent_barrier", AT_31 + "block (0, 0, 0): thread (31, 0, 0) returned while"),
+    (SOLUTION.replace("total = np.float32(0.0)", "total = 0.0"), "float64_arithmetic", "total = 0.0"),
+    (BY_THE_LIBRARY, "calls_given_code", "block_max"),
+    ("    raise NotImplementedError()\n", "not_implemented", "Hint"),
+])
+def test_block_softmax_mistakes_get_their_diagnosis(answer, diagnosis, says):
+    result = verdict("04_block_softmax", block_kernel(answer, {"softmax": softmax}))
+    assert (result.passed, result.diagnosis, says in result.message) == (False, diagnosis, True), result
+
+
+def test_the_block_softmax_hints_give_the_idea_then_the_plan_in_words():
+    hints = EXERCISES["04_block_softmax"].hints
+    assert [h.split(":")[0] for h in hints[1:]] == ["the plan", "where answers go wrong"]
+    for text in hints:
+        assert not any(token in text for token in ("=", "[", "cuda.", "syncthreads")), text
 
 
 # --- 04_warp_softmax (follow-up): one warp per row, shuffles ---------------------------------------

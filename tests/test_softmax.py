@@ -251,3 +251,29 @@ def test_merging_single_scores_gives_the_max_and_the_shifted_sum(scores):
     m = s.max()
     want_l = 0.0 if m == -np.inf else np.exp(s.astype(np.float64) - m).sum()
     assert out[0] == m and np.isclose(out[1], want_l, rtol=1e-6)
+
+
+# --- The teaching kernel of the main exercise ------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(2, 1), (3, B - 1), (2, B), (2, B + 1), (3, 2 * B + 5), (2, 2, 7, 7)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_the_block_softmax_kernel_matches_the_reference(rng, shape):
+    s = scores_for(rng, shape, causal=False)
+    s.reshape(-1, shape[-1])[0] = -np.inf       # a fully masked row: zeros, with no thread leaving early
+    s.reshape(-1, shape[-1])[-1, 0] = 500.0     # a score far above the rest: its weight is 1
+    got = softmax.softmax(s, version=2, kernel=softmax.block_softmax_kernel)
+    assert_matches_reference(got, s)
+    assert (got.reshape(-1, shape[-1])[0] == 0).all() and got.reshape(-1, shape[-1])[-1, 0] == 1.0
+
+
+def test_the_block_softmax_kernel_counts_as_kernel_2(rng):
+    """The same design as kernel 2: each score read three times, each weight written once, the two
+    reductions' barriers (2 + log2 B each), also in a fully masked row, which kernel 2 leaves early."""
+    s = scores_for(rng, (3, B + 3), causal=False)
+    s[1] = -np.inf
+    out = np.zeros_like(s)
+    report = sanitizer.count_memory(softmax.block_softmax_kernel, *softmax.softmax_grid(3, 2), s, out)
+    assert_matches_reference(out, s)
+    assert (report.loads("s") == 3).all() and (report.stores("out") == 1).all()
+    assert report.barriers == 2 * (2 + int(np.log2(B)))
+    assert sanitizer.find_races(softmax.block_softmax_kernel, 3, B, s, np.zeros_like(s)) == []

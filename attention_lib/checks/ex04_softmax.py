@@ -4,7 +4,7 @@ dive 04x's.
 ``04_row_softmax`` (warm-up): a kernel with softmax_kernel_v1's signature ``(s, out)``, s and out
 (rows, T_k) float32, launched on v1's grid (one thread per row, ROWS_PER_BLOCK rows to a block).
 
-``04_block_reduction`` (main): ``block_reduce(partial, value, take_max)``, a device function: the
+``04_block_reduction`` (warm-up): ``block_reduce(partial, value, take_max)``, a device function: the
 max (take_max) or the sum of one value per thread over the block, by a tree in the shared array
 ``partial``, returned to every thread. The check runs softmax_kernel_v2 with the answer in the
 library's place (``softmax_around``), under the race finder on every case, at the simulator's
@@ -13,6 +13,18 @@ with the row's max and sum of exp(s - max). Limit: no thread reads shared memory
 2 log2(THREADS_PER_ROW) + 2 times a reduction (``serial_reduction``: a loop over the slots in one
 thread reads THREADS_PER_ROW of them).
 
+``04_block_softmax`` (main): a kernel with softmax_kernel_v2's signature ``(s, out)``, launched on
+v2's grid (one block of THREADS_PER_ROW threads per row, row = blockIdx.x), designed by the student
+around the warm-up's block_reduce: which thread reads which columns, what each thread brings to each
+reduction, the fully masked row's guard, the write pass (softmax.block_softmax_kernel). Run at the
+simulator's 32 threads a row and a GPU's 128. Limits, counted per launch: each score read at most 3
+times (kernel 2's count); no warp making more than 3 ceil(T_k / THREADS_PER_ROW) loads of s or
+ceil(T_k / THREADS_PER_ROW) stores to out (``serial_copy``, measured here by ``_SerialWalk``: the
+library's NoSerialCopy compares a warp with one pass over its elements, which three walks of a lone
+column already exceed); at most 2 segments a warp load of s and store of out; no thread reading
+shared memory more than two trees' 2 (2 log2(THREADS_PER_ROW) + 2) times or passing more than two
+trees' 2 (2 + log2(THREADS_PER_ROW)) barriers; no shared slot read before its block wrote it.
+
 ``04_warp_softmax`` (follow-up): a kernel with softmax_kernel_v3's signature, launched on v3's grid
 (one warp per row): each lane folds its columns into one (m, l) pair with ``merge_stats``, the
 warp merges the pairs with shuffles, each lane writes its columns. Limits: every score read at most
@@ -20,10 +32,11 @@ twice from global memory (``stats_not_in_one_pass``); a warp's load of s touches
 segments of 128 bytes on average (``uncoalesced``: lanes that each take a contiguous chunk of the
 row).
 
-The cases come from the constants (the block reduction's cases are a function of the
-configuration): rows around a block of ROWS_PER_BLOCK, rows of
-THREADS_PER_ROW + 5 and 2 THREADS_PER_ROW + 5 scores at either launch, more than 4 warps of
-columns; and from magnitudes: rows around +-1000, rows spanning about 1000, rows whose every
+The cases come from the constants (the block exercises' cases are a function of the
+configuration): rows around a block of ROWS_PER_BLOCK, rows of THREADS_PER_ROW - 1, THREADS_PER_ROW,
+THREADS_PER_ROW + 1, + 3, + 5, + 7 and 2 THREADS_PER_ROW + 5 scores at either launch, more than 4
+warps of columns; and from magnitudes: rows whose max stands PEAK above the rest in the first column,
+the last or the first past a block, rows whose every score lies below -90, rows around +-1000, rows spanning about 1000, rows whose every
 score but the last 5 is -inf (the first block of columns, or the first 32 lanes' columns, wholly
 masked: a sliding window's band or left padding), causal rows with one fully masked.
 
@@ -41,12 +54,18 @@ not every thread reaches, ``out_of_bounds``, ``float64_arithmetic``):
 - ``tree_starts_narrow``: the first stride was less than half the block (a number that fits the
   simulator's 32 threads, where a GPU's block has 128): slot 0 holds only the first threads' values;
 - ``result_not_broadcast``: only thread (lane) 0 got the row's result, the others kept a part;
-- ``wrong_neutral_value``: a lane started its pair from m = 0, not -inf: rows around -1000
-  underflow to 0 / 0 while rows around +1000 come out right;
+- ``wrong_neutral_value``: a lane started its pair from m = 0, not -inf (or, in the block kernel, a
+  thread's max started from 0, or a thread with no column brought 0 to the max's reduction): rows
+  around -1000, or below -90, underflow while rows around +1000 come out right;
 - ``online_softmax_no_rescale``: the lanes' sums l were added without rescaling each to the
   common maximum;
 - ``stats_not_in_one_pass``: right weights, but a score read three times (counted by the
-  sanitizer): the max and the sum were not folded into one pass of (m, l) pairs.
+  sanitizer): the max and the sum were not folded into one pass of (m, l) pairs;
+- ``sum_not_reduced`` (the block kernel): each thread divided its columns by its own partial sum,
+  not by the row's;
+- ``max_misses_a_column`` (the block kernel): a row's max, alone PEAK above the rest in its first
+  column, its last, or the first past the block, was left out of the max (a walk's start, end or
+  step off by one), and the shifted exponentials overflowed.
 
 Outputs are prefilled by the engine's output_array: an entry left UNWRITTEN was never written,
 and a NaN the kernel computed (a fully masked row's 0 / 0) stays a NaN, which the diagnosis names.
@@ -67,6 +86,7 @@ Its named mistakes, each found by recomputing the case with one rule left out:
 
 import math
 import warnings
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -77,13 +97,16 @@ from attention_lib.stages import softmax
 from attention_lib.stages.softmax import (THREADS_PER_ROW, WARP_SIZE, strided_max, strided_sum_exp,
                                           strided_write, strided_zeros)
 from attention_lib.checks.engine import Exercise, output_array, race_finding_launch, read_output, register
-from attention_lib.checks.limits import Coalesced, MostLoads, SharedLoadsPerThread
-from attention_lib.measure import kernel_report
+from attention_lib.checks.limits import (Coalesced, MostBarriers, MostLoads, NoUnwrittenReads,
+                                         SharedLoadsPerThread)
+from attention_lib.measure import kernel_report, sanitizer
+from attention_lib.platform import where
 from attention_lib.measure.kernel_report import H200, T4
 
 LARGE = 1000.0           # scores of the large case: exp(1000) overflows float32 (max about 88.7)
 SPREAD = 500.0           # half the span of a "spread" row's scores
 BAND = 5                 # a left-masked row's scores that are not -inf: its last BAND
+PEAK = 200.0             # a "peaks" row's largest score: a shift that misses it leaves exp(~197) = inf
 
 # The library code an answer to any of the three may not call: the kernels, their launchers,
 # and the helpers that make the passes over a row.
@@ -100,6 +123,11 @@ def _scores(rows, t_k, kind, rng):
         s = rng.uniform(-SPREAD, SPREAD, (rows, t_k))   # score leaves exponents above 88.7 in most rows
     elif kind == "negative":             # every score below 0: a max that starts at 0 stays there
         s = -np.abs(s) - 5.0
+    elif kind == "deep":                 # every score below -90: exp(s - 0) is subnormal or 0
+        s = -100.0 - 4.0 * np.abs(s)
+    elif kind == "peaks":                # each row's max PEAK above the rest, in its first column, its
+        columns = [0, t_k - 1, min(softmax.THREADS_PER_ROW, t_k - 1)]   # last, or the first past a block
+        s[np.arange(rows), [columns[r % 3] for r in range(rows)]] = PEAK
     elif kind == "masked":               # causal mask, and one row with every score masked
         s = reference.apply_causal_mask(s)
         s[min(3, rows - 1)] = -np.inf
@@ -381,6 +409,170 @@ register(Exercise(
     diagnoses=("result_not_broadcast", "tree_stops_early", "tree_starts_narrow"),
     solution=softmax.block_reduce,
     forbidden=_STAGE + (softmax.block_max, softmax.block_sum),
+))
+
+
+# --- The main exercise: one block per row, the whole kernel --------------------------------------
+
+def _run_block_softmax(kernel, case, rng, launch):
+    return _run_softmax(kernel, case, rng, launch, version=2)
+
+
+def _barriers_per_reduction():
+    """The barriers one tree makes every thread pass: after the writes, after each of its
+    log2(THREADS_PER_ROW) rounds, after the result is read."""
+    return 2 + int(math.log2(softmax.THREADS_PER_ROW))
+
+
+def _block_softmax_cases(configuration):
+    """(rows, T_k, kind), from the block's THREADS_PER_ROW n (32 on the simulator, 128 on a GPU): a row
+    one short of the block (the last thread has no column; 3 rows, so a row taken from anything but
+    blockIdx shows), exactly a block of negative scores, one past (thread 0 takes two columns); two
+    rows of n + 3 whose max stands alone in the first column, the last, or the first past the block
+    (a walk that misses a column misses it); two blocks and 5 around +-1000; one short of a block, every score below -90 (a thread with no column
+    must bring -inf to the max); n + 7 spread over -500 .. 500 (more than 88 within a thread's
+    columns); all but the last 5 scores -inf (every thread's first column masked); causal rows with
+    one fully masked."""
+    n = softmax.THREADS_PER_ROW
+    return [(3, n - 1, "normal"), (2, n, "negative"), (2, n + 1, "normal"), (3, n + 3, "peaks"),
+            (2, 2 * n + 5, "large"),
+            (2, n - 1, "deep"), (2, n + 7, "spread"), (2, n + BAND, "left-masked"), (5, 33, "masked")]
+
+
+@dataclass
+class _SerialWalk:
+    """No warp makes more accesses of `kind` to `array` than `passes` walks of ceil(T_k /
+    THREADS_PER_ROW) steps, the most a thread that takes every THREADS_PER_ROW-th column makes: a
+    serial walk (one thread, or one lane a warp) takes T_k steps a walk. NoSerialCopy compares a
+    warp's instructions with one pass over its elements, which three walks of a lone column at a
+    row's end already exceed; this measures the walks this kernel makes."""
+
+    array: str
+    passes: int
+    access: str = "load"
+    code: str = "serial_copy"
+
+    def broken(self, traces, case, compiled):
+        limit = self.passes * -(-case[1] // softmax.THREADS_PER_ROW)
+        kind = sanitizer.LOAD if self.access == "load" else sanitizer.STORE
+        for traced in traces:
+            if self.array not in traced.arrays():
+                continue
+            per_warp = {}
+            for (warp, _, site, _), _elements in traced._warp_requests(self.array, kind).items():
+                sites = per_warp.setdefault(warp, {})
+                sites[site] = sites.get(site, 0) + 1
+            for sites in per_warp.values():
+                if sum(sites.values()) > limit:
+                    site = max(sites, key=sites.get)
+                    verb = "loads of" if self.access == "load" else "stores to"
+                    return (f"the values are right, but one warp made {sum(sites.values())} {verb} {self.array} "
+                            f"(most at {where.describe_with_code(site[0], site[1])}), where threads that each "
+                            f"take every THREADS_PER_ROW-th column make at most {limit} ({self.passes} "
+                            f"walk{'s' if self.passes > 1 else ''} of {limit // self.passes} steps): a few threads "
+                            "walk the row while the others wait. Give every thread its own columns")
+        return None
+
+
+def _thread_sums(s):
+    """(rows, THREADS_PER_ROW) float64: each thread's sum of exp(s - row max) over its columns tid,
+    tid + threads, ... (0 in a fully masked row)."""
+    m = s.max(axis=-1)
+    shift = np.where(np.isneginf(m), 0.0, m)
+    return np.exp(_thread_stats(s) - shift[:, None, None]).sum(axis=-1)
+
+
+def _diagnose_block_softmax(got, expected, s, error):
+    """Name the block kernel's mistake; None when it is none of the known ones."""
+    finite = s[np.isfinite(s)]
+    # Rows whose max stands more than 88 above the rest: some right and some wrong, so the answer does
+    # subtract a max, but misses some columns (an answer that subtracts none gets every such row wrong).
+    top = np.sort(s, axis=-1)[:, -2:] if s.shape[1] > 1 else None
+    with np.errstate(invalid="ignore"):                # -inf - (-inf) in a masked row: NaN, not alone
+        alone = top is not None and top[:, 1] - top[:, 0] > 88
+    right = np.isclose(got, expected, rtol=1e-5, atol=1e-6).all(axis=-1)
+    if np.any(alone & right) and np.any(alone & ~right):
+        row = int(np.flatnonzero(alone & ~right)[0])
+        column = int(np.argmax(s[row]))
+        return "max_misses_a_column", (
+            f"row {row}'s largest score, in column {column}, was left out of its max, and exp of the scores "
+            "shifted by a smaller one overflowed: the threads' walks must cover every column of the row, "
+            "from column 0 to the last")
+    if finite.size and finite.max() < -90:
+        return "wrong_neutral_value", (
+            "every score of these rows lies below -90 and the weights came out wrong: exp(s - m) "
+            "underflowed, so m was not the row's max. A thread with no column, or a max started from 0, "
+            "brings 0 to the max's reduction, above every score; a thread's max starts from -inf")
+    if error is None and np.abs(finite).max() > 100:
+        high = s.max(axis=-1) > 0                                          # the rows around +1000
+        if np.allclose(got[high], expected[high], rtol=1e-5, atol=1e-6) and \
+                not np.allclose(got[~high], expected[~high], rtol=1e-5, atol=1e-6):
+            return "wrong_neutral_value", (
+                "rows around +1000 are right but rows around -1000 are not: a thread's max started from 0 "
+                "(or a thread with no column brought 0 to the max's reduction), which stays above every "
+                "negative score, so every exp(s - 0) underflows to 0; start from -inf")
+    named = _unstable(got, s, error) or _fully_masked(got, s)
+    if named:
+        return named
+    s64 = s.astype(np.float64)
+    m = s64.max(axis=-1, keepdims=True)
+    seen = ~np.isneginf(m[:, 0])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        own = np.exp(s64 - np.where(seen[:, None], m, 0.0))
+        own = own / _thread_sums(s64)[:, np.arange(s.shape[1]) % softmax.THREADS_PER_ROW]
+    defined = seen[:, None] & np.isfinite(own)
+    if defined.any() and np.allclose(got[defined], own[defined], rtol=1e-5, atol=1e-6):
+        return "sum_not_reduced", (
+            "each thread divided its columns by its own partial sum, not by the row's: reduce the threads' "
+            "sums over the block, so that every thread divides by the same total")
+    return _computed_nan(got, expected)
+
+
+register(Exercise(
+    exercise_id="04_block_softmax",
+    title="out[row] = softmax(s[row]), one block per row: the whole kernel around block_reduce",
+    kind="kernel",
+    run=_run_block_softmax,
+    cases=_block_softmax_cases,
+    both_shapes=True,
+    describe_case=lambda c: f"rows = {c[0]}, T_k = {c[1]} ({c[2]} scores)",
+    hint=("the block shares its row: each thread first gathers what it can of the row alone, then "
+          "block_reduce gives every thread the whole row's figure, once for the max and once for the sum; "
+          "a warp reads best when its 32 threads read 32 neighbouring scores"),
+    more_hints=("the plan: thread number t takes columns t, t plus the block size, t plus twice the block "
+                "size, and so on to the row's end, in each of three walks; the first walk keeps the "
+                "largest score (a thread with no column keeps minus infinity), and block_reduce makes it "
+                "the row's max in every thread; the second adds up the exponentials shifted by that max, "
+                "and block_reduce makes it the row's sum; the third writes each weight. A fully masked "
+                "row's max is minus infinity: either shift by 0 there, so that every exponential, the sum "
+                "and every weight are 0, or let the whole block leave together right after the first "
+                "reduction",
+                "where answers go wrong: a thread that leaves early (it has no column, or its own columns "
+                "are all masked) while the others wait for it at a barrier inside block_reduce; a max "
+                "started from 0, wrong on rows whose every score lies far below 0; each thread dividing "
+                "by its own sum instead of the row's; a thread that takes a contiguous chunk of the row, "
+                "so that a warp's load spreads over many segments; the block size written as 32"),
+    # float32 exp and sums of up to 261 terms against float64: relative errors around 1e-6.
+    rtol=1e-5,
+    atol=1e-6,
+    limits=(MostLoads("s", 3, why=(
+                "kernel 2 reads each score three times, in the max's walk, the sum's and the weights': a "
+                "thread gathers its part of the row as it walks, and the block shares the parts")),
+            _SerialWalk("s", 3), _SerialWalk("out", 1, access="store"),
+            Coalesced("out", 2, access="store"), Coalesced("s", 2),
+            SharedLoadsPerThread(lambda case: 2 * _reads_per_reduction(), why=(
+                "two trees (the max, then the sum) read at most 2 log2(THREADS_PER_ROW) + 2 slots a thread "
+                "each; a loop over the slots in one thread reads all THREADS_PER_ROW of them")),
+            MostBarriers(lambda case: 2 * _barriers_per_reduction(), why=(
+                "two trees need 2 + log2(THREADS_PER_ROW) barriers each, and the walks none")),
+            NoUnwrittenReads(why="every slot a reduction reads must be written first, -inf or 0 by a "
+                                 "thread with no column")),
+    diagnose=_diagnose_block_softmax,
+    diagnoses=("max_misses_a_column", "wrong_neutral_value", "unstable_softmax", "fully_masked_row",
+               "sum_not_reduced"),
+    solution=softmax.block_softmax_kernel,
+    forbidden=_STAGE + (strided_max, strided_sum_exp, strided_write, strided_zeros, softmax.block_max,
+                        softmax.block_sum),
 ))
 
 

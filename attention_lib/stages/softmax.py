@@ -17,6 +17,8 @@ all-zero weights: the query attends to nothing, never NaN.
 - ``block_reduce`` (``block_max``, ``block_sum``) + ``softmax_kernel_v2``: one block of
   THREADS_PER_ROW threads per row; the threads stride over the row and combine their partial
   max, then their partial sum, with a tree reduction in shared memory.
+- ``block_softmax_kernel``: kernel 2's design as one kernel, its three passes written out around two
+  calls of ``block_reduce`` (notebook 04's main exercise).
 - ``merge_stats`` + ``softmax_kernel_v3``: one warp per row, WARPS_PER_BLOCK rows a block; each
   lane folds its columns into one (max, sum) pair in a single pass, and the 32 lanes merge their
   pairs with warp shuffles (shfl_xor_sync): no shared memory, no barrier, two reads per score.
@@ -186,6 +188,33 @@ def softmax_kernel_v2(s, out):
         return
     total = block_sum(partial, strided_sum_exp(s, row, tid, THREADS_PER_ROW, row_max))  # pass 2
     strided_write(s, out, row, tid, THREADS_PER_ROW, row_max, np.float32(1.0) / total)  # pass 3
+
+
+@cuda.jit
+def block_softmax_kernel(s, out):
+    """Row softmax with one block of THREADS_PER_ROW threads per row, written as one kernel around
+    two calls of block_reduce (notebook 04's main exercise; kernel 2 is the same design split into
+    the strided_* helpers that kernel 3 shares).
+
+    s: (rows, T_k) float32, -inf for masked scores; out: (rows, T_k) float32, written. Launch on
+    softmax_grid(rows, 2): block `row` owns s[row, :], thread tid its columns tid,
+    tid + THREADS_PER_ROW, ... A fully masked row gets zeros without leaving early: every thread
+    reaches both reductions' barriers.
+    """
+    partial = cuda.shared.array(THREADS_PER_ROW, np.float32)   # one slot a thread, for both reductions
+    row, tid = cuda.blockIdx.x, cuda.threadIdx.x
+    largest = np.float32(-math.inf)                            # a thread with no column keeps -inf
+    for j in range(tid, s.shape[1], THREADS_PER_ROW):          # a warp reads 32 neighbouring scores
+        largest = max(largest, s[row, j])
+    row_max = block_reduce(partial, largest, True)             # the row's max, in every thread
+    shift = row_max if row_max > -math.inf else np.float32(0.0)    # fully masked: every exp is 0
+    total = np.float32(0.0)
+    for j in range(tid, s.shape[1], THREADS_PER_ROW):
+        total += math.exp(s[row, j] - shift)
+    total = block_reduce(partial, total, False)                # the row's sum, in every thread
+    inv_total = np.float32(1.0) / total if total > 0 else np.float32(0.0)
+    for j in range(tid, s.shape[1], THREADS_PER_ROW):
+        out[row, j] = math.exp(s[row, j] - shift) * inv_total
 
 
 @cuda.jit(device=True)
