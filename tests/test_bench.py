@@ -435,6 +435,11 @@ def test_formula_results_at_andrea_120m():
     # head's q, every key and value is read once; the merge reads each LSE_c twice and o_c once per
     # chunk and component (32 chunks).
     assert by_name["decode v2"]["counted"]["global_loads"] == 3 * 96 * 1024 * 64 + 3 * 96 * 64 * 32
+    # One FLOP rule: a multiply-add 2, the softmax 5 per score. Causal attention does 4 d_k + 5 per
+    # visible pair (1024 * 1025 / 2 a head), decoding as much per cached key; flash also writes the lse.
+    assert by_name["flash v2"]["flops"] == (4 * 64 + 5) * 96 * (1024 * 1025 // 2)
+    assert by_name["flash v2"]["ideal_bytes"] == 4 * (4 * 96 * 1024 * 64 + 96 * 1024)
+    assert by_name["decode v2"]["flops"] == (4 * 64 + 5) * 96 * 1024
     assert results["notes"] == ["by formula, with the GPU's tile sizes"]
     assert "projection v3" in bench.format_table(results)
 

@@ -7,6 +7,7 @@ own code would be refused as given code.
 """
 
 import inspect
+import linecache
 import re
 import textwrap
 from pathlib import Path
@@ -210,9 +211,9 @@ def ideal_work(kernel, s):                                            # the solu
     if kernel == "flash":
         pairs = s.BH * s.T * (s.T + 1) // 2
         rows = s.BH * s.T * s.d_k
-        return 2 * 2 * s.d_k * pairs, 4 * (4 * rows + s.BH * s.T)
+        return (4 * s.d_k + 5) * pairs, 4 * (4 * rows + s.BH * s.T)
     cached = s.BH * s.T * s.d_k
-    return 2 * 2 * cached, 4 * (2 * cached + 2 * s.BH * s.d_k)
+    return (4 * s.d_k + 5) * s.BH * s.T, 4 * (2 * cached + 2 * s.BH * s.d_k)
 
 
 def changed(kernel_changed, flops=None, nbytes=None):
@@ -231,9 +232,12 @@ WORK_MISTAKES = {
                              "every load and store the kernel requests"),
     "arrays_missed": (changed("flash", nbytes=lambda s: 4 * 4 * s.BH * s.T * s.d_k), "leaves out lse, which the "
                       "kernel also writes"),
-    "multiply_adds_not_flops": (changed("decode", flops=lambda s: 2 * s.BH * s.T * s.d_k), "a multiply-add is 2 FLOPs"),
-    "mask_ignored": (changed("flash", flops=lambda s: 4 * s.d_k * s.BH * s.T * s.T), "every (query, key) pair"),
-    "diagonal_missed": (changed("flash", flops=lambda s: 4 * s.d_k * s.BH * s.T * (s.T - 1) // 2),
+    "multiply_adds_not_flops": (changed("decode", flops=lambda s: (2 * s.d_k + 5) * s.BH * s.T),
+                                "a multiply-add is 2 FLOPs"),
+    "softmax_not_counted": (changed("flash", flops=lambda s: 4 * s.d_k * s.BH * s.T * (s.T + 1) // 2),
+                            "the two products were counted, not the softmax"),
+    "mask_ignored": (changed("flash", flops=lambda s: (4 * s.d_k + 5) * s.BH * s.T * s.T), "every (query, key) pair"),
+    "diagonal_missed": (changed("flash", flops=lambda s: (4 * s.d_k + 5) * s.BH * s.T * (s.T - 1) // 2),
                         "query i sees key i too"),
     "visible_scores_only": (changed("softmax", flops=lambda s: 5 * s.BH * s.T * (s.T + 1) // 2),
                             "the masked ones too"),
@@ -255,6 +259,14 @@ def test_ideal_work_mistakes_get_their_diagnosis(diagnosis):
     assert (result.passed, result.diagnosis) == (False, diagnosis) and says in result.message, result.message
 
 
+def test_the_check_sizes_are_not_the_notebooks_printed_ones():
+    """The notebook prints the bench's table at bench.notebook_sizes() above the exercise: the check's
+    cases must be other sizes, so that the table cannot be copied into an answer."""
+    from attention_lib.checks import ex10_performance
+    printed = bench.notebook_sizes()
+    assert all((s.B, s.H, s.T, s.d_k) != (printed.B, printed.H, printed.T, printed.d_k) for s in ex10_performance.SIZES)
+
+
 def test_every_named_work_mistake_is_planted():
     assert set(EXERCISES["10_ideal_work"].diagnoses) <= set(WORK_MISTAKES)
 
@@ -270,13 +282,11 @@ def test_the_library_ideal_work_is_refused_as_given_code():
 
 @pytest.mark.parametrize("sizes", [bench_cases.BenchSizes(8, 12, 1024, 64), bench_cases.BenchSizes(1, 2, 7, 5)])
 def test_the_ideal_work_is_the_benchs_formulas(sizes):
-    """The bench's FLOPs and ideal bytes; fused attention's bytes also count the lse its kernel writes
-    (one float per query row), which the bench, timing inference, leaves out."""
+    """The bench's FLOPs and ideal bytes, one rule for both (fused attention's bytes with its lse)."""
     entries = {e.name: e for e in bench_cases.REGISTRY}
     for kernel, entry in (("softmax", "softmax v1"), ("flash", "flash v2"), ("decode", "decode v1")):
         flops, nbytes = registers.ideal_work(kernel, sizes)
-        extra = 4 * sizes.BH * sizes.T if kernel == "flash" else 0
-        assert (flops, nbytes) == (entries[entry].flops(sizes), entries[entry].ideal_bytes(sizes) + extra), kernel
+        assert (flops, nbytes) == (entries[entry].flops(sizes), entries[entry].ideal_bytes(sizes)), kernel
     with pytest.raises(ValueError, match="kernel must be 'softmax', 'flash' or 'decode', got 'scores'"):
         registers.ideal_work("scores", sizes)
 
@@ -300,3 +310,217 @@ def test_the_predictions_at_andrea_120m():
     assert rows["decode v1"]["ideal"][1] == rows["decode v2"]["ideal"][1] == "launch"
     assert rows["attention pipeline"]["launches"] == 3
     assert "projection v4" in bench.format_predictions(list(rows.values()))
+
+
+# --- 10_tiled_k (main): the row in registers, k staged through shared memory --------------------
+
+KT = ROWS = registers.ROWS_PER_BLOCK          # the solution's tile: as many keys as the block has rows
+SMALL = 16                                  # the smallest tile the barrier limit allows
+TINY = 8
+
+
+@cuda.jit
+def tiled_k(q, k, out):                                 # the solution, as the notebook has it
+    q_row = cuda.local.array(D, float32)                       # this thread's row of q: registers, as in the warm-up
+    k_tile = cuda.shared.array((ROWS, D), float32)   # a tile of as many keys as rows: 8 KB
+    i = cuda.grid(1)
+    for c in range(D):
+        q_row[c] = q[i, c] if i < q.shape[0] else float32(0.0)
+    for j0 in range(0, k.shape[0], ROWS):
+        for e in range(cuda.threadIdx.x, min(ROWS, k.shape[0] - j0) * D, ROWS):
+            k_tile[e // D, e % D] = k[j0 + e // D, e % D]       # lanes side by side along a key's row
+        cuda.syncthreads()                                     # the tile is full before any row reads it
+        for j in range(j0, min(j0 + ROWS, k.shape[0]) if i < q.shape[0] else j0):   # none past T_q
+            acc = float32(0.0)
+            for c in range(D):
+                acc += q_row[c] * k_tile[j - j0, c]            # every lane reads one slot: a broadcast
+            out[i, j] = acc
+        cuda.syncthreads()                                     # every row is done before the next copy
+
+
+@cuda.jit
+def tiled_k_rows_of_16(q, k, out):
+    """A right answer in another style: tiles of 16 keys copied key by key, each lane two columns, zeros
+    past T_k; the row of q copied under a guard; every slot scored, the write guarded."""
+    tile = cuda.shared.array((SMALL, D), float32)
+    lane = cuda.threadIdx.x
+    i = cuda.blockIdx.x * ROWS + lane
+    q_row = cuda.local.array(D, float32)
+    if i < q.shape[0]:
+        for c in range(D):
+            q_row[c] = q[i, c]
+    for step in range((k.shape[0] + SMALL - 1) // SMALL):
+        for r in range(SMALL):
+            key = step * SMALL + r
+            tile[r, lane] = k[key, lane] if key < k.shape[0] else float32(0.0)
+            tile[r, lane + 32] = k[key, lane + 32] if key < k.shape[0] else float32(0.0)
+        cuda.syncthreads()
+        for r in range(SMALL):
+            acc = float32(0.0)
+            for c in range(D):
+                acc += q_row[c] * tile[r, c]
+            if i < q.shape[0] and step * SMALL + r < k.shape[0]:
+                out[i, step * SMALL + r] = acc
+        cuda.syncthreads()
+
+
+def _tiled_variant(*edits):
+    """The solution's source with lines replaced, each edit (old line stripped, new lines, which
+    occurrence: 0 the first, None every one), compiled as a kernel whose source the compiler can read."""
+    lines = inspect.getsource(tiled_k.py_func).splitlines()[1:]              # the decorator dropped
+    seen = {}
+    out = []
+    for line in lines:
+        indent = line[:len(line) - len(line.lstrip())]
+        key = line.strip()
+        nth = seen[key] = seen.get(key, -1) + 1
+        new = next((n for old, n, which in edits if old == key and which in (None, nth)), None)
+        out += [line] if new is None else [indent + n for n in new.split("\n") if n]
+    source = "\n".join(out).replace("def tiled_k(", "def variant(") + "\n"
+    filename = f"<planted variant {len(linecache.cache)}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace = dict(globals())
+    exec(compile(source, filename, "exec"), namespace)
+    return cuda.jit(namespace["variant"])
+
+
+@cuda.jit
+def k_read_from_main_memory(q, k, out):                 # the warm-up's kernel: no tile at all
+    i = cuda.grid(1)
+    if i >= q.shape[0]:
+        return
+    q_row = cuda.local.array(D, float32)
+    for c in range(D):
+        q_row[c] = q[i, c]
+    for j in range(k.shape[0]):
+        acc = float32(0.0)
+        for c in range(D):
+            acc += q_row[c] * k[j, c]
+        out[i, j] = acc
+
+
+@cuda.jit
+def rows_in_local_memory_tiled(q, k, out):              # the tile right, q_row's loops bounded at run time
+    k_tile = cuda.shared.array((KT, D), float32)
+    lane = cuda.threadIdx.x
+    i = cuda.blockIdx.x * ROWS + lane
+    q_row = cuda.local.array(D, float32)
+    if i < q.shape[0]:
+        for c in range(q.shape[1]):
+            q_row[c] = q[i, c]
+    for j0 in range(0, k.shape[0], KT):
+        keys = min(KT, k.shape[0] - j0)
+        for r in range(keys):
+            for c in range(lane, D, ROWS):
+                k_tile[r, c] = k[j0 + r, c]
+        cuda.syncthreads()
+        if i < q.shape[0]:
+            for r in range(keys):
+                acc = float32(0.0)
+                for c in range(q.shape[1]):
+                    acc += q_row[c] * k_tile[r, c]
+                out[i, j0 + r] = acc
+        cuda.syncthreads()
+
+
+COPY = "for e in range(cuda.threadIdx.x, min(ROWS, k.shape[0] - j0) * D, ROWS):"
+SCORE = "for j in range(j0, min(j0 + ROWS, k.shape[0]) if i < q.shape[0] else j0):   # none past T_q"
+FIRST = "at T_q = 5, T_k = 31, D = 64: "
+SECOND = "at T_q = 3, T_k = 33, D = 64: "
+
+TILED_MISTAKES = {
+    "ok_rows_of_16": (tiled_k_rows_of_16, "ok", "correct at every size tried"),
+    "no_tile": (k_read_from_main_memory, "no_reuse", FIRST + "the values are right, but an element of k was read "
+                "up to 5 times from global memory, where the limit is 1"),
+    "lane_0_copies": (_tiled_variant((COPY, "for e in range(0 if cuda.threadIdx.x else min(ROWS, k.shape[0] - j0) "
+                                            "* D):", None)),
+                      "serial_copy", FIRST + "the values are right, but one warp made 1984 load instructions of k"),
+    "lanes_along_keys": (_tiled_variant((COPY, "for e in range(min(ROWS, k.shape[0] - j0) * D):", None),
+                                        ("k_tile[e // D, e % D] = k[j0 + e // D, e % D]       # lanes side by side "
+                                         "along a key's row", "if e // D == cuda.threadIdx.x:\n    k_tile[e // D, "
+                                                              "e % D] = k[j0 + e // D, e % D]", None)),
+                         "uncoalesced", FIRST + "the values are right, but a warp's load of k at"),
+    "early_return": (_tiled_variant(("i = cuda.grid(1)", "i = cuda.grid(1)\nif i >= q.shape[0]:\n    return", None)),
+                     "divergent_barrier", FIRST + "block (0, 0, 0): 27 threads"),
+    "one_barrier": (_tiled_variant(("cuda.syncthreads()                                     # every row is done "
+                                    "before the next copy", "pass", None)), "race", SECOND + "race on shared 'k_tile'"),
+    "no_barrier_before_scoring": (_tiled_variant(("cuda.syncthreads()                                     # the "
+                                                  "tile is full before any row reads it", "pass", None)), "race",
+                                  FIRST + "race on shared 'k_tile'"),
+    "same_key_tile": (_tiled_variant(("k_tile[e // D, e % D] = k[j0 + e // D, e % D]       # lanes side by side "
+                                      "along a key's row", "k_tile[e // D, e % D] = k[e // D, e % D]", None)),
+                      "same_key_tile", SECOND + "the scores of key j came out as those of key j mod 32: every step "
+                                                "copied the first 32 keys"),
+    "last_tile_dropped": (_tiled_variant(("for j0 in range(0, k.shape[0], ROWS):",
+                                          "for j0 in range(0, k.shape[0] - ROWS + 1, ROWS):", None)),
+                          "last_tile_dropped", FIRST + "no score was written: T_k = 31 keys fill no whole tile of 32 keys"),
+    "last_tile_of_16_dropped": (_tiled_variant((COPY, "for e in range(cuda.threadIdx.x, SMALL * D, ROWS):", None),
+                                               (SCORE, "for j in range(j0, j0 + SMALL if i < q.shape[0] else j0):",
+                                                None),
+                                               ("for j0 in range(0, k.shape[0], ROWS):",
+                                                "for j0 in range(0, k.shape[0] - SMALL + 1, SMALL):", None)),
+                                "last_tile_dropped", FIRST + "the scores of keys 16 to 30 were never written: the walk "
+                                                             "stopped after the last whole tile"),
+    "scores_not_placed": (_tiled_variant(("out[i, j] = acc", "out[i, j - j0] = acc", None)),
+                          "scores_not_placed", SECOND + "only the first 32 columns of out were written"),
+    "block_dropped": (_tiled_variant(("i = cuda.grid(1)", "i = cuda.threadIdx.x", None)),
+                      "race", "at T_q = 33, T_k = 16, D = 64: race on global 'out'[0, 0] (and 511 more elements): "
+                              "write by block (0, 0, 0)"),
+    "tile_of_8": (_tiled_variant((COPY, "for e in range(cuda.threadIdx.x, min(TINY, k.shape[0] - j0) * D, ROWS):",
+                                  None),
+                                 (SCORE, "for j in range(j0, min(j0 + TINY, k.shape[0]) if i < q.shape[0] else j0):",
+                                  None),
+                                 ("for j0 in range(0, k.shape[0], ROWS):", "for j0 in range(0, k.shape[0], TINY):",
+                                  None)),
+                  "extra_barriers", FIRST + "the values are right, but a thread passed 8 barriers, where the limit "
+                                            "is 4: T_k = 31 keys make at most 2 steps with tiles of at least 16 keys"),
+    "stale_slots": (_tiled_variant((SCORE, "for j in range(j0, j0 + ROWS if i < q.shape[0] else j0):", None),
+                                   ("out[i, j] = acc", "if j < k.shape[0]:\n    out[i, j] = acc", None)),
+                    "stale_tile", FIRST + "thread (0, 0, 0) of block (0, 0, 0) read k_tile[31, 0]"),
+    "t_k_hard_coded": (_tiled_variant(("for j0 in range(0, k.shape[0], ROWS):", "for j0 in range(0, 32, ROWS):", None),
+                                      (COPY, "for e in range(cuda.threadIdx.x, min(ROWS, 32 - j0) * D, ROWS):", None),
+                                      (SCORE, "for j in range(j0, min(j0 + ROWS, 32) if i < q.shape[0] else j0):",
+                                       None)),
+                       "out_of_bounds", FIRST + "out-of-bounds read k[31, 0]"),
+    "float64_acc": (_tiled_variant(("acc = float32(0.0)", "acc = 0.0", None)), "float64_arithmetic",
+                    "computes in float64"),
+    "q_row_in_local_memory": (rows_in_local_memory_tiled, "local_memory", "-byte stack frame"),
+    "library": (registers.row_scores_kernel_v3, "calls_given_code", "row_scores_kernel_v3"),
+}
+
+
+def test_the_tiled_solution_passes():
+    result = verdict("10_tiled_k", tiled_k)
+    assert result.passed and result.diagnosis == "ok", result.message
+    assert verdict("10_tiled_k", mutation.solution_copy(EXERCISES["10_tiled_k"])).passed
+
+
+@pytest.mark.parametrize("name", sorted(TILED_MISTAKES))
+def test_planted_answers_of_the_tiled_exercise(name):
+    answer, diagnosis, says = TILED_MISTAKES[name]
+    result = verdict("10_tiled_k", answer)
+    print(name, result.diagnosis, result.message)
+    assert (result.passed, result.diagnosis) == (diagnosis == "ok", diagnosis) and says in result.message, result.message
+
+
+def test_every_named_tile_mistake_is_planted():
+    planted = {diagnosis for _, diagnosis, _ in TILED_MISTAKES.values()}
+    assert set(EXERCISES["10_tiled_k"].diagnoses) <= planted
+
+
+def test_the_tiled_hints_give_the_idea_then_the_plan_in_words():
+    hints = EXERCISES["10_tiled_k"].hints
+    assert [h.split(":")[0] for h in hints[1:]] == ["the plan", "where answers go wrong"]
+    for text in hints:
+        assert not any(token in text for token in ("=", "[", "cuda.", "syncthreads")), text
+
+
+def test_the_tiled_kernel_keeps_its_row_in_registers_and_reads_k_from_shared_memory():
+    """What notebook 10 shows after the reveal: the main exercise's solution has no stack frame, a tile
+    of 32 keys in shared memory, and a hot loop that reads k from there (LDS), never from main memory
+    (LDG), where the warm-up's solution loads k beside every multiply-add."""
+    rows = kernel_report.report(names=["registers.row_scores_kernel_v2", "registers.row_scores_kernel_v3"])["kernels"]
+    v2, v3 = rows["registers.row_scores_kernel_v2"], rows["registers.row_scores_kernel_v3"]
+    assert v3["stack_bytes"] == 0 and v3["shared_bytes"] == 4 * registers.ROWS_PER_BLOCK * D
+    assert v3["hot_loop"]["ffma"] == v2["hot_loop"]["ffma"] == D
+    assert v3["hot_loop"]["ldg"] == 0 < v3["hot_loop"]["lds"] and v2["hot_loop"]["ldg"] == D

@@ -1,5 +1,5 @@
-"""Notebook 10's exercises: a local array kept in registers (warm-up), and the work three kernels cannot
-avoid (main).
+"""Notebook 10's exercises: a local array kept in registers (warm-up), the same kernel with k staged
+through shared memory (main), and the work three kernels cannot avoid.
 
 ``10_registers`` (warm-up): a kernel ``(q, k, out)`` computing out[i, j] = q[i] . k[j] for q (T_q, D),
 k (T_k, D), one thread per query row holding its row of q in a ``cuda.local.array``, written so that
@@ -10,16 +10,27 @@ memory once (``no_reuse``: a kernel that reads q again for every key), and, from
 compile for sm_90, a stack frame of 0 bytes (``local_memory``, with ptxas's registers and stack
 bytes) and float32 arithmetic (``float64_arithmetic``).
 
-``10_ideal_work`` (main): a function ``ideal_work(kernel, s)`` -> ``(flops, nbytes)`` for kernel
+``10_tiled_k`` (main): a whole kernel ``(q, k, out)``, out[i, j] = q[i] . k[j] for q (T_q, D), k (T_k, D),
+launched on the warm-up's grid (a thread per query row, blocks of 32), which keeps its row of q in
+registers and stages k through shared memory in tiles of the student's choosing
+(``registers.row_scores_kernel_v3``). Limits: q read once; each element of k read at most
+ceil(T_q / 32) times (once per block); a warp's load of k at most 2 segments, its lanes side by side
+(``NoSerialCopy``); at most 2 ceil(T_k / 16) barriers (two a step, tiles of at least 16 keys); every
+slot read written in its step; a 0-byte stack frame. Named: ``same_key_tile`` (every step copies the
+first keys), ``last_tile_dropped`` (the walk stops after the last whole tile), ``scores_not_placed``
+(a tile's scores written at their place in the tile, not in out).
+
+``10_ideal_work``: a function ``ideal_work(kernel, s)`` -> ``(flops, nbytes)`` for kernel
 "softmax" (rows of causally masked scores), "flash" (causal attention writing out and the lse) or
 "decode" (one query per head against a cache), at sizes ``s`` (a ``BenchSizes``). The FLOPs are
 held to the bench's formulas (2 per multiply-add and 1 per other float operation, so 5 per score the
-softmax kernel processes; fused attention and decoding counted by their two products alone); the bytes to what the
+softmax kernel processes; fused attention and decoding 4 d_k + 5 per visible pair); the bytes to what the
 sanitizer counts when the library's kernel runs at those sizes: every element of every array it
 reads or writes, once (``softmax v1``, ``flash v2``, ``decode v1``). Besides the engine's diagnoses:
 ``bytes_as_elements``, ``every_access_counted`` (the counted bytes, every request, instead of the
 ideal ones), ``arrays_missed`` (an array the kernel reads or writes left out, named),
-``multiply_adds_not_flops`` (half the FLOPs), ``mask_ignored`` (every pair of a causal head),
+``multiply_adds_not_flops`` (a multiply-add counted as 1 FLOP), ``softmax_not_counted`` (attention's two
+products alone), ``mask_ignored`` (every pair of a causal head),
 ``diagonal_missed`` (the pairs below the diagonal only), ``visible_scores_only`` (the softmax's
 masked scores left out, which its kernel reads and writes too).
 """
@@ -33,10 +44,12 @@ import numpy as np
 from numba import cuda
 
 from attention_lib import reference
-from attention_lib.checks.engine import Exercise, output_array, read_output, register
-from attention_lib.checks.limits import MostLoads, NoLocalMemory
+from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register, unwritten
+from attention_lib.checks.limits import (Coalesced, MostBarriers, MostLoads, NoLocalMemory, NoSerialCopy,
+                                         RefilledTiles)
 from attention_lib.measure import bench, recording
 from attention_lib.measure.bench_cases import REGISTRY, BenchSizes, Inputs
+from attention_lib.platform.launch import ceil_div
 from attention_lib.stages import registers
 
 # --- The warm-up: keep a local array in registers ------------------------------------------
@@ -88,7 +101,117 @@ register(Exercise(
 ))
 
 
-# --- The main exercise: the work three kernels cannot avoid --------------------------------
+# --- The main exercise: the row kept in registers, k staged through shared memory ----------------
+
+ROWS = registers.ROWS_PER_BLOCK
+# The smallest tile of keys the barrier limit allows (two barriers a step); the library's holds 32 keys.
+LEAST_TILE = 16
+# Tiles a student may pick, for naming a mistake whatever the tile (smaller ones break the barrier limit).
+TILES = (8, 16, 32, 64)
+
+
+def _tiled_cases(tile=LEAST_TILE, rows=ROWS):
+    """(T_q, T_k): a partial block against two tiles less a key (a T_k fixed at the simulator's 32
+    reads past k), then two and a key (a step that copies the first keys again, or stops after the
+    whole tiles, shows there); a block and a row (blockIdx) against a whole tile; a block one row
+    short against a tile less a key; two tiles exactly; four tiles and a key; one row and one key."""
+    return [(5, 2 * tile - 1), (3, 2 * tile + 1), (rows + 1, tile), (rows - 1, tile - 1), (2, 2 * tile),
+            (2, 4 * tile + 1), (1, 1)]
+
+
+def _last_keys(t_k, tile):
+    """For columns 0 .. tile - 1: the key whose score a walk in tiles of `tile` writes there last
+    when it forgets the step's first key in the write."""
+    return [max(j for j in range(r, t_k, tile)) for r in range(min(tile, t_k))]
+
+
+def _tile_mistake(got, expected, q, k):
+    """(code, message) for a usual mistake of the walk over key tiles, whatever the tile; None."""
+    written = ~unwritten(got)
+    t_k = got.shape[1]
+    close = lambda a, b: np.allclose(a, b, rtol=1e-5, atol=1e-4)             # noqa: E731
+    if not written.any() and t_k % LEAST_TILE:
+        return "last_tile_dropped", (f"no score was written: T_k = {t_k} keys fill no whole tile of {2 * LEAST_TILE} "
+                                     "keys, so a walk over whole tiles takes no step. The last tile may hold fewer "
+                                     "keys, and it needs its step too")
+    for tile in TILES:
+        if t_k <= tile:
+            continue
+        if written.all() and close(got, reference.scores(q, k[np.arange(t_k) % tile], scale=False)):
+            return "same_key_tile", (f"the scores of key j came out as those of key j mod {tile}: every step "
+                                     f"copied the first {tile} keys into the tile. A step's keys start where the "
+                                     "previous step's ended")
+        whole = t_k // tile * tile
+        if 0 < whole < t_k and written[:, :whole].all() and not written[:, whole:].any() \
+                and close(got[:, :whole], expected[:, :whole]):
+            return "last_tile_dropped", (f"the scores of keys {whole} to {t_k - 1} were never written: the walk "
+                                         "stopped after the last whole tile. The last tile may hold fewer keys, "
+                                         "and it needs its step too")
+        if written[:, :tile].all() and not written[:, tile:].any() \
+                and close(got[:, :tile], expected[:, _last_keys(t_k, tile)]):
+            return "scores_not_placed", (f"only the first {tile} columns of out were written, each with the last "
+                                         "step's score for that place in the tile: the score of a tile's key "
+                                         "belongs in the column of the key, the step's first key plus its place")
+    return None
+
+
+def _run_tiled(kernel, case, rng, launch):
+    t_q, t_k = case
+    q = rng.standard_normal((t_q, D)).astype(np.float32)
+    k = rng.standard_normal((t_k, D)).astype(np.float32)
+    got = launch_row_scores(kernel, cuda.to_device(q), cuda.to_device(k), launch)
+    expected = reference.scores(q, k, scale=False)
+    if not np.allclose(got, expected, rtol=1e-5, atol=1e-4, equal_nan=False):
+        named = _tile_mistake(got, expected, q, k)
+        if named:
+            raise Diagnosed(*named)
+    return got, expected
+
+
+def _barriers_why(case):
+    steps = ceil_div(case[1], LEAST_TILE)
+    return (f"T_k = {case[1]} keys make at most {steps} step{'s' if steps > 1 else ''} with tiles of at least "
+            f"{LEAST_TILE} keys, two barriers each (the tile full before it is read, read before it is refilled)")
+
+
+register(Exercise(
+    exercise_id="10_tiled_k",
+    title="row scores with q's row in registers and k staged through shared memory in tiles",
+    kind="kernel",
+    run=_run_tiled,
+    cases=_tiled_cases(),
+    describe_case=lambda c: f"T_q = {c[0]}, T_k = {c[1]}, D = {D}",
+    hint=("the 32 rows of a block all read the same keys: if the block first copies a few keys into shared "
+          "memory together, every row can read them there, and k leaves main memory once per block instead of "
+          "once per row. The row of q stays in registers as in the warm-up: every index into it must be a "
+          "constant the compiler knows"),
+    more_hints=(
+        "the plan: each thread with a query row copies that row into its register array once. Then the block "
+        "walks the keys a tile at a time. In each step the whole warp copies the tile's keys, lanes side by "
+        "side along each key's row; a barrier; each thread with a row scores the tile's keys against its "
+        "registers and writes those scores; a second barrier before the next copy. The last tile may hold "
+        "fewer keys",
+        "where answers go wrong: a thread with no query row that returns early skips the copies and the "
+        "barriers; a step that copies the first keys again instead of its own; a walk that stops after the "
+        "last whole tile; a score written at the key's place in the tile instead of its column of out; "
+        "lanes that each copy a whole key touch a segment a lane; a loop over the row bounded by the "
+        "array's shape puts the register array in local memory"),
+    # float32 sums of 64 products of standard normals (values up to about 25) against float64.
+    rtol=1e-5,
+    atol=1e-4,
+    limits=(MostLoads("q", 1, why="copy the thread's row into its register array once and read it from there"),
+            MostLoads("k", lambda case: ceil_div(case[0], ROWS),
+                      why="a block copies each key into shared memory once and all its rows read it there"),
+            Coalesced("k", 2), NoSerialCopy("k"),
+            MostBarriers(lambda case: 2 * ceil_div(case[1], LEAST_TILE), why=_barriers_why),
+            RefilledTiles(), NoLocalMemory()),
+    diagnoses=("same_key_tile", "last_tile_dropped", "scores_not_placed"),
+    solution=registers.row_scores_kernel_v3,
+    forbidden=(registers.row_scores, registers.launch_row_scores, registers.row_scores_kernel_v2),
+))
+
+
+# --- The work three kernels cannot avoid --------------------------------
 
 # The library kernel whose launch the sanitizer counts for each name of the contract.
 ENTRIES = {"softmax": "softmax v1", "flash": "flash v2", "decode": "decode v1"}
@@ -158,9 +281,15 @@ def _run_work(answer, case, rng, _launch):              # plain Python: no kerne
 def _flops_slip(got, want, case):
     """(code, message) for FLOPs equal to a usual wrong count, else None."""
     s = case.sizes
-    wrong = [("multiply_adds_not_flops", want / 2,
-              "half the FLOPs: a multiply-add is 2 FLOPs, and attention does two products per pair (q . k, "
-              "then the weight times v)")]
+    wrong = []
+    if case.kernel != "softmax":
+        pairs = s.BH * s.T * (s.T + 1) // 2 if case.kernel == "flash" else s.BH * s.T
+        wrong += [("multiply_adds_not_flops", want - 2 * s.d_k * pairs,
+                   "a multiply-add is 2 FLOPs, and attention does two products of d_k multiply-adds per pair (q . k, "
+                   "then the weight times v)"),
+                  ("softmax_not_counted", want - 5 * pairs,
+                   "the two products were counted, not the softmax: each pair's score also costs 5 FLOPs (its "
+                   "maximum, subtraction, exponential, sum and scaling)")]
     if case.kernel == "flash":
         per_pair = want / (s.BH * s.T * (s.T + 1) // 2)
         wrong += [("mask_ignored", per_pair * s.BH * s.T * s.T,
@@ -206,8 +335,8 @@ def _diagnose_work(got, expected, case, truth):
     if not np.isclose(got[0], expected[0], rtol=1e-12):
         return _flops_slip(got[0], expected[0], case) or (
             "wrong_values", f"the FLOPs: got {got[0]:,.0f}, the bench's formula (the softmax kernel: 5 per score "
-                            f"it processes; fused attention and decoding: 2 per multiply-add of their two "
-                            f"products) gives {expected[0]:,.0f}")
+                            f"it processes; fused attention and decoding: 4 d_k + 5 per pair, two products of d_k "
+                            f"multiply-adds and the softmax of the score) gives {expected[0]:,.0f}")
     return _bytes_slip(got[1], expected[1], truth) or (
         "wrong_values", f"the bytes: got {got[1]:,.0f}, the sanitizer counted {expected[1]:,.0f} ({truth.describe()}, "
                         "4 bytes each)")
@@ -229,12 +358,12 @@ register(Exercise(
                 "float32; for the softmax, 5 FLOPs for every score of its rows, the masked ones too, since its "
                 "kernel reads and writes them all; for fused attention, count the pairs a causal head lets "
                 "through (query i sees keys 0 .. i) and give each pair two products of d_k multiply-adds, 2 FLOPs "
-                "each; for decoding, the one query sees every cached key",),
+                "each, and the 5 FLOPs of its score's softmax; for decoding, the one query sees every cached key",),
     rtol=0.0,
     atol=0.5,
     diagnose=_diagnose_work,
     diagnoses=("bytes_as_elements", "every_access_counted", "arrays_missed", "multiply_adds_not_flops",
-               "mask_ignored", "diagonal_missed", "visible_scores_only"),
+               "softmax_not_counted", "mask_ignored", "diagonal_missed", "visible_scores_only"),
     solution=registers.ideal_work,
     forbidden=(bench.predictions, bench.formula_results),
 ))

@@ -8,9 +8,10 @@ holds the course's speed targets. The traffic each kernel requests, counted and 
 is ``attention_lib.measure.traffic``'s business; timing and reporting are ``attention_lib.measure.bench``'s.
 
 FLOPs: a multiply-add is 2; the scale of the scores 1 per score; a softmax 5 per score (max,
-subtract, exp, add, multiply); attention 4 d_k per visible (query, key) pair, as FlashAttention's
-benchmarks count it, so that causal attention does half the work of full attention. Ideal bytes:
-every input read once and every output written once, 4 bytes per float32.
+subtract, exp, add, multiply); whole attentions and decoding 4 d_k + 5 per visible (query, key)
+pair (the two products and the softmax of its score), so that causal attention does about half the
+work of full attention. Ideal bytes: every input read once and every output written once (fused
+attention's log-sum-exp too), 4 bytes per float32.
 """
 
 import math
@@ -223,8 +224,9 @@ def _visible_pairs(T):
 
 
 def attention_flops(s):
-    """Causal attention of every head: 4 d_k FLOPs per visible pair (q . k and a . v)."""
-    return 4 * s.d_k * s.BH * _visible_pairs(s.T)
+    """Causal attention of every head: 4 d_k + 5 FLOPs per visible pair (q . k and a . v, 2 d_k each,
+    and the softmax of its score, 5)."""
+    return (4 * s.d_k + 5) * s.BH * _visible_pairs(s.T)
 
 
 def _call(launcher, *names, **options):
@@ -464,13 +466,13 @@ def _build_registry():
         entries.append(Entry(
             f"flash v{v}", "flash", "07" if v < 3 else "08", f"fused causal attention of B*H heads, {how}",
             _call("flash_attention", "q", "k", "v", causal=True, version=v),
-            attention_flops, lambda s: BYTES * 4 * s.BH * s.T * s.d_k,
+            attention_flops, lambda s: BYTES * (4 * s.BH * s.T * s.d_k + s.BH * s.T),    # q, k, v, out; the lse
             "attention", lambda s: s.T * s.d_k, sdpa, version=v))
     for v, how in [(1, "a block per key/value head, a thread per query head"), (2, "split over the cache, then merged")]:
         entries.append(Entry(
             f"decode v{v}", "kv_cache", "09", f"one new query per head against T cached keys and values, {how}",
             _prepare_decode(v),
-            lambda s: 4 * s.BH * s.T * s.d_k, lambda s: BYTES * (2 * s.BH * s.T * s.d_k + 2 * s.BH * s.d_k),
+            lambda s: (4 * s.d_k + 5) * s.BH * s.T, lambda s: BYTES * (2 * s.BH * s.T * s.d_k + 2 * s.BH * s.d_k),
             _decode_reference, lambda s: s.T * s.d_k, {k: _sdpa_decode(b) for k, b in SDPA.items()}))
     return entries
 

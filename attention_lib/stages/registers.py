@@ -12,14 +12,16 @@ in local memory: per-thread device memory (DRAM, cached in L1 and L2), one load 
 - NumPy reference: ``attention_lib.reference.scores(q, k, scale=False)``.
 - ``row_scores_kernel_v1``: the loops bounded by ``q.shape[1]``: the array in local memory (the
   exercise's given kernel).
-- ``row_scores_kernel_v2``: the loops bounded by D: the array in registers (the exercise's
-  solution). Each multiply-add still loads its element of k from main memory: that is what a
-  tile of k in shared memory (notebooks 02 and 07) saves.
+- ``row_scores_kernel_v2``: the loops bounded by D: the array in registers (the warm-up's
+  solution). Each multiply-add still loads its element of k from main memory.
+- ``row_scores_kernel_v3``: v2 with k staged through shared memory, a tile of ROWS_PER_BLOCK keys
+  a step, so that a block reads each element of k from main memory once instead of once per row
+  (the main exercise's solution); q_row stays in registers.
 - ``KERNELS``, ``row_scores_grid``, ``launch_row_scores``, ``row_scores(q, k, version=2)``;
   ``row_scores_traffic``: global loads and stores, as ``sanitizer.count_memory`` counts them.
 - ``ideal_work(kernel, s)``: the FLOPs and the ideal bytes (every element of every array read or
-  written once) of one launch of the softmax, fused attention or a decode step (the notebook's
-  main exercise; its check counts the bytes with the sanitizer).
+  written once) of one launch of the softmax, fused attention or a decode step (an exercise of the
+  notebook; its check counts the bytes with the sanitizer).
 """
 
 import numpy as np
@@ -69,7 +71,27 @@ def row_scores_kernel_v2(q, k, out):
         out[i, j] = acc
 
 
-KERNELS = {1: row_scores_kernel_v1, 2: row_scores_kernel_v2}
+@cuda.jit
+def row_scores_kernel_v3(q, k, out):
+    """out[i, j] = q[i] . k[j]; q (T_q, D), k (T_k, D), out (T_q, T_k) float32; thread i = row i."""
+    q_row = cuda.local.array(D, float32)                       # this thread's row of q: registers, as in the warm-up
+    k_tile = cuda.shared.array((ROWS_PER_BLOCK, D), float32)   # a tile of as many keys as rows: 8 KB
+    i = cuda.grid(1)
+    for c in range(D):
+        q_row[c] = q[i, c] if i < q.shape[0] else float32(0.0)
+    for j0 in range(0, k.shape[0], ROWS_PER_BLOCK):
+        for e in range(cuda.threadIdx.x, min(ROWS_PER_BLOCK, k.shape[0] - j0) * D, ROWS_PER_BLOCK):
+            k_tile[e // D, e % D] = k[j0 + e // D, e % D]       # lanes side by side along a key's row
+        cuda.syncthreads()                                     # the tile is full before any row reads it
+        for j in range(j0, min(j0 + ROWS_PER_BLOCK, k.shape[0]) if i < q.shape[0] else j0):   # none past T_q
+            acc = float32(0.0)
+            for c in range(D):
+                acc += q_row[c] * k_tile[j - j0, c]            # every lane reads one slot: a broadcast
+            out[i, j] = acc
+        cuda.syncthreads()                                     # every row is done before the next copy
+
+
+KERNELS = {1: row_scores_kernel_v1, 2: row_scores_kernel_v2, 3: row_scores_kernel_v3}
 
 
 # --- Launchers ---------------------------------------------------------------------------
@@ -103,11 +125,14 @@ def row_scores(q, k, version=2, kernel=None):
 
 # --- Costs -------------------------------------------------------------------------------
 
-def row_scores_traffic(t_q, t_k):
-    """Global accesses of either kernel, in float32 elements: {"q": loads, "k": loads, "out":
-    stores}. q is read once per row (the local array holds it); every multiply-add reads its
-    element of k, so k is read once per query row: T_q times."""
-    return {"q": t_q * D, "k": t_q * t_k * D, "out": t_q * t_k}
+def row_scores_traffic(t_q, t_k, version=2):
+    """Global accesses of a kernel, in float32 elements: {"q": loads, "k": loads, "out": stores}.
+    q is read once per row (the local array holds it). In versions 1 and 2 every multiply-add reads
+    its element of k, so k is read once per query row, T_q times; version 3 reads it once per block
+    of ROWS_PER_BLOCK rows, from its tile in shared memory after that."""
+    check_version(version, KERNELS)
+    readers = ceil_div(t_q, ROWS_PER_BLOCK) if version == 3 else t_q
+    return {"q": t_q * D, "k": readers * t_k * D, "out": t_q * t_k}
 
 
 def row_scores_flops(t_q, t_k):
@@ -124,8 +149,10 @@ def ideal_work(kernel, s):
     kernel: "softmax" (the rows of BH heads' T x T causally masked scores -> their weights),
     "flash" (causal attention of BH heads: q, k, v (BH, T, d_k) -> out (BH, T, d_k) and the lse
     (BH, T)) or "decode" (one query per head, q (BH, d_k), against caches of T keys and values
-    (BH, T, d_k) -> out (BH, d_k)). FLOPs: 2 per multiply-add, 5 per softmax score. Ideal bytes:
-    every element of every array the kernel reads or writes, once, float32.
+    (BH, T, d_k) -> out (BH, d_k)). FLOPs: 2 per multiply-add, 1 per other float operation, so 5 per
+    softmax score; a visible (query, key) pair of attention costs two products of d_k multiply-adds
+    and the softmax of its score. Ideal bytes: every element of every array the kernel reads or
+    writes, once, float32.
     """
     if kernel == "softmax":
         scores = s.BH * s.T * s.T                      # every score of every row, the masked ones too
@@ -133,8 +160,9 @@ def ideal_work(kernel, s):
     if kernel == "flash":
         pairs = s.BH * s.T * (s.T + 1) // 2            # query i sees keys 0 .. i
         rows = s.BH * s.T * s.d_k                      # the elements of one (BH, T, d_k) array
-        return 2 * 2 * s.d_k * pairs, 4 * (4 * rows + s.BH * s.T)       # q, k, v, out; the lse
+        return (2 * 2 * s.d_k + 5) * pairs, 4 * (4 * rows + s.BH * s.T)     # q, k, v, out; the lse
     if kernel == "decode":
-        cached = s.BH * s.T * s.d_k                    # the K cache (the V cache is as large)
-        return 2 * 2 * cached, 4 * (2 * cached + 2 * s.BH * s.d_k)      # both caches; q and out
+        keys = s.BH * s.T                              # the query of each head sees every cached key
+        cached = keys * s.d_k                          # the K cache (the V cache is as large)
+        return (2 * 2 * s.d_k + 5) * keys, 4 * (2 * cached + 2 * s.BH * s.d_k)      # both caches; q and out
     raise ValueError(f"kernel must be 'softmax', 'flash' or 'decode', got {kernel!r}")
