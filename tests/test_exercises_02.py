@@ -117,7 +117,10 @@ def tiled(mistake=None):
     """The solution of 02_scores_tiled, or the same with one typical mistake."""
     @cuda.jit
     def kernel(q, k, inv_sqrt_dk, s):
-        q_tile = cuda.shared.array((TILE, TILE), float32)
+        if mistake == "q_loaded_down_columns":       # padded, so that its own stores stay free of conflicts
+            q_tile = cuda.shared.array((TILE, KT_WIDTH), float32)
+        else:
+            q_tile = cuda.shared.array((TILE, TILE), float32)
         if mistake in ("unpadded", "not_transposed"):
             kt_tile = cuda.shared.array((TILE, TILE), float32)
         else:
@@ -157,6 +160,16 @@ def tiled(mistake=None):
                 row, col = cuda.blockIdx.x * TILE + tx, c0 + ty
                 kt_tile[ty, tx] = k[h, row, col] if row < k.shape[1] and col < k.shape[2] else float32(0.0)
                 q_tile[ty, tx] = q[h, i, c] * q_scale if q_ok else float32(0.0)
+            elif mistake == "q_loaded_down_columns":  # a warp walks down q's rows
+                row, col = cuda.blockIdx.y * TILE + tx, c0 + ty
+                q_tile[tx, ty] = q[h, row, col] * q_scale if row < q.shape[1] and col < q.shape[2] else float32(0.0)
+                kt_tile[tx, ty] = k[h, key, c] if k_ok else float32(0.0)
+            elif mistake == "serial_q":               # lane 0 of each row copies its query's row in a loop
+                if tx == 0:
+                    for cc in range(TILE):
+                        ok = i < q.shape[1] and c0 + cc < q.shape[2]
+                        q_tile[ty, cc] = q[h, i, c0 + cc] * q_scale if ok else float32(0.0)
+                kt_tile[tx, ty] = k[h, key, c] if k_ok else float32(0.0)
             elif mistake == "not_transposed":         # stored as k lies, read as if transposed
                 q_tile[ty, tx] = q[h, i, c] * q_scale if q_ok else float32(0.0)
                 kt_tile[ty, tx] = k[h, key, c] if k_ok else float32(0.0)
@@ -176,7 +189,10 @@ def tiled(mistake=None):
                 cuda.syncthreads()
             width = min(TILE, q.shape[2] - c0) if mistake == "bounded_loop" else TILE
             for cc in range(width):
-                if mistake == "untiled":
+                if mistake == "k_untiled":
+                    if c0 + cc < k.shape[2] and j < k.shape[1]:
+                        acc += q_tile[ty, cc] * k[h, j, c0 + cc]
+                elif mistake == "untiled":
                     if c0 + cc < q.shape[2] and i < q.shape[1] and j < k.shape[1]:
                         acc += q[h, i, c0 + cc] * q_scale * k[h, j, c0 + cc]
                 else:
@@ -351,6 +367,9 @@ D_K_33 = "at BH = 1, T_q = 17, T_k = 16, d_k = 33, inv_sqrt_dk = 0.7: "
     (tiled("head_dropped"), "race", "blocks never wait for each other"),
     (tiled("untiled"), "no_reuse", FIRST + "the values are right, but an element of q was read up to 19 times from "
                                            "global memory, where the limit is 2"),
+    (tiled("k_untiled"), "no_reuse", FIRST + "the values are right, but an element of k was read up to"),
+    (tiled("q_loaded_down_columns"), "uncoalesced", "the values are right, but a warp's load of q at"),
+    (tiled("serial_q"), "serial_copy", FIRST + "the values are right, but one warp "),
     (tiled("k_loaded_down_columns"), "uncoalesced", SECOND + "the values are right, but a warp's load of k at"),
     (scores_stored_down_columns, "uncoalesced", "a warp's store of s at"),
     (tiled("serial_k"), "serial_copy", FIRST + "the values are right, but one warp "),
