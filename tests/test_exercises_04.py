@@ -658,7 +658,7 @@ AT_31 = "at rows = 3, T_k = 31 (normal scores): "
     (SOLUTION.replace(REDUCE_SUM, ""), "sum_not_reduced",
      AT_31 + "each thread divided its columns by its own partial sum"),
     # the usual wrong answers of the design
-    (ALL_IN_THREAD_0, "serial_copy", AT_31 + "the values are right, but one warp made 93 loads of s"),
+    (ALL_IN_THREAD_0, "serial_copy", AT_31 + "the values are right, but one warp made 93 load instructions of s"),
     (SOLUTION.replace("row, tid = cuda.blockIdx.x, cuda.threadIdx.x", "row, tid = 0, cuda.threadIdx.x"),
      "race", "Two blocks touch one element of global memory"),
     (SOLUTION.replace("partial = cuda.shared.array(THREADS_PER_ROW, np.float32)",
@@ -675,7 +675,7 @@ AT_31 = "at rows = 3, T_k = 31 (normal scores): "
     (UNWRITTEN_SLOTS, "stale_tile", AT_31 + "the values are right, but thread (15, 0, 0) of block (0, 0, 0) read "
                                     "partial[31]"),
     (ZEROS_BY_THREAD_0, "serial_copy", "at rows = 5, T_k = 33 (masked scores): the values are right, but one warp "
-                                       "made 33 stores to out"),
+                                       "made 33 store instructions of out"),
     # barriers, guards, float32, given code
     (PROLOGUE + "    if tid >= s.shape[1]:\n        return\n" + MAX_WALK + REDUCE_MAX + SHIFT + SUM_WALK
      + REDUCE_SUM + WRITE, "divergent_barrier", AT_31),

@@ -18,10 +18,8 @@ v2's grid (one block of THREADS_PER_ROW threads per row, row = blockIdx.x), desi
 around the warm-up's block_reduce: which thread reads which columns, what each thread brings to each
 reduction, the fully masked row's guard, the write pass (softmax.block_softmax_kernel). Run at the
 simulator's 32 threads a row and a GPU's 128. Limits, counted per launch: each score read at most 3
-times (kernel 2's count); no warp making more than 3 ceil(T_k / THREADS_PER_ROW) loads of s or
-ceil(T_k / THREADS_PER_ROW) stores to out (``serial_copy``, measured here by ``_SerialWalk``: the
-library's NoSerialCopy compares a warp with one pass over its elements, which three walks of a lone
-column already exceed); at most 2 segments a warp load of s and store of out; no thread reading
+times (kernel 2's count); every block moving s and out with all its lanes side by side
+(``serial_copy``: one thread, or one lane a warp, walking the row); at most 2 segments a warp load of s and store of out; no thread reading
 shared memory more than two trees' 2 (2 log2(THREADS_PER_ROW) + 2) times or passing more than two
 trees' 2 (2 + log2(THREADS_PER_ROW)) barriers; no shared slot read before its block wrote it.
 
@@ -86,7 +84,6 @@ Its named mistakes, each found by recomputing the case with one rule left out:
 
 import math
 import warnings
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -97,10 +94,9 @@ from attention_lib.stages import softmax
 from attention_lib.stages.softmax import (THREADS_PER_ROW, WARP_SIZE, strided_max, strided_sum_exp,
                                           strided_write, strided_zeros)
 from attention_lib.checks.engine import Exercise, output_array, race_finding_launch, read_output, register
-from attention_lib.checks.limits import (Coalesced, MostBarriers, MostLoads, NoUnwrittenReads,
+from attention_lib.checks.limits import (Coalesced, MostBarriers, MostLoads, NoSerialCopy, NoUnwrittenReads,
                                          SharedLoadsPerThread)
-from attention_lib.measure import kernel_report, sanitizer
-from attention_lib.platform import where
+from attention_lib.measure import kernel_report
 from attention_lib.measure.kernel_report import H200, T4
 
 LARGE = 1000.0           # scores of the large case: exp(1000) overflows float32 (max about 88.7)
@@ -439,41 +435,6 @@ def _block_softmax_cases(configuration):
             (2, n - 1, "deep"), (2, n + 7, "spread"), (2, n + BAND, "left-masked"), (5, 33, "masked")]
 
 
-@dataclass
-class _SerialWalk:
-    """No warp makes more accesses of `kind` to `array` than `passes` walks of ceil(T_k /
-    THREADS_PER_ROW) steps, the most a thread that takes every THREADS_PER_ROW-th column makes: a
-    serial walk (one thread, or one lane a warp) takes T_k steps a walk. NoSerialCopy compares a
-    warp's instructions with one pass over its elements, which three walks of a lone column at a
-    row's end already exceed; this measures the walks this kernel makes."""
-
-    array: str
-    passes: int
-    access: str = "load"
-    code: str = "serial_copy"
-
-    def broken(self, traces, case, compiled):
-        limit = self.passes * -(-case[1] // softmax.THREADS_PER_ROW)
-        kind = sanitizer.LOAD if self.access == "load" else sanitizer.STORE
-        for traced in traces:
-            if self.array not in traced.arrays():
-                continue
-            per_warp = {}
-            for (warp, _, site, _), _elements in traced._warp_requests(self.array, kind).items():
-                sites = per_warp.setdefault(warp, {})
-                sites[site] = sites.get(site, 0) + 1
-            for sites in per_warp.values():
-                if sum(sites.values()) > limit:
-                    site = max(sites, key=sites.get)
-                    verb = "loads of" if self.access == "load" else "stores to"
-                    return (f"the values are right, but one warp made {sum(sites.values())} {verb} {self.array} "
-                            f"(most at {where.describe_with_code(site[0], site[1])}), where threads that each "
-                            f"take every THREADS_PER_ROW-th column make at most {limit} ({self.passes} "
-                            f"walk{'s' if self.passes > 1 else ''} of {limit // self.passes} steps): a few threads "
-                            "walk the row while the others wait. Give every thread its own columns")
-        return None
-
-
 def _thread_sums(s):
     """(rows, THREADS_PER_ROW) float64: each thread's sum of exp(s - row max) over its columns tid,
     tid + threads, ... (0 in a fully masked row)."""
@@ -558,7 +519,7 @@ register(Exercise(
     limits=(MostLoads("s", 3, why=(
                 "kernel 2 reads each score three times, in the max's walk, the sum's and the weights': a "
                 "thread gathers its part of the row as it walks, and the block shares the parts")),
-            _SerialWalk("s", 3), _SerialWalk("out", 1, access="store"),
+            NoSerialCopy("s"), NoSerialCopy("out", access="store"),
             Coalesced("out", 2, access="store"), Coalesced("s", 2),
             SharedLoadsPerThread(lambda case: 2 * _reads_per_reduction(), why=(
                 "two trees (the max, then the sum) read at most 2 log2(THREADS_PER_ROW) + 2 slots a thread "
