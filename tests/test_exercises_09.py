@@ -137,6 +137,25 @@ def lse_merge_against_rounded_lse(lse_part, o_part, out, lse):
             lse[h] = row_lse
 
 
+@cuda.jit
+def lse_merge_one_thread_per_head(lse_part, o_part, out, lse):
+    """Right values, but thread 0 of each head writes the head's components in a loop."""
+    e, h = cuda.grid(2)
+    if h < out.shape[0] and e == 0:
+        big = np.float32(-math.inf)
+        for c in range(lse_part.shape[1]):
+            big = max(big, lse_part[h, c])
+        total = np.float32(0.0)
+        for c in range(lse_part.shape[1]):
+            total += math.exp(lse_part[h, c] - big)
+        for d in range(out.shape[1]):
+            acc = np.float32(0.0)
+            for c in range(lse_part.shape[1]):
+                acc += math.exp(lse_part[h, c] - big) * o_part[h, c, d]
+            out[h, d] = acc / total
+        lse[h] = big + math.log(total)
+
+
 def test_the_lse_merge_solution_passes_and_the_formula_holds():
     rng = np.random.default_rng(8)
     q, keys, values = rng.standard_normal((2, 5)), rng.standard_normal((2, 19, 5)), rng.standard_normal((2, 19, 5))
@@ -161,6 +180,7 @@ def test_the_lse_merge_solution_passes_and_the_formula_holds():
     (lse_merge_against_rounded_lse, "weights_from_rounded_lse"),
     (lse_merge_lse_is_max, "lse_is_max"),
     (lse_merge_without_guard, "out_of_bounds"),
+    (lse_merge_one_thread_per_head, "serial_copy"),
     (kv_cache.decode_merge_kernel, "calls_given_code"),
 ])
 def test_lse_merge_mistakes_get_their_diagnosis(answer, diagnosis):

@@ -165,6 +165,8 @@ register(Exercise(
     diagnose=_diagnose_lse_merge,
     diagnoses=("unstable_softmax", "max_not_largest", "merge_unweighted", "weights_not_normalised",
                "weights_from_rounded_lse", "lse_is_max", "lse_without_max"),
+    # One thread per output component: a head's components written by one thread in a loop are refused.
+    limits=(NoSerialCopy("out", access="store"),),
     solution=kv_cache.decode_merge_kernel,
     forbidden=(kv_cache.decode_step, kv_cache.decode_kernel_v2),
 ))
