@@ -1,14 +1,12 @@
 """Notebook 06's exercises: each solution gets ok, each typical mistake its own diagnosis, in one line."""
 
-import math
+import linecache
 
-import numpy as np
 import pytest
-from numba import cuda
+from numba import cuda, float32
 
 from attention_lib.checks import EXERCISES, check, hint
 from attention_lib.stages import multihead
-from attention_lib.stages.scores import tile_dot
 
 
 # --- 06_split_heads (warm-up): out[b, h, t, c] = x[b, t, h * d_k + c] --------------------------
@@ -111,152 +109,194 @@ def test_split_heads_diagnoses(answer, diagnosis, says):
     assert "\n" not in str(result)
 
 
-# --- 06_qkv_scores (main): every head's scores read in place from the fused projection ---------
-# The given part of the skeleton (the grid, the tiles right of the diagonal), then the answer's.
+# --- 06_qkv_av (main): every head's A . V, V read in place, the heads written merged ------------
+
+TILE = multihead.TILE
+
+# The library's answer, as a student would type it; each planted mistake below changes one piece of it.
+AV_SOURCE = '''
+def kernel(a, qkv, n_head, n_kv_head, causal, out):
+    tiles = cuda.shared.array((2, TILE, TILE), float32)
+    tx, ty, T, d_k = cuda.threadIdx.x, cuda.threadIdx.y, a.shape[1], qkv.shape[2] // (n_head + 2 * n_kv_head)
+    col_tiles = (d_k + TILE - 1) // TILE
+    z, row = cuda.blockIdx.x // col_tiles % a.shape[0], cuda.blockIdx.x // col_tiles // a.shape[0] * TILE + ty
+    col, v0 = cuda.blockIdx.x % col_tiles * TILE + tx, (n_head + n_kv_head + z % n_head // (n_head // n_kv_head)) * d_k
+    k_end, acc = min(T, row - ty + TILE) if causal else T, float32(0.0)
+    for start in range(0, k_end, TILE):
+        tiles[0, ty, tx] = a[z, row, start + tx] if row < T and start + tx < k_end else float32(0.0)
+        tiles[1, ty, tx] = qkv[z // n_head, start + ty, v0 + col] if start + ty < k_end and col < d_k else float32(0.0)
+        cuda.syncthreads()
+        for j in range(TILE):
+            acc += tiles[0, ty, j] * tiles[1, j, tx]
+        cuda.syncthreads()
+    if row < T and col < d_k:
+        out[z // n_head, row, z % n_head * d_k + col] = acc
+'''
+
+
+def av_kernel(*changes):
+    """The answer above with each (old, new) text change made once: a kernel."""
+    source = AV_SOURCE
+    for old, new in changes:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    label = f"<planted answer {len(linecache.cache)} of 06_qkv_av>"   # its own file: shown, shipped, compiled
+    linecache.cache[label] = (len(source), None, source.splitlines(keepends=True), label)
+    namespace = {"cuda": cuda, "float32": float32, "TILE": TILE}
+    exec(compile(source, label, "exec"), namespace)
+    return cuda.jit(namespace["kernel"])
+
 
 @cuda.jit
-def qkv_scores_solution(qkv, n_head, n_kv_head, inv_sqrt_dk, causal, s):
-    j, i = cuda.grid(2)
-    z, T = cuda.blockIdx.z, s.shape[1]
-    if causal and cuda.blockIdx.x > cuda.blockIdx.y:
-        if i < T and j < T:
-            s[z, i, j] = -math.inf
-        return
-    b, h = z // n_head, z % n_head
+def av_heads_fastest(a, qkv, n_head, n_kv_head, causal, out):
+    """A right answer in another style: neighbouring blocks take neighbouring heads of a (the tiles
+    slowest), V indexed in qkv without a view, each element loaded into a register before the tile."""
+    w_tile = cuda.shared.array((TILE, TILE), float32)
+    val_tile = cuda.shared.array((TILE, TILE), float32)
+    n, layers = a.shape[1], a.shape[0]
+    width = qkv.shape[2] // (n_head + 2 * n_kv_head)
+    layer, tile = cuda.blockIdx.x % layers, cuda.blockIdx.x // layers
+    seq, head = layer // n_head, layer % n_head
+    query_tiles = (n + TILE - 1) // TILE
+    i = tile % query_tiles * TILE + cuda.threadIdx.y
+    c = tile // query_tiles * TILE + cuda.threadIdx.x
+    first = (n_head + n_kv_head) * width + head * n_kv_head // n_head * width
+    last = n
+    if causal:                                   # the block's last query sees keys up to it
+        last = min(n, (tile % query_tiles + 1) * TILE)
+    total = float32(0.0)
+    for t in range((last + TILE - 1) // TILE):
+        weight = float32(0.0)
+        if i < n and t * TILE + cuda.threadIdx.x < last:
+            weight = a[layer, i, t * TILE + cuda.threadIdx.x]
+        value = float32(0.0)
+        if t * TILE + cuda.threadIdx.y < last and c < width:
+            value = qkv[seq, t * TILE + cuda.threadIdx.y, first + c]
+        w_tile[cuda.threadIdx.y, cuda.threadIdx.x] = weight
+        val_tile[cuda.threadIdx.y, cuda.threadIdx.x] = value
+        cuda.syncthreads()
+        for k in range(TILE):
+            total += w_tile[cuda.threadIdx.y, k] * val_tile[k, cuda.threadIdx.x]
+        cuda.syncthreads()
+    if i < n and c < width:
+        out[seq, i, head * width + c] = total
+
+
+@cuda.jit
+def av_from_global(a, qkv, n_head, n_kv_head, causal, out):
+    """One thread per output, every weight and value read from global memory: no tiles."""
+    T = a.shape[1]
     d_k = qkv.shape[2] // (n_head + 2 * n_kv_head)
-    group = n_head // n_kv_head
-    q_view = qkv[:, :, h * d_k:(h + 1) * d_k]
-    k_view = qkv[:, :, (n_head + h // group) * d_k:(n_head + h // group + 1) * d_k]
-    acc = tile_dot(q_view, k_view, b, i, j)
-    if i < T and j < T:
-        if causal and j > i:
-            s[z, i, j] = -math.inf
-        else:
-            s[z, i, j] = acc * inv_sqrt_dk
-
-
-def scores_with(k_head=None, k_start=None, heads=None, layer_order=False, scale_power=1, mask=">", guard=True,
-                group=None, layer=None, skip=True, skip_returns=True):
-    """A planted answer: the solution with one step changed.
-
-    k_head(h, group, n_kv_head): the K/V head query head h reads; k_start(g, n_head, n_kv_head): the
-    first column of K/V head g (in heads of d_k); heads: the head count d_k is worked out from (None:
-    n_head + 2 n_kv_head, "3n": 3 n_head, "n": n_head); group(n_head, n_kv_head): the group size;
-    layer_order: z read as h * B + b; layer(z, n_head, B) -> (b, h): another reading of z;
-    scale_power: the scale's power; mask: ">" (j > i masked), ">=" or None; guard: the store's bounds
-    guard; skip: the causal tile skip; skip_returns: whether the skipping block leaves."""
-    k_head = k_head or (lambda h, group, n_kv: h // group)
-    k_start = k_start or (lambda g, n, n_kv: n + g)
-    group = group or (lambda n, n_kv: n // n_kv)
-    layer = layer or ((lambda z, n, B: (z % B, z // B)) if layer_order else (lambda z, n, B: (z // n, z % n)))
-    width_of = {None: lambda n, n_kv: n + 2 * n_kv, "3n": lambda n, n_kv: 3 * n, "n": lambda n, n_kv: n}[heads]
-    k_head, k_start = cuda.jit(device=True)(k_head), cuda.jit(device=True)(k_start)
-    width_of, group, layer = cuda.jit(device=True)(width_of), cuda.jit(device=True)(group), cuda.jit(device=True)(layer)
-
-    @cuda.jit
-    def planted(qkv, n_head, n_kv_head, inv_sqrt_dk, causal, s):
-        j, i = cuda.grid(2)
-        z, T = cuda.blockIdx.z, s.shape[1]
-        if skip and causal and cuda.blockIdx.x > cuda.blockIdx.y:
-            if i < T and j < T:
-                s[z, i, j] = -math.inf
-            if skip_returns:
-                return
-        b, h = layer(z, n_head, qkv.shape[0])
-        d_k = qkv.shape[2] // width_of(n_head, n_kv_head)
-        g = k_head(h, group(n_head, n_kv_head), n_kv_head)
-        k_col = k_start(g, n_head, n_kv_head) * d_k
-        acc = tile_dot(qkv[:, :, h * d_k:(h + 1) * d_k], qkv[:, :, k_col:k_col + d_k], b, i, j)
-        if (i < T and j < T) or not guard:
-            masked = causal and ((mask == ">" and j > i) or (mask == ">=" and j >= i))
-            if masked:
-                s[z, i, j] = -math.inf
-            else:
-                s[z, i, j] = acc * inv_sqrt_dk ** scale_power
-    return planted
-
-
-@cuda.jit
-def qkv_scores_from_global(qkv, n_head, n_kv_head, inv_sqrt_dk, causal, s):
-    """Right values, no tiles: each thread reads its query row and key row from global memory."""
-    j, i = cuda.grid(2)
-    z, T = cuda.blockIdx.z, s.shape[1]
-    if causal and cuda.blockIdx.x > cuda.blockIdx.y:
-        if i < T and j < T:
-            s[z, i, j] = -math.inf
-        return
+    col_tiles, row_tiles = (d_k + TILE - 1) // TILE, (T + TILE - 1) // TILE
+    col = cuda.blockIdx.x % col_tiles * TILE + cuda.threadIdx.x
+    row = cuda.blockIdx.x // col_tiles % row_tiles * TILE + cuda.threadIdx.y
+    z = cuda.blockIdx.x // col_tiles // row_tiles
     b, h = z // n_head, z % n_head
-    d_k = qkv.shape[2] // (n_head + 2 * n_kv_head)
-    q_col, k_col = h * d_k, (n_head + h // (n_head // n_kv_head)) * d_k
-    if i < T and j < T:
-        acc = np.float32(0.0)
-        for c in range(d_k):
-            acc += qkv[b, i, q_col + c] * qkv[b, j, k_col + c]
-        s[z, i, j] = np.float32(-math.inf) if causal and j > i else acc * inv_sqrt_dk
+    v_col = (n_head + n_kv_head + h // (n_head // n_kv_head)) * d_k
+    if row < T and col < d_k:
+        acc = float32(0.0)
+        for j in range(T):
+            acc += a[z, row, j] * qkv[b, j, v_col + col]
+        out[b, row, h * d_k + col] = acc
 
 
 @cuda.jit
-def qkv_scores_stub(qkv, n_head, n_kv_head, inv_sqrt_dk, causal, s):
-    j, i = cuda.grid(2)
+def av_stub(a, qkv, n_head, n_kv_head, causal, out):
     raise NotImplementedError()
 
 
-@cuda.jit
-def split_layers_head_major(x, out):
-    """Grid layer z read as h * B + b: still one layer per (sequence, head), so still right."""
-    c, t = cuda.grid(2)
-    bh = cuda.blockIdx.z
-    B, d_k = out.shape[0], out.shape[3]
-    b, h = bh % B, bh // B
-    if t < out.shape[2] and c < d_k:
-        out[b, h, t, c] = x[b, t, h * d_k + c]
-
-
-def test_any_one_to_one_reading_of_the_grid_layer_splits_right():
-    assert check("06_split_heads", split_layers_head_major, verbose=False).passed
-
-
-def test_the_qkv_scores_solution_passes():
-    result = check("06_qkv_scores", qkv_scores_solution, verbose=False)
-    assert result.passed and result.diagnosis == "ok", result
+SERIAL_LOAD = ("        tiles[0, ty, tx] = a[z, row, start + tx] if row < T and start + tx < k_end else float32(0.0)\n",
+               "        if tx == 0 and ty == 0:\n"
+               "            for r in range(TILE):\n"
+               "                for j in range(TILE):\n"
+               "                    q = row - ty + r\n"
+               "                    tiles[0, r, j] = a[z, q, start + j] if q < T and start + j < k_end "
+               "else float32(0.0)\n")
+BARRIER_IN_GUARD = ("        cuda.syncthreads()\n        for j",
+                    "        if row < T:\n            cuda.syncthreads()\n        for j")
+FIRST = "at (B 2, T 7, n_head 4, n_kv_head 2, d_k 5, causal): "
+SECOND = "at (B 1, T 17, n_head 6, n_kv_head 3, d_k 6, causal): "
+V0 = "(n_head + n_kv_head + z % n_head // (n_head // n_kv_head)) * d_k"
+GUARDED_A = "        tiles[0, ty, tx] = a[z, row, start + tx] if row < T and start + tx < k_end else float32(0.0)\n"
 
 
 @pytest.mark.parametrize("answer, diagnosis, says", [
-    (scores_with(k_head=lambda h, group, n_kv: h), "kv_head_not_shared", "as if every query head had its own"),
-    (scores_with(k_head=lambda h, group, n_kv: h % n_kv), "kv_head_interleaved", "dealt out in turn"),
-    (scores_with(k_start=lambda g, n, n_kv: g), "wrong_k_block", "inside Q's columns"),
-    (scores_with(k_start=lambda g, n, n_kv: n + n_kv + g), "wrong_k_block", "from V's columns"),
-    (scores_with(heads="3n"), "wrong_head_width", "heads of d_k side by side, not 12"),
-    (scores_with(heads="n"), "view_past_the_end", "d_k came out too large"),
-    (scores_with(k_start=lambda g, n, n_kv: n + 2 * n_kv + g), "view_past_the_end", "starts too close"),
-    (scores_with(layer_order=True), "grid_layer_order", "z = b * n_head + h"),
-    (scores_with(layer=lambda z, n, B: (z % n, z // n)), "grid_layer_order", "decoded from z is out of range"),
-    (scores_with(k_head=lambda h, group, n_kv: h // n_kv), "wrong_group", "h // n_kv_head"),
-    (scores_with(group=lambda n, n_kv: n_kv // n), "wrong_group", "division by zero"),
-    (scores_with(skip=False), "skips_too_few", "right of the diagonal"),
-    (scores_with(skip_returns=False), "skips_too_few", "right of the diagonal"),
-    (qkv_scores_from_global, "no_reuse", "read up to"),
-    (scores_with(scale_power=0), "missing_scale", "not multiplied by inv_sqrt_dk"),
-    (scores_with(scale_power=2), "scaled_by_d_k", "twice"),
-    (scores_with(mask=None), "mask_not_applied", "j > i were kept"),
-    (scores_with(mask=">="), "mask_includes_diagonal", "(j = i) was masked"),
-    (scores_with(guard=False), "out_of_bounds", "global array 's'"),
-    (qkv_scores_stub, "not_implemented", "Hint:"),
-    (multihead.qkv_scores_kernel, "calls_given_code", "qkv_scores_kernel"),
-], ids=["not_shared", "interleaved", "k_in_q", "k_in_v", "width_3n", "width_n", "past_the_end", "layer_order",
-        "layer_past_batch", "group_n_kv", "group_zero", "no_skip", "skip_without_return", "from_global", "no_scale",
-        "scale_twice", "no_mask", "mask_diagonal", "no_guard", "stub", "library_kernel"])
-def test_qkv_scores_mistakes_get_their_diagnosis(answer, diagnosis, says):
-    result = check("06_qkv_scores", answer, verbose=False)
-    assert (result.passed, result.diagnosis, says in result.message) == (False, diagnosis, True), result
+    (av_kernel(), "ok", "correct at every size tried"),
+    (av_heads_fastest, "ok", "correct at every size tried"),
+    # the contract's own mistakes, each named
+    (av_kernel(("z % n_head * d_k + col] = acc", "col * n_head + z % n_head] = acc")),
+     "heads_interleaved", FIRST + "head h's component c was written at column c * n_head + h"),
+    (av_kernel((V0, "(n_head + n_kv_head + z % n_head % n_kv_head) * d_k")),
+     "kv_head_interleaved", FIRST + "query head h read V head h % n_kv_head"),
+    (av_kernel((V0, "(n_head + n_kv_head + z % n_head // n_kv_head) * d_k")),
+     "wrong_group", SECOND + "query head h read V head h // n_kv_head"),
+    (av_kernel((V0, "(n_head + n_kv_head + z % n_head // (n_kv_head // n_head)) * d_k")),
+     "wrong_group", FIRST + "a division by zero"),
+    (av_kernel((V0, "(n_head + z % n_head // (n_head // n_kv_head)) * d_k")),
+     "wrong_v_block", FIRST + "V was read from K's columns"),
+    (av_kernel((V0, "z % n_head * d_k")), "wrong_v_block", FIRST + "V was read from the query head's own columns"),
+    (av_kernel(("// (n_head + 2 * n_kv_head)", "// (3 * n_head)")),
+     "wrong_head_width", FIRST + "the head width came out as 3, not 5"),
+    (av_kernel((V0, "(n_head + n_kv_head + z % n_head) * d_k")),
+     "view_past_the_end", FIRST + "qkv was read at column 40, past its last, 39"),
+    (av_kernel(("z // n_head, start + ty", "z % 2, start + ty"),
+               ("out[z // n_head, row, z % n_head * d_k", "out[z % 2, row, z // 2 * d_k"),
+               ("z % n_head // (n_head // n_kv_head)", "z // 2 // (n_head // n_kv_head)")),
+     "grid_layer_order", FIRST + "a's head z was split into sequence z % B and head z // B"),
+    (av_kernel(("min(T, row - ty + TILE)", "min(T, row - ty)")),
+     "diagonal_tile_skipped", FIRST + "each block stopped before the key tile that holds its own queries"),
+    # the usual wrong answers of the design: every tile walked, a size fixed at the simulator's, the
+    # block's place dropped from an index, work serialised onto one thread, no tiles at all
+    (av_kernel(("min(T, row - ty + TILE) if causal else T", "T")),
+     "no_tiles_skipped", SECOND + "the values are right, but block (0, 0, 0) made"),
+    (av_kernel(("d_k = cuda.threadIdx.x, cuda.threadIdx.y, a.shape[1], qkv.shape[2] // (n_head + 2 * n_kv_head)",
+                "d_k = cuda.threadIdx.x, cuda.threadIdx.y, a.shape[1], 16")),
+     "view_past_the_end", FIRST + "qkv was read at column 96, past its last, 39"),
+    (av_kernel(("col, v0 = cuda.blockIdx.x % col_tiles * TILE + tx,", "col, v0 = tx,")),
+     "race", "Two blocks touch one element of global memory"),
+    (av_kernel(SERIAL_LOAD), "serial_copy", FIRST + "the values are right, but one warp "),
+    (av_from_global, "no_reuse", FIRST + "the values are right, but an element of a was read up to"),
+    # tiles, barriers and guards
+    (av_kernel(("range(0, k_end, TILE)", "range(0, k_end + TILE, TILE)")),
+     "extra_barriers", "a thread passed 4 barriers, where the limit is 2"),
+    (av_kernel(BARRIER_IN_GUARD), "divergent_barrier", FIRST),
+    (av_kernel(("        cuda.syncthreads()\n    if row", "    if row")), "race", "race on shared"),
+    (av_kernel((" if row < T and start + tx < k_end else", " if start + tx < k_end else")),
+     "out_of_bounds", "out-of-bounds read a["),
+    (av_kernel((GUARDED_A, "        if row < T and start + tx < k_end:\n"
+                           "            tiles[0, ty, tx] = a[z, row, start + tx]\n")),
+     "stale_tile", FIRST),
+    (av_kernel((GUARDED_A, "        q = row - ty + tx\n"
+                           "        tiles[0, tx, ty] = a[z, q, start + ty] if q < T and start + ty < k_end "
+                           "else float32(0.0)\n")),
+     "uncoalesced", "a warp's load of a at"),
+    (av_kernel(("    if row < T and col < d_k:\n        out", "    if True:\n        out")),
+     "out_of_bounds", "out-of-bounds write out["),
+    (av_kernel(("k_end, acc = min(T, row - ty + TILE) if causal else T, float32(0.0)",
+                "k_end, acc = min(T, row - ty + TILE) if causal else T, 0.0")), "float64_arithmetic", "float64"),
+    # the answer's form
+    (av_stub, "not_implemented", "Hint:"),
+    (lambda a, qkv, n_head, n_kv_head, causal, out: None, "not_a_kernel", "@cuda.jit"),
+    (multihead.qkv_av_kernel, "calls_given_code", "qkv_av_kernel"),
+    (multihead.qkv_weighted_sum_kernel, "calls_given_code", "qkv_weighted_sum_kernel"),
+], ids=["solution", "heads_fastest", "interleaved", "kv_interleaved", "group_by_n_kv", "group_zero", "k_block",
+        "own_block", "head_width", "not_shared", "layer_order", "diagonal_skipped", "every_tile", "d_k_hard_coded",
+        "block_dropped", "serial_load", "from_global", "extra_step", "barrier_in_guard", "no_second_barrier",
+        "no_row_guard", "not_zeroed", "load_down_columns", "no_store_guard", "python_float", "stub",
+        "plain_function", "library_kernel", "layer_kernel"])
+def test_qkv_av_answers_get_their_diagnosis(answer, diagnosis, says):
+    result = check("06_qkv_av", answer, verbose=False)
+    assert (result.diagnosis, result.passed) == (diagnosis, diagnosis == "ok"), result.message
+    assert says in result.message, result.message
     assert "\n" not in str(result)
 
 
 def test_the_hints_of_06_give_no_code(capsys):
-    for exercise_id in ("06_split_heads", "06_qkv_scores"):
+    for exercise_id in ("06_split_heads", "06_qkv_av"):
         hints = EXERCISES[exercise_id].hints
         assert len(hints) >= 2
         hint(exercise_id, 2)
         assert capsys.readouterr().out.startswith(f"{exercise_id}, hint 2 of {len(hints)}: the plan")
         for text in hints:
             assert not any(token in text for token in ("=", "[", "cuda.", "syncthreads")), (exercise_id, text)
+    assert EXERCISES["06_qkv_av"].more_hints[1].startswith("where answers go wrong: ")

@@ -265,3 +265,89 @@ def test_split_and_merge_have_no_race(rng, kernel):
     grid, block = multihead.head_grid(6, 19, 5)
     args = (x, np.zeros_like(heads)) if kernel is multihead.split_heads_kernel else (heads, np.zeros_like(x))
     assert sanitizer.find_races(kernel, grid, block, *args) == []
+
+
+# --- Every head's weighted sum, V read in place (qkv_av_kernel) ----------------------------
+
+def qkv_av_reference(a, qkv, n_head, n_kv_head):
+    """out[b, i, h * d_k + c] = sum_j a[b * n_head + h, i, j] V_g[j, c] in float64, V split off by NumPy."""
+    B, T, width = qkv.shape
+    d_k = width // (n_head + 2 * n_kv_head)
+    v = qkv[:, :, (n_head + n_kv_head) * d_k:].reshape(B, T, n_kv_head, d_k).transpose(0, 2, 1, 3)
+    heads = a.reshape(B, n_head, T, T).astype(np.float64) @ v[:, np.arange(n_head) // (n_head // n_kv_head)]
+    return reference.merge_heads(heads)                                  # (B, T, n_head * d_k)
+
+
+def causal_weights(rng, heads, T, causal=True):
+    s = rng.standard_normal((heads, T, T))
+    return reference.softmax(reference.apply_causal_mask(s) if causal else s).astype(np.float32)
+
+
+# (B, T, n_head, n_kv_head, d_k, causal): one position; T around the 16-wide tile with widths that
+# are not multiples of it; three query tiles; the model's head width; groups of 1, 2 and 3.
+AV_CASES = [(1, 1, 1, 1, 1, True), (2, 7, 4, 2, 5, True), (1, 17, 6, 3, 6, True), (1, 15, 3, 1, 17, False),
+            (2, 33, 2, 1, 3, True), (1, 20, 2, 2, 64, True), (1, 9, 3, 3, 20, False)]
+
+
+@pytest.mark.parametrize("B, T, n_head, n_kv_head, d_k, causal", AV_CASES)
+def test_qkv_av_matches_the_reference(rng, B, T, n_head, n_kv_head, d_k, causal):
+    a = causal_weights(rng, B * n_head, T, causal)
+    qkv = random(rng, (B, T, (n_head + 2 * n_kv_head) * d_k))
+    got = multihead.qkv_av(a, qkv, n_head, n_kv_head, causal)
+    assert got.dtype == np.float32 and got.shape == (B, T, n_head * d_k)
+    assert np.allclose(got, qkv_av_reference(a, qkv, n_head, n_kv_head), rtol=1e-5, atol=1e-5)
+
+
+def test_qkv_av_is_the_layers_weighted_sum(rng):
+    """The teaching kernel and the layer's qkv_weighted_sum_kernel compute the same merged output."""
+    from numba import cuda
+    from attention_lib.stages import weighted_sum
+    B, T, n_head, n_kv_head, d_k = 2, 19, 4, 2, 5
+    a, qkv = causal_weights(rng, B * n_head, T), random(rng, (B, T, (n_head + 2 * n_kv_head) * d_k))
+    layer = cuda.device_array((B, T, n_head * d_k), np.float32)
+    grid, block = weighted_sum.weighted_sum_grid(B * n_head, T, d_k)
+    multihead.qkv_weighted_sum_kernel[grid, block](cuda.to_device(a), cuda.to_device(qkv), n_head, n_kv_head, True,
+                                                   layer)
+    assert np.allclose(multihead.qkv_av(a, qkv, n_head, n_kv_head, True), layer.copy_to_host(), rtol=1e-6, atol=1e-6)
+
+
+def test_qkv_av_reads_each_value_once_per_query_tile_and_no_tile_after_the_diagonal(rng):
+    """Counted by the trace at T 33 (three query tiles), 2 query heads on one V head, causal: V's rows
+    in key tile k are read by the query tiles k and after, by both query heads; a is read once per
+    tile of columns (one here), and never right of the diagonal's tiles."""
+    from attention_lib.measure.trace import Traced
+    B, T, n_head, n_kv_head, d_k = 1, 33, 2, 1, 5
+    a, qkv = causal_weights(rng, n_head, T), random(rng, (B, T, (n_head + 2 * n_kv_head) * d_k))
+    out = np.zeros((B, T, n_head * d_k), np.float32)
+    traced = Traced(multihead.qkv_av_kernel, *multihead.qkv_av_grid(B, T, n_head, d_k), a, qkv, n_head, n_kv_head,
+                    True, out)
+    assert np.allclose(out, qkv_av_reference(a, qkv, n_head, n_kv_head), rtol=1e-5, atol=1e-5)
+    v0 = (n_head + n_kv_head) * d_k                                     # V's first column
+    v_reads = traced.loads("qkv")[0, :, v0:].max(axis=1)                # per key row, V's columns only
+    assert traced.loads("qkv")[0, :, :v0].sum() == 0                    # Q's and K's columns never read
+    assert list(v_reads) == [n_head * (3 - j // 16) for j in range(T)]
+    i, j = np.indices((T, T))
+    assert traced.loads("a").max() == 1 and traced.loads("a")[:, j // 16 > i // 16].sum() == 0
+    assert traced.barriers == 2 * 3
+
+
+def test_qkv_av_refuses_weights_that_do_not_match_qkv(rng):
+    qkv = random(rng, (2, 7, 40))
+    with pytest.raises(ValueError,
+                       match=r"^a must have shape \(B \* n_head, T, T\) = \(8, 7, 7\); got shape \(4, 7, 7\)$"):
+        multihead.qkv_av(causal_weights(rng, 4, 7), qkv, 4, 2, True)
+
+
+def test_qkv_av_refuses_a_width_the_heads_do_not_divide(rng):
+    with pytest.raises(ValueError, match=r"^qkv must have a last axis of \(n_head \+ 2 n_kv_head\) d_k"):
+        multihead.qkv_av(causal_weights(rng, 8, 7), random(rng, (2, 7, 41)), 4, 2, True)
+
+
+def test_qkv_av_refuses_causal_weights_above_the_diagonal(rng):
+    with pytest.raises(ValueError, match=r"^a must be 0 where j > i when causal=True$"):
+        multihead.qkv_av(causal_weights(rng, 4, 7, causal=False), random(rng, (1, 7, 40)), 4, 2, True)
+
+
+def test_qkv_av_refuses_a_group_that_does_not_divide(rng):
+    with pytest.raises(ValueError, match=r"n_kv_head 3 must divide n_head 4"):
+        multihead.qkv_av(causal_weights(rng, 4, 7), random(rng, (1, 7, 40)), 4, 3, True)

@@ -1,5 +1,6 @@
-"""Notebook 06's exercises: the head-split kernel (warm-up), then every head's scores read in place
-from the fused projection, grouped-query attention and the causal tile skip included (main).
+"""Notebook 06's exercises: the head-split kernel (warm-up), then every head's weighted sum with V read
+in place from the fused projection and the heads written merged, grouped-query heads and the causal
+tile skip included (main).
 
 Warm-up, ``06_split_heads``: split_heads_kernel's signature ``(x, out)``, x (B, T, d_model) and out
 (B, n_head, T, d_k) float32, out[b, h, t, c] = x[b, t, h*d_k + c], launched on the library's grid
@@ -16,29 +17,33 @@ diagnoses:
 (Which grid layer copies which (sequence, head) does not matter here: the output is indexed by
 both, so any one-to-one reading of z is right.)
 
-Main, ``06_qkv_scores``: qkv_scores_kernel's signature ``(qkv, n_head, n_kv_head, inv_sqrt_dk,
-causal, s)``: s[b * n_head + h, i, j] = (Q_h[i] . K_g[j]) * inv_sqrt_dk with g = h // (n_head //
-n_kv_head), -inf where causal and j > i, every head read in place from qkv (B, T, (n_head + 2
-n_kv_head) d_k) = [Q heads | K heads | V heads], launched on scores.score_grid(B * n_head, T, T)
-at T around the tile (1, 16, 17, 33). Limits: a block whose tile lies right of the diagonal reads
-nothing of qkv (``skips_too_few``, ``SkipsMaskedTiles``); every element of qkv read at most
-ceil(T / TILE) times per query head that reads it (``no_reuse``). Besides the engine's diagnoses
-(and those of the causal mask and the scale):
+Main, ``06_qkv_av``: a kernel with qkv_av_kernel's signature ``(a, qkv, n_head, n_kv_head, causal,
+out)``, launched on multihead.qkv_av_grid (B * n_head * ceil(T / TILE) * ceil(d_k / TILE) blocks of
+TILE x TILE threads along x, each block number the kernel's to map to a tile):
+out[b, i, h * d_k + c] = sum_j a[b * n_head + h, i, j] * V_g[j, c], g = h // (n_head // n_kv_head),
+V read in place from qkv (B, T, (n_head + 2 n_kv_head) d_k) = [Q heads | K heads | V heads], the
+heads written merged into out (B, T, n_head * d_k). The student decides which block takes which
+tile, the view of V, the loop over keys, the barriers and the guards. Limits, per launch: an element of a
+read at most ceil(d_k / TILE) times and one of qkv at most group * ceil(T / TILE) times
+(``no_reuse``); every warp load of a and qkv and store of out with its lanes side by side
+(``serial_copy``) and within 4 segments (``uncoalesced``); every shared slot read written in its step
+(``stale_tile``); at most two barriers per key tile of the last row of query tiles (``extra_barriers``).
+Besides the engine's diagnoses:
 
-- ``kv_head_not_shared``: query head h read K/V head h, as if every query head had its own;
-- ``kv_head_interleaved``: query head h read K/V head h % n_kv_head (heads dealt out in turn);
-- ``wrong_group``: query head h read K/V head h // n_kv_head (the group taken as n_kv_head, not
-  n_head // n_kv_head), or a head count divided by a larger one (0, then a division by it);
-- ``wrong_k_block``: K read from another block of columns: Q's (the n_head heads of Q not skipped)
-  or V's;
-- ``wrong_head_width``: d_k worked out from a wrong head count (3 n_head, or n_head, heads in qkv);
-- ``view_past_the_end``: one head's view of qkv is narrower than the other (it starts too far right, or d_k
-  came out too large), so tile_dot reads past it;
-- ``grid_layer_order``: the grid layer z read as h * B + b (the scores land in another head's
-  place), or decoded into a sequence past B.
+- ``no_tiles_skipped``: causal, right values, but a block loaded weights or values of a key tile
+  that lies wholly after its last query;
+- ``diagonal_tile_skipped``: causal, each block stopped before the key tile that holds its queries;
+- ``heads_interleaved``: head h's component c written at column c * n_head + h, not h * d_k + c;
+- ``kv_head_interleaved``, ``wrong_group``: query head h read V head h % n_kv_head, or h // n_kv_head
+  (or divided by zero), not h // (n_head // n_kv_head);
+- ``wrong_v_block``: V read from K's columns or from the query head's own;
+- ``wrong_head_width``: d_k worked out from a wrong head count (3 n_head or n_head heads in qkv);
+- ``view_past_the_end``: V read past qkv's last column: a view of V narrower than d_k (it starts too
+  far right: a query head reading V head h, its own, when heads share; d_k fixed at a constant), or
+  a read past qkv's width;
+- ``grid_layer_order``: a's head z split as (z % B, z // B), or a sequence past B.
 """
 
-import math
 import re
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -48,10 +53,12 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.checks import cases as sizes
-from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register
-from attention_lib.checks.limits import Coalesced, MostLoads
+from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register, unwritten
+from attention_lib.checks.limits import Coalesced, MostBarriers, MostLoads, NoSerialCopy, RefilledTiles
+from attention_lib.measure import sanitizer
 from attention_lib.platform.launch import ceil_div
-from attention_lib.stages import multihead, scores
+from attention_lib.stages import multihead, weighted_sum
+from attention_lib.stages.projection import tile_matmul
 
 
 class Case(NamedTuple):
@@ -171,10 +178,13 @@ register(Exercise(
 ))
 
 
-# --- The main exercise: every head's scores, read in place from the fused projection ---------------
+# --- The main exercise: every head's weighted sum, V read in place, the heads written merged -------
 
-class ScoreCase(NamedTuple):
-    """One size tried: qkv (B, T, (n_head + 2 n_kv_head) d_k); causal or not."""
+TILE = multihead.TILE
+
+
+class AvCase(NamedTuple):
+    """One size tried: a (B * n_head, T, T) weights, qkv (B, T, (n_head + 2 n_kv_head) d_k); causal or not."""
 
     B: int
     T: int
@@ -188,186 +198,245 @@ class ScoreCase(NamedTuple):
                 f"{'causal' if self.causal else 'not causal'})")
 
 
-@dataclass
-class SkipsMaskedTiles:
-    """Causal: no block whose tile lies right of the diagonal (every key after every query) reads
-    an element of `array`; such a block stores -inf and leaves. Measured on the traced launch."""
-
-    array: str = "qkv"
-    code: str = "skips_too_few"
-
-    def broken(self, traces, case, compiled):
-        if not case.causal:
-            return None
-        for traced in traces:
-            if self.array not in traced.arrays():
-                continue
-            blocks = {block for _, _, (block, _), *_ in traced.launch.targets[self.array].trace if block[0] > block[1]}
-            if blocks:
-                return (f"the values are right, but {len(blocks)} blocks whose tile lies right of the diagonal (every "
-                        f"key after every query: all -inf) read {self.array}, first block {sorted(blocks)[0]}; such a "
-                        "block has no score to compute")
-        return None
+def _av_cases():
+    """From TILE: a batch of 2 with 7 positions, heads of 5 in groups of 2 (an index slip shows at once);
+    T one past a tile, a tile exactly and one short, with d_k 6, a whole tile and one past, in groups
+    of 2 (6 heads on 3: a group other than n_kv_head), 3 (multi-query) and 1; three query tiles, tiles
+    above the diagonal; the model's head width, 64, at T 9; heads of 128 at T 4. Small: every case is
+    traced."""
+    _, full, over = sizes.around(TILE)
+    return [AvCase(2, 7, 4, 2, 5, True), AvCase(1, over, 6, 3, 6, True), AvCase(1, full, 3, 1, full, True),
+            AvCase(1, full - 1, 3, 3, over, False), AvCase(1, 2 * TILE + 1, 2, 1, 5, True),
+            AvCase(1, 9, 2, 1, 64, True), AvCase(1, 4, 1, 1, 128, False)]
 
 
-def _emulated_scores(qkv, n_head, n_kv_head, scale, causal, d_k, q_col, k_col, layer=None):
-    """Scores as a kernel computes them that takes head h's Q columns at q_col(h) and its K columns at
-    k_col(h), d_k wide (both views as NumPy slices them, cut at qkv's last column), float64
-    (B * n_head, T, T); None when the K view is narrower than the Q view (tile_dot would read past
-    it). layer(z, B) -> (b, h), default z = b * n_head + h."""
-    B, T, _ = qkv.shape
-    out = np.empty((B * n_head, T, T))
+def _emulated_av(a, qkv, case, d, v_head, out_col=None, layer=None):
+    """What a kernel writes that takes head width d, reads query head h's V from columns v_head(h) * d
+    onwards and writes its component c at out_col(h, c, d) (default h * d + c); layer(z, B) -> (b, h),
+    default z = b * n_head + h. float64 (B, T, n_head * d_k), NaN where nothing is written; None where
+    such a kernel would index past qkv or out."""
+    B, T, n_head, _, d_k, _ = case
+    width_out = n_head * d_k
+    out = np.full((B, T, width_out), np.nan)
     for z in range(B * n_head):
         b, h = layer(z, B) if layer else divmod(z, n_head)
-        q = qkv[b, :, q_col(h):q_col(h) + d_k].astype(np.float64)
-        k = qkv[b, :, k_col(h):k_col(h) + d_k].astype(np.float64)
-        if k.shape[1] < q.shape[1]:
+        start = v_head(h) * d
+        if not 0 <= b < B or start < 0 or start + d > qkv.shape[2]:
             return None
-        out[z] = q @ k[:, :q.shape[1]].T * scale
-    return np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, out) if causal else out
-
-
-def _head_candidates(n_head, n_kv_head, width):
-    """(code, message, d_k, q_col, k_col, layer): the layouts the usual mistakes read."""
-    d_k, group = width // (n_head + 2 * n_kv_head), n_head // n_kv_head
-    right_q = lambda h, d=d_k: h * d                                        # noqa: E731
-    right_k = lambda h, d=d_k: (n_head + h // group) * d                    # noqa: E731
-    shared = ("query head h read K/V head h, as if every query head had its own; with grouped-query "
-              f"attention the {n_head} query heads share {n_kv_head} K/V heads in groups of {group}")
-    out = [("kv_head_not_shared", shared, d_k, right_q, lambda h: (n_head + h) * d_k, None),
-           ("kv_head_interleaved", f"query head h read K/V head h % n_kv_head: the heads dealt out in turn; a K/V "
-            f"head serves {group} neighbouring query heads, the group h // {group}", d_k, right_q,
-            lambda h: (n_head + h % n_kv_head) * d_k, None),
-           ("wrong_group", f"query head h read K/V head h // n_kv_head = h // {n_kv_head}: the group, the number of "
-            f"query heads that share one K/V head, is n_head // n_kv_head = {group}", d_k, right_q,
-            lambda h: (n_head + h // n_kv_head) * d_k, None),
-           ("wrong_k_block", "K was read inside Q's columns: in qkv the K heads start after the "
-            f"n_head = {n_head} heads of Q", d_k, right_q, lambda h: (h // group) * d_k, None),
-           ("wrong_k_block", "K was read from the query head's own columns: in qkv the K heads start "
-            f"after the n_head = {n_head} heads of Q", d_k, right_q, right_q, None),
-           ("wrong_k_block", f"K was read from V's columns: in qkv the n_kv_head = {n_kv_head} heads of K come "
-            f"right after Q's {n_head}, then V's", d_k, right_q, lambda h: (n_head + n_kv_head + h // group) * d_k,
-            None)]
-    for heads in (3 * n_head, n_head):
-        d = width // heads
-        if d != d_k and d > 0:
-            out.append(("wrong_head_width", f"the head width came out as {d}, not {d_k}: qkv holds n_head + "
-                        f"2 n_kv_head = {n_head + 2 * n_kv_head} heads of d_k side by side, not {heads}",
-                        d, lambda h, d=d: h * d, lambda h, d=d: (n_head + h // group) * d, None))
-    out.append(("grid_layer_order", "the grid layer z was read as h * B + b: the launch numbers the layers "
-                "sequence by sequence, z = b * n_head + h", d_k, right_q, right_k, lambda z, B: (z % B, z // B)))
+        cols = [out_col(h, c, d) if out_col else h * d + c for c in range(d)]
+        if max(cols) >= width_out:
+            return None
+        out[b][:, cols] = a[z].astype(np.float64) @ qkv[b, :, start:start + d].astype(np.float64)
     return out
 
 
-def _run_qkv_scores(kernel, case, rng, launch):
-    B, T, n_head, n_kv_head, d_k, causal = case
-    width = (n_head + 2 * n_kv_head) * d_k
-    qkv = rng.standard_normal((B, T, width)).astype(np.float32)
-    scale = np.float32(1 / math.sqrt(d_k))
-    tile = scores.TILE
-    d_qkv = _guarded_input(qkv, tile * (width + 1) + width)      # a read past a view stays in memory
-    full, s = output_array((B * n_head, T, T), guard=tile * (T + 1) + tile)
-    grid, block = scores.score_grid(B * n_head, T, T)
-    expected = _emulated_scores(qkv, n_head, n_kv_head, scale, causal, d_k, lambda h: h * d_k,
-                                lambda h: (n_head + h // (n_head // n_kv_head)) * d_k)
-    try:
-        launch(kernel, grid, block, d_qkv, n_head, n_kv_head, scale, causal, s)
-    except ZeroDivisionError:
-        raise Diagnosed("wrong_group", (
-            "a division by zero: a head count divided by a larger one is 0 in integer arithmetic; the group, "
-            f"the query heads per K/V head, is n_head // n_kv_head = {n_head // n_kv_head}")) from None
-    except IndexError as error:
-        layer = _layer_out_of_range(error, lambda j, i: i < T and j < T)
-        parsed = _out_of_bounds(error)
-        if parsed is None or parsed[1] != "qkv":
-            raise layer or error from None            # the scores' own guard: the engine says so
-        if parsed[2][:1] and parsed[2][0] >= B:
-            raise layer or Diagnosed("grid_layer_order", (
-                f"qkv was read at sequence {parsed[2][0]}, past the batch of {B}: the launch numbers the layers "
-                "z = b * n_head + h, b < B, h < n_head")) from None
-        # Not a missing guard: a view of qkv is narrower than the other (it starts too far right,
-        # or the head width is too large), and tile_dot reads the Q view's width from both.
-        raise Diagnosed("view_past_the_end", (
-            f"a head's view of qkv has fewer columns than the other: it starts too close to the last of qkv's "
-            f"{width} columns, or d_k came out too large; qkv holds Q's {n_head} heads, then K's {n_kv_head}, then "
-            f"V's {n_kv_head}, each d_k = {d_k} wide, and K/V head g of n_kv_head starts after Q's")) from None
-    return read_output(full, s), expected, qkv, case
+def _band_cut(a):
+    """The weights a kernel uses that stops each block of queries before its own key tile."""
+    i, j = np.indices(a.shape[1:])
+    return np.where(j < i // TILE * TILE, a, np.float32(0))
 
 
-def _diagnose_qkv_scores(got, expected, qkv, case):
+def _av_candidates(a, qkv, case):
+    """(code, message, what such a kernel writes) of the usual mistakes."""
     B, T, n_head, n_kv_head, d_k, causal = case
-    scale = 1 / math.sqrt(d_k)
-    close = dict(rtol=1e-4, atol=1e-4, equal_nan=True)
-    for code, message, d, q_col, k_col, layer in _head_candidates(n_head, n_kv_head, qkv.shape[2]):
-        candidate = _emulated_scores(qkv, n_head, n_kv_head, scale, causal, d, q_col, k_col, layer)
-        if candidate is not None and np.allclose(got, candidate, **close):
-            return code, message
-    visible = np.isfinite(expected)
-    for factor, code, message in ((math.sqrt(d_k), "missing_scale", f"the scores were not multiplied by "
-                                   f"inv_sqrt_dk = 1/sqrt({d_k})"),
-                                  (1 / math.sqrt(d_k), "scaled_by_d_k", "the scores were multiplied by "
-                                   "inv_sqrt_dk twice: divided by d_k, not by sqrt(d_k)")):
-        if np.allclose(got[visible], expected[visible] * factor, rtol=1e-4, atol=1e-4):
-            return code, message
+    group, width = n_head // n_kv_head, qkv.shape[2]
+    v_first = n_head + n_kv_head                         # V's heads follow Q's and K's
+    right = lambda h: v_first + h // group                # noqa: E731
+    found = [("heads_interleaved", f"head h's component c was written at column c * n_head + h of out: a head is a "
+              f"contiguous run of d_k = {d_k} columns, so it goes at h * d_k + c", d_k, right,
+              lambda h, c, d: c * n_head + h, None),
+             ("kv_head_interleaved", f"query head h read V head h % n_kv_head: the heads dealt out in turn; a V head "
+              f"serves {group} neighbouring query heads, the group h // {group}", d_k,
+              lambda h: v_first + h % n_kv_head, None, None),
+             ("wrong_group", f"query head h read V head h // n_kv_head = h // {n_kv_head}: the group, the query heads "
+              f"that share one V head, is n_head // n_kv_head = {group}", d_k, lambda h: v_first + h // n_kv_head,
+              None, None),
+             ("wrong_v_block", f"V was read from K's columns: in qkv the n_kv_head = {n_kv_head} heads of V come after "
+              f"Q's {n_head} and K's {n_kv_head}", d_k, lambda h: n_head + h // group, None, None),
+             ("wrong_v_block", f"V was read from the query head's own columns: in qkv V's heads start after Q's "
+              f"{n_head} and K's {n_kv_head}", d_k, lambda h: h, None, None)]
+    for heads in (3 * n_head, n_head):
+        d = width // heads
+        if d not in (d_k, 0):
+            found.append(("wrong_head_width", f"the head width came out as {d}, not {d_k}: qkv holds n_head + "
+                          f"2 n_kv_head = {n_head + 2 * n_kv_head} heads of d_k side by side, not {heads}", d,
+                          right, None, None))
+    found.append(("grid_layer_order", "a's head z was split into sequence z % B and head z // B: a's heads "
+                  "run sequence by sequence, z = b * n_head + h", d_k, right, None, lambda z, B: (z % B, z // B)))
+    for code, message, d, v_head, out_col, layer in found:
+        yield code, message, _emulated_av(a, qkv, case, d, v_head, out_col, layer)
     if causal:
-        raw = _emulated_scores(qkv, n_head, n_kv_head, scale, False, d_k, lambda h: h * d_k,
-                               lambda h: (n_head + h // (n_head // n_kv_head)) * d_k)
-        i, j = np.indices((T, T))
-        tile = scores.TILE
-        skipped = j // tile > i // tile                  # the tiles right of the diagonal
-        for masked, code, message in ((skipped, "mask_not_applied", "inside the tiles on the diagonal the "
-                                       "scores with j > i were kept: when causal, key j after query i gets -inf"),
-                                      (skipped | (j >= i), "mask_includes_diagonal", "the score of a position "
-                                       "with itself (j = i) was masked too: only keys after the query are")):
-            if np.allclose(got, np.where(masked, -np.inf, raw), **close):
-                return code, message
+        yield ("diagonal_tile_skipped", "each block stopped before the key tile that holds its own queries: that "
+               "tile holds each query's nearest keys, itself included, whose weights are not zero",
+               _emulated_av(_band_cut(a), qkv, case, d_k, right))
+
+
+def _named_mistake(got, expected, a, qkv, case):
+    """Diagnosed for the first usual mistake whose output got matches (the entries it writes, and none
+    other written), or None."""
+    written = ~unwritten(got)
+    for code, message, candidate in _av_candidates(a, qkv, case):
+        if candidate is None:
+            continue
+        reached = ~np.isnan(candidate)
+        if np.allclose(candidate[reached], expected[reached], rtol=1e-5, atol=1e-5) and reached.all():
+            continue                                      # the mistake changes nothing in this case
+        if (written == reached).all() and np.allclose(got[reached], candidate[reached], rtol=1e-5, atol=1e-5):
+            return Diagnosed(code, message)
     return None
 
 
-def _score_cases():
-    """One score; T around the tile (one full tile, one past it, three tiles with a partial last:
-    tiles right of the diagonal skipped), a batch of 2; grouped-query attention in groups of 2 and 3
-    (a group other than n_kv_head), multi-query attention, no sharing and no mask; heads of 20, two
-    steps of tile_dot along d_k. Small: every case is race-checked."""
-    tile = scores.TILE
-    _, full, over = sizes.around(tile)
-    return [ScoreCase(1, 1, 1, 1, 1, True), ScoreCase(2, 7, 4, 2, 5, True), ScoreCase(1, over, 2, 2, 6, False),
-            ScoreCase(1, full, 2, 1, 3, True), ScoreCase(1, 2 * tile + 1, 1, 1, 2, True),
-            ScoreCase(1, 5, 6, 2, 3, True), ScoreCase(1, 9, 3, 1, 20, True)]
+_SHAPE = re.compile(r"out-of-bounds read qkv\[([-\d, ]*)\].*?has shape \(([\d, ]*)\)")
+
+
+def _qkv_index_error(error, case):
+    """Diagnosed for a read of qkv past its end: a sequence past B, a view of V narrower than d_k (it
+    starts too far right), a column past qkv's width; None otherwise (the engine's out_of_bounds)."""
+    found = _SHAPE.search(str(error))
+    if found is None:
+        return None
+    index = [int(i) for i in found.group(1).split(",") if i.strip()]
+    shape = [int(n) for n in found.group(2).split(",") if n.strip()]
+    if len(shape) == 3 and index and index[0] >= case.B:
+        return Diagnosed("grid_layer_order", f"qkv was read at sequence {index[0]}, past the batch of {case.B}: "
+                         "the sequence your kernel decodes from its block number is out of range")
+    narrow = len(shape) == 2 and shape[-1] < case.d_k
+    if narrow or (len(shape) == 3 and len(index) == 3 and index[2] >= shape[2]):
+        seen = f"the view of V has {shape[-1]} columns, fewer than d_k = {case.d_k}" if narrow else (
+            f"qkv was read at column {index[2]}, past its last, {shape[2] - 1}")
+        return Diagnosed("view_past_the_end", (
+            f"{seen}: qkv holds Q's {case.n_head} heads, then K's {case.n_kv_head}, then V's {case.n_kv_head}, "
+            f"each d_k = {case.d_k} wide (work d_k out from qkv's width, not a constant), and query head h reads "
+            "V head h // (n_head // n_kv_head), shared by its group; a thread whose column lies past d_k reads "
+            "nothing"))
+    return None
+
+
+def _qkv_width(case):
+    """qkv's last axis: n_head + 2 n_kv_head heads of d_k columns."""
+    return (case.n_head + 2 * case.n_kv_head) * case.d_k
+
+
+def _wasted_tile_loads(traced, case):
+    """(block, loads) of the first block that loaded weights or values of a key tile wholly after its last
+    query (the last query it stores an output of), or None."""
+    B, T, n_head, _, d_k, _ = case
+    last, loaded = {}, {}
+    targets = traced.launch.targets
+    for element, kind, (block, _), *_ in targets["out"].trace:
+        if kind == sanitizer.STORE:
+            last[block] = max(last.get(block, -1), element // (n_head * d_k) % T)
+    for name, row_of in (("a", lambda e: e % T), ("qkv", lambda e: e // _qkv_width(case) % T)):
+        for element, kind, (block, _), *_ in targets[name].trace:
+            if kind == sanitizer.LOAD:
+                loaded.setdefault(block, []).append(row_of(element))
+    for block in sorted(loaded):
+        # the first key of the tiles after the one that holds the block's last query
+        first_after = ceil_div(last.get(block, -1) + 1, TILE) * TILE
+        wasted = sum(1 for j in loaded[block] if j >= first_after)
+        if wasted:
+            return block, wasted
+    return None
+
+
+def _run_qkv_av(kernel, case, rng, launch):
+    B, T, n_head, n_kv_head, d_k, causal = case
+    qkv = rng.standard_normal((B, T, _qkv_width(case))).astype(np.float32)
+    s = rng.standard_normal((B * n_head, T, T))
+    a = reference.softmax(reference.apply_causal_mask(s) if causal else s).astype(np.float32)
+    grid, block = multihead.qkv_av_grid(B, T, n_head, d_k)
+    d_a = _guarded_input(a, TILE * (T + 1))
+    d_qkv = _guarded_input(qkv, TILE * (_qkv_width(case) + 1))
+    full, out = output_array((B, T, n_head * d_k), guard=TILE * (n_head * d_k + 1))
+    expected = _emulated_av(a, qkv, case, d_k, lambda h: n_head + n_kv_head + h // (n_head // n_kv_head))
+    try:
+        traced = launch(kernel, grid, block, d_a, d_qkv, n_head, n_kv_head, causal, out)
+    except ZeroDivisionError:
+        raise Diagnosed("wrong_group", (
+            "a division by zero: a head count divided by a larger one is 0 in integer arithmetic; the group, "
+            f"the query heads per V head, is n_head // n_kv_head = {n_head // n_kv_head}")) from None
+    except IndexError as error:
+        raise _qkv_index_error(error, case) or error from None
+    got = read_output(full, out)
+    if not np.allclose(got, expected, rtol=1e-5, atol=1e-5):
+        named = _named_mistake(got, expected, a, qkv, case)
+        if named:
+            raise named
+    elif causal and traced is not None:
+        wasted = _wasted_tile_loads(traced, case)
+        if wasted:
+            raise Diagnosed("no_tiles_skipped", (
+                f"the values are right, but block {wasted[0]} made {wasted[1]} loads of weights or values in key "
+                "tiles that lie wholly after its last query (all weights 0 there): stop a block's walk along the "
+                "keys after the tile that holds its last query"))
+    return got, expected
+
+
+@dataclass
+class WholeTiles:
+    """A limit measured only on the cases whose heads are whole tiles wide: in a narrower head a warp's
+    lanes past d_k load nothing, which NoSerialCopy would count as lanes left waiting."""
+
+    limit: object
+
+    def __post_init__(self):
+        self.code = self.limit.code
+
+    def broken(self, traces, case, compiled):
+        return self.limit.broken(traces, case, compiled) if case.d_k % TILE == 0 else None
 
 
 def _most_qkv_loads(case):
-    """Q's elements are read once per tile of keys, K's once per tile of queries by each of the group's
-    query heads: at most group * ceil(T / TILE) times."""
-    return case.n_head // case.n_kv_head * ceil_div(case.T, scores.TILE)
+    """V's elements are read once per tile of queries by each query head of the group."""
+    return case.n_head // case.n_kv_head * ceil_div(case.T, TILE)
+
+
+def _steps_why(case):
+    tiles = ceil_div(case.T, TILE)
+    return (f"two a step, and the last row of query tiles sees {tiles} key tile{'s' if tiles != 1 else ''}: a step "
+            "past the block's last visible key loads nothing and still waits twice")
 
 
 register(Exercise(
-    exercise_id="06_qkv_scores",
-    title="every head's scores read in place from the fused projection, query head h with K/V head h // group",
+    exercise_id="06_qkv_av",
+    title="every head's A . V in one launch, V read in place from qkv, the heads written merged",
     kind="kernel",
-    run=_run_qkv_scores,
-    cases=_score_cases(),
-    hint=("a head is a run of d_k columns of qkv; take the query head's run and its K/V head's run as views "
-          "(no copy) and hand them to the tiled dot product, with the sequence as its leading index; a block "
-          "whose whole tile lies after the diagonal has nothing to compute (notebook 03's block-wide exit)"),
-    more_hints=("the plan: first the block-wide exit, decided from the block's own position only (its column of "
-                "tiles right of its row of tiles), where the block stores minus infinity and leaves; then the "
-                "sequence and the head from the layer number, the head width from qkv's width and the head "
-                "count n_head plus twice n_kv_head, the first column of the query head and of its K/V head "
-                "(after all of Q's heads, the group being n_head over n_kv_head), the two views, the tiled dot "
-                "product in every thread, and a guarded store of the scaled score or minus infinity. Where "
-                "answers go wrong: each query head given its own K/V head, heads dealt out in turn instead of "
-                "in groups of neighbours, and K's heads placed before Q's",),
-    rtol=1e-4,  # float32 dot products of up to 20 terms against float64, scores of order 1
-    atol=1e-4,
-    diagnose=_diagnose_qkv_scores,
-    diagnoses=("kv_head_not_shared", "kv_head_interleaved", "wrong_group", "wrong_k_block", "wrong_head_width",
-               "view_past_the_end", "grid_layer_order", "missing_scale", "scaled_by_d_k", "mask_not_applied",
-               "mask_includes_diagonal", "skips_too_few"),
-    limits=(SkipsMaskedTiles(), MostLoads("qkv", _most_qkv_loads, why="tile_dot stages each tile in shared "
-                                          "memory once per block, and the block's threads share it")),
-    solution=multihead.qkv_scores_kernel,
-    forbidden=(multihead.launch_layer, multihead.multi_head_attention, multihead.split_heads,
-               multihead.split_heads_kernel, scores.scores_kernel_v2),
+    run=_run_qkv_av,
+    cases=_av_cases(),
+    describe_case=str,
+    hint=("a block can share what it loads: a tile of weights serves all of a block's columns, a tile of "
+          "values all its queries. A head of V is a run of d_k columns of qkv, so a view of those columns is "
+          "a (T, d_k) matrix with no copy. In the merged output, head h's columns sit side by side with the "
+          "other heads' in each row"),
+    more_hints=("the plan: split the block number, by quotients and remainders, into a tile of the head's "
+                "columns, a tile of queries and a head of the weights, itself a sequence and a head. Work out "
+                "the head width from qkv's width and the head counts, then the first column of the V head that "
+                "the query head reads (after all of Q's and K's heads). Walk the keys a tile at a time: every "
+                "thread copies one weight and one value into the shared tiles, zero past an edge; the block "
+                "waits; each thread adds a tile's worth of products; the block waits again. When causal, the "
+                "walk ends with the key tile that holds the block's last query, the same stop for all its threads",
+                "where answers go wrong: a stop worked out from each thread's own query (threads then take "
+                "different numbers of steps between barriers); stopping before the tile on the diagonal; a "
+                "tile not zeroed past an edge; V's heads placed before K's, or a query head given its own V "
+                "head instead of its group's; the head's output written every n_head columns instead of as a "
+                "run of d_k"),
+    # float32 sums of at most 33 products of order 1 against float64: errors around 1e-7.
+    rtol=1e-5,
+    atol=1e-5,
+    diagnoses=("no_tiles_skipped", "diagonal_tile_skipped", "heads_interleaved", "kv_head_interleaved", "wrong_group",
+               "wrong_v_block", "wrong_head_width", "view_past_the_end",
+               "grid_layer_order"),
+    limits=(MostLoads("a", lambda case: ceil_div(case.d_k, TILE), why="a tile of weights in shared memory serves "
+                      "all of a block's columns"),
+            MostLoads("qkv", _most_qkv_loads, why="a tile of values in shared memory serves all of a block's "
+                      "queries, for each query head that reads that V head"),
+            NoSerialCopy("a"), WholeTiles(NoSerialCopy("qkv")), NoSerialCopy("out", access="store"),
+            Coalesced("a", 4), Coalesced("qkv", 4), Coalesced("out", 4, access="store"),
+            RefilledTiles(), MostBarriers(lambda case: 2 * ceil_div(case.T, TILE), why=_steps_why)),
+    solution=multihead.qkv_av_kernel,
+    forbidden=(multihead.qkv_av, multihead.qkv_weighted_sum_kernel, multihead.launch_layer,
+               multihead.multi_head_attention, multihead.split_heads_kernel,
+               multihead.merge_heads_kernel, weighted_sum.weighted_sum_kernel_v2,
+               weighted_sum.weighted_sum_causal_kernel, tile_matmul,
+               reference.weighted_sum),
 ))

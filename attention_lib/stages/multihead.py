@@ -17,8 +17,12 @@ references are ``reference.split_heads``, ``reference.merge_heads`` and
   projection (B, T, (n_head + 2 n_kv_head) d_k) through views of its columns, query head h with
   key/value head h // (n_head / n_kv_head) (grouped-query attention); the weighted sum reads V
   the same way and writes each head's output straight into its columns of the merged (B, T,
-  d_model). Both are the tiled kernels of notebooks 02 and 05 (``scores.tile_dot``,
+  d_model). They call the tiled device functions of notebooks 03 and 01 (``scores.tile_dot``,
   ``projection.tile_matmul``), causal tiles skipped.
+- ``qkv_av_kernel``: the weighted sum of qkv_weighted_sum_kernel written out, with its own tiles,
+  barriers and causal stop (notebook 06's main exercise), on a one-axis grid whose block numbers
+  it maps to tiles itself (``qkv_av_grid``); its launcher ``qkv_av(a, qkv, n_head, n_kv_head=None,
+  causal=False, kernel=None)``.
 - ``head_partial_outputs``: the output projection as a sum over heads (NumPy, float64):
   concat(heads) @ W_O = sum_h head_h @ W_O[h*d_k:(h+1)*d_k, :]. When the heads live on
   different GPUs (tensor parallelism) each GPU computes its part of that sum, and adding the
@@ -33,10 +37,10 @@ references are ``reference.split_heads``, ``reference.merge_heads`` and
 import math
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32
 
 from attention_lib.stages import attention, projection, scores, softmax, weighted_sum
-from attention_lib.stages.projection import tile_matmul
+from attention_lib.stages.projection import TILE, tile_matmul
 from attention_lib.stages.scores import tile_dot
 from attention_lib.platform.launch import ceil_div, check_grid, check_simulator_budget
 from attention_lib.platform.validation import as_float32, head_counts, require, require_finite_result, weight
@@ -159,6 +163,38 @@ def qkv_weighted_sum_kernel(a, qkv, n_head, n_kv_head, causal, out):
         out[b, row, h * d_k + col] = acc         # head h's columns of the merged output
 
 
+@cuda.jit
+def qkv_av_kernel(a, qkv, n_head, n_kv_head, causal, out):
+    """Every head's weighted sum, V read in place from qkv and the output written merged:
+    out[b, i, h * d_k + c] = sum_j a[b * n_head + h, i, j] * V_g[j, c], g = h // (n_head // n_kv_head).
+
+    a: (B * n_head, T, T) float32 weights, 0 above the diagonal when causal; qkv: (B, T, (n_head +
+    2 n_kv_head) d_k) float32, [Q heads | K heads | V heads], V head g at columns v0 .. v0 + d_k - 1
+    (v0 = (n_head + n_kv_head + g) d_k: an offset into qkv's rows, no copy); out: (B, T, n_head * d_k)
+    float32, written; causal: bool. Grid: qkv_av_grid, B * n_head * ceil(T / TILE) * ceil(d_k / TILE)
+    blocks of TILE x TILE threads along x; a block number counts the tiles of a head's columns
+    fastest, then a's heads z = b * n_head + h, then the tiles of queries, so that neighbouring
+    blocks read the same rows of weights. Each step loads a (TILE, TILE) tile of weights and one of values
+    into shared memory, one element a thread; causal, a block stops after the key tile that holds
+    its last query.
+    """
+    tiles = cuda.shared.array((2, TILE, TILE), float32)   # [0]: weights [query, key]; [1]: values [key, column]
+    tx, ty, T, d_k = cuda.threadIdx.x, cuda.threadIdx.y, a.shape[1], qkv.shape[2] // (n_head + 2 * n_kv_head)
+    col_tiles = (d_k + TILE - 1) // TILE                  # a block number: column tile, then a's head, then query tile
+    z, row = cuda.blockIdx.x // col_tiles % a.shape[0], cuda.blockIdx.x // col_tiles // a.shape[0] * TILE + ty
+    col, v0 = cuda.blockIdx.x % col_tiles * TILE + tx, (n_head + n_kv_head + z % n_head // (n_head // n_kv_head)) * d_k
+    k_end, acc = min(T, row - ty + TILE) if causal else T, float32(0.0)   # causal: keys up to the block's last query
+    for start in range(0, k_end, TILE):                   # the same steps for every thread of the block
+        tiles[0, ty, tx] = a[z, row, start + tx] if row < T and start + tx < k_end else float32(0.0)
+        tiles[1, ty, tx] = qkv[z // n_head, start + ty, v0 + col] if start + ty < k_end and col < d_k else float32(0.0)
+        cuda.syncthreads()                                # both tiles loaded
+        for j in range(TILE):                             # past an edge the tiles hold 0: adds nothing
+            acc += tiles[0, ty, j] * tiles[1, j, tx]
+        cuda.syncthreads()                                # all have read them: the next step overwrites
+    if row < T and col < d_k:
+        out[z // n_head, row, z % n_head * d_k + col] = acc   # head h's columns of the merged output
+
+
 # --- Launchers ---------------------------------------------------------------------------
 
 def head_grid(bh, T, d_k):
@@ -218,6 +254,41 @@ def merge_heads(heads, kernel=None):
     heads = heads.reshape(B, n_head, T, d_k)                                  # (B, n_head, T, d_k)
     launch_heads(kernel, cuda.to_device(heads), d_out, heads.shape)
     return d_out.copy_to_host().reshape(*lead, T, n_head * d_k)             # (..., T, d_model)
+
+
+def qkv_av_grid(B, T, n_head, d_k):
+    """(grid, block) of a qkv_av_kernel launch: one block of TILE x TILE threads for each tile of queries
+    and tile of a head's columns of every (sequence, head), B * n_head * ceil(T / TILE) * ceil(d_k / TILE)
+    blocks along x. The kernel decides which block takes which tile."""
+    return B * n_head * ceil_div(T, TILE) * ceil_div(d_k, TILE), (TILE, TILE)
+
+
+def qkv_av(a, qkv, n_head, n_kv_head=None, causal=False, kernel=None):
+    """Every head's weighted sum on the device, V read in place, the heads merged.
+
+    a: (B * n_head, T, T) float weights (0 where j > i when causal, which is checked); qkv: (B, T,
+    (n_head + 2 n_kv_head) d_k) float; n_kv_head: K/V heads (None: n_head) -> (B, T, n_head * d_k)
+    float32. kernel: one with qkv_av_kernel's signature, launched the same way (qkv_av_grid).
+    """
+    a = as_float32("a", a, "(B * n_head, T, T)", ndim=3)
+    qkv = as_float32("qkv", qkv, "(B, T, (n_head + 2 n_kv_head) d_k)", ndim=3)
+    B, T, width = qkv.shape
+    n_kv_head, _ = head_counts(n_head, n_head, n_kv_head)          # positive ints, n_kv_head dividing n_head
+    require(isinstance(causal, (bool, np.bool_)), f"causal must be True or False, got {causal!r}")
+    require(width % (n_head + 2 * n_kv_head) == 0,
+            f"qkv must have a last axis of (n_head + 2 n_kv_head) d_k, a multiple of {n_head + 2 * n_kv_head}; "
+            f"got shape {qkv.shape}")
+    require(a.shape == (B * n_head, T, T),
+            f"a must have shape (B * n_head, T, T) = {(B * n_head, T, T)}; got shape {a.shape}")
+    require(not (causal and np.triu(a, 1).any()), "a must be 0 where j > i when causal=True")
+    d_k = width // (n_head + 2 * n_kv_head)
+    grid, block = qkv_av_grid(B, T, n_head, d_k)
+    check_grid("qkv_av", grid, x="batch x heads x tiles of T x tiles of d_k")
+    check_simulator_budget("qkv_av", grid * TILE * TILE, B * n_head * T * T * d_k)
+    d_out = cuda.device_array((B, T, n_head * d_k), np.float32)
+    kernel = qkv_av_kernel if kernel is None else kernel
+    kernel[grid, block](cuda.to_device(a), cuda.to_device(qkv), n_head, n_kv_head, causal, d_out)
+    return d_out.copy_to_host()                                     # (B, T, d_model)
 
 
 def launch_layer(x, w_qkv, b_qkv, w_o, b_o, n_head, causal, n_kv_head=None):
