@@ -6,12 +6,11 @@ import types
 
 import numpy as np
 import pytest
-from numba import cuda
+from numba import cuda, float32
 
 from attention_lib.checks import EXERCISES, check, hint, mutation
 from attention_lib.stages import flash
-from attention_lib.stages.flash import (BLOCK_K, block_band, first_key, v2_add_row, v2_scale_row, v2_score_tile,
-                                        v2_stage_rows, visible_keys)
+from attention_lib.stages.flash import BLOCK_K, NEG_INF
 
 
 def library_copy(function):
@@ -108,63 +107,93 @@ def test_planted_update_mistakes_get_their_diagnosis(answer, diagnosis, says):
 
 # --- 07_walk_keys: kernel 2's walk over its band of key tiles ------------------------------------
 
-@cuda.jit(device=True)
-def stage_by_rows(tile, src, h, r0, n):
-    """A staging that gives each thread whole rows: right, but a warp's load spans n rows of src."""
-    threads = cuda.blockDim.x * cuda.blockDim.y
-    for r in range(cuda.threadIdx.x + cuda.threadIdx.y * cuda.blockDim.x, n, threads):
-        for c in range(src.shape[2]):
-            tile[r, c] = src[h, r0 + r, c]
-
-
 def planted_walk(mistake):
-    """flash.v2_walk_keys with one typical mistake (a string, compiled in as a constant)."""
+    """flash.walk_key_tiles with one typical mistake (a string, compiled in as a constant)."""
     @cuda.jit(device=True)
-    def walk(k_tile, v_tile, p_row, q_row, acc, m, l, k, v, kv, q0, n_rows, t_q, causal, window):
-        t_k, i = k.shape[1], q0 + cuda.threadIdx.x
-        my_first = first_key(i, t_q, t_k, window)
-        my_keys = visible_keys(i, t_q, t_k, causal) if cuda.threadIdx.x < n_rows else 0
-        start, end, _, _ = block_band(q0, q0 + n_rows - 1, t_q, t_k, causal, window, BLOCK_K)
-        if mistake == "own_bounds":
-            start, end = my_first // BLOCK_K * BLOCK_K, my_keys
+    def walk(k_tile, v_tile, p_row, q_row, acc, k, v, kv, q0, n_rows, t_q, causal, window):
+        t_k, d_k, d_v = k.shape[1], k.shape[2], v.shape[2]
+        tid, threads = cuda.threadIdx.x, cuda.blockDim.x
+        if mistake == "threads_16":
+            threads = 16                                   # the simulator's BLOCK_Q, hard-coded
+        shift = t_k - t_q
+        last = q0 + n_rows - 1
+        band_start = max(0, q0 + shift - window + 1) // BLOCK_K * BLOCK_K if window > 0 else 0
+        band_end = min(t_k, last + shift + 1) if causal else t_k
+        my_first = max(0, q0 + tid + shift - window + 1) if window > 0 else 0
+        my_end = min(t_k, q0 + tid + shift + 1) if causal else t_k
+        if tid >= n_rows:
+            my_end = 0
+        if mistake == "own_tiles":                         # each thread walks the tiles of its own keys
+            band_start, band_end = my_first // BLOCK_K * BLOCK_K, my_end
         if mistake == "all_tiles":
-            start, end = 0, t_k
-        for k0 in range(start, end + BLOCK_K if mistake == "extra_step" else end, BLOCK_K):
-            n = BLOCK_K if mistake == "stages_whole_tile" else min(BLOCK_K, end - k0)
-            if mistake == "stages_by_rows":
-                stage_by_rows(k_tile, k, kv, k0, n)
+            band_start, band_end = 0, t_k
+        if mistake == "whole_last_tile":
+            band_end = min(t_k, (band_end + BLOCK_K - 1) // BLOCK_K * BLOCK_K)
+        m, l = NEG_INF, float32(0.0)
+        if mistake == "max_at_zero":
+            m = float32(0.0)
+        for k0 in range(band_start, band_end + BLOCK_K if mistake == "extra_step" else band_end, BLOCK_K):
+            n = BLOCK_K if mistake == "stages_whole_tile" else min(BLOCK_K, band_end - k0)
+            if mistake == "stages_by_rows":                # each thread whole rows: a warp's load spans rows
+                for r in range(tid, n, threads):
+                    for c in range(d_k):
+                        k_tile[r, c] = k[kv, k0 + r, c]
+            elif mistake == "stages_down_columns":         # neighbouring lanes down a column: rows apart
+                for e in range(tid, n * d_k, threads):
+                    k_tile[e % n, e // n] = k[kv, k0 + e % n, e // n]
+            elif mistake == "serial_stage":                # thread 0 copies the tile alone
+                if tid == 0:
+                    for e in range(n * d_k):
+                        k_tile[e // d_k, e % d_k] = k[kv, k0 + e // d_k, e % d_k]
             else:
-                v2_stage_rows(k_tile, k, kv, k0, n, np.float32(1.0))
+                for e in range(tid, n * d_k, threads):
+                    r = e // d_k
+                    k_tile[r, e - r * d_k] = k[kv, k0 + r, e - r * d_k]
             if mistake == "stages_twice":
-                v2_stage_rows(k_tile, k, kv, k0, n, np.float32(1.0))
-            v2_stage_rows(v_tile, v, kv, k0, n, np.float32(1.0))
+                for e in range(tid, n * d_k, threads):
+                    r = e // d_k
+                    k_tile[r, e - r * d_k] = k[kv, k0 + r, e - r * d_k]
+            for e in range(tid, n * d_v, threads):
+                r = e // d_v
+                v_tile[r, e - r * d_v] = v[kv, k0 + r, e - r * d_v]
             if mistake != "no_first_barrier":
                 cuda.syncthreads()
-            first = 0 if mistake in ("ignores_window", "no_mask") else max(0, my_first - k0)
+            first, stop = max(my_first, k0) - k0, min(my_end, k0 + n) - k0
+            if mistake in ("no_mask", "ignores_window"):
+                first = 0
+            if mistake == "no_mask":
+                stop = n if tid < n_rows else 0
             if mistake == "first_key_missed":
-                first = max(0, my_first - k0 + 1)
+                first = max(my_first + 1, k0) - k0
             if mistake == "key_before_window":
-                first = max(0, my_first - k0 - 1)
-            mine = n if mistake == "no_mask" else min(n, my_keys - k0)
+                first = max(my_first - 1, k0) - k0
             if mistake == "misses_own_key":
-                mine = min(n, my_keys - k0 - 1)
+                stop = min(my_end - 1, k0 + n) - k0
             if mistake == "key_after_own":
-                mine = min(n, my_keys - k0 + 1)
-            if mine > first or mistake == "no_guard":
-                m_new = max(m, v2_score_tile(p_row, q_row, k_tile, first, mine, k.shape[2]))
+                stop = min(my_end + 1, k0 + n) - k0
+            if stop > first or mistake == "no_guard":
+                m_new = m
+                for jj in range(first, stop):
+                    s = float32(0.0)
+                    for c in range(d_k):
+                        s += q_row[c] * k_tile[jj, c]
+                    p_row[jj] = s
+                    m_new = max(m_new, s)
                 rescale = math.exp(m - m_new)
-                rescale_l = np.float32(1.0) if mistake in ("no_rescale", "acc_only", "unstable") else rescale
-                l = l * rescale_l
                 if mistake == "float64":
-                    l = l + 0.0
-                if mistake != "max_not_kept":
-                    m = m_new
+                    rescale = rescale * 1.0
+                if mistake not in ("no_rescale", "acc_only", "unstable"):
+                    l = l * rescale
                 if mistake not in ("no_rescale", "l_only", "unstable"):
-                    v2_scale_row(acc, rescale, v.shape[2])
-                for jj in range(first, mine):
+                    for c in range(d_v):
+                        acc[c] *= rescale
+                for jj in range(first, stop):
                     p = math.exp(p_row[jj]) if mistake == "unstable" else math.exp(p_row[jj] - m_new)
                     l += p
-                    v2_add_row(acc, p, v_tile, jj, v.shape[2])
+                    for c in range(d_v):
+                        acc[c] += p * v_tile[jj, c]
+                if mistake != "max_not_kept":
+                    m = m_new
                 if mistake == "barrier_in_branch":
                     cuda.syncthreads()
             if mistake not in ("no_second_barrier", "barrier_in_branch"):
@@ -174,7 +203,63 @@ def planted_walk(mistake):
 
 
 @cuda.jit(device=True)
-def walk_stub(k_tile, v_tile, p_row, q_row, acc, m, l, k, v, kv, q0, n_rows, t_q, causal, window):
+def masked_by_scores(k_tile, v_tile, p_row, q_row, acc, k, v, kv, q0, n_rows, t_q, causal, window):
+    """A right answer in another style: every key of the staged tile scored, the ones the query does not
+    see set to -inf, a tile's max and sum in two passes over the scores (no scratch row), the band's
+    bounds by ceil division, the staging with whole tiles zeroed past the band's end."""
+    t_k, d_k, d_v = k.shape[1], k.shape[2], v.shape[2]
+    tid = cuda.threadIdx.x
+    i = q0 + tid
+    own = i + t_k - t_q                                        # the query's own key
+    lo = q0 + t_k - t_q - window + 1 if window > 0 else 0
+    lo = lo if lo > 0 else 0
+    hi = q0 + n_rows + t_k - t_q if causal else t_k
+    hi = hi if hi < t_k else t_k
+    tiles = (hi - lo // BLOCK_K * BLOCK_K + BLOCK_K - 1) // BLOCK_K
+    m, l = -math.inf, float32(0.0)
+    m = float32(m)
+    for t in range(tiles):
+        k0 = lo // BLOCK_K * BLOCK_K + t * BLOCK_K
+        for e in range(tid, BLOCK_K * d_k, cuda.blockDim.x):    # the whole tile, zeros past the band's end
+            r, c = e // d_k, e % d_k
+            k_tile[r, c] = k[kv, k0 + r, c] if k0 + r < hi else float32(0.0)
+        for e in range(tid, BLOCK_K * d_v, cuda.blockDim.x):
+            r, c = e // d_v, e % d_v
+            v_tile[r, c] = v[kv, k0 + r, c] if k0 + r < hi else float32(0.0)
+        cuda.syncthreads()
+        tile_max = float32(-math.inf)
+        for jj in range(BLOCK_K):
+            j = k0 + jj
+            seen = tid < n_rows and j < t_k and (not causal or j <= own) and (window == 0 or j > own - window)
+            if seen:
+                s = float32(0.0)
+                for c in range(d_k):
+                    s += q_row[c] * k_tile[jj, c]
+                tile_max = max(tile_max, s)
+        if tile_max > float32(-math.inf):
+            m_new = max(m, tile_max)
+            rescale = math.exp(m - m_new)
+            l *= rescale
+            for c in range(d_v):
+                acc[c] *= rescale
+            for jj in range(BLOCK_K):
+                j = k0 + jj
+                seen = tid < n_rows and j < t_k and (not causal or j <= own) and (window == 0 or j > own - window)
+                if seen:
+                    s = float32(0.0)
+                    for c in range(d_k):
+                        s += q_row[c] * k_tile[jj, c]
+                    p = math.exp(s - m_new)
+                    l += p
+                    for c in range(d_v):
+                        acc[c] += p * v_tile[jj, c]
+            m = m_new
+        cuda.syncthreads()
+    return m, l
+
+
+@cuda.jit(device=True)
+def walk_stub(k_tile, v_tile, p_row, q_row, acc, k, v, kv, q0, n_rows, t_q, causal, window):
     raise NotImplementedError()
 
 
@@ -190,11 +275,28 @@ def test_the_walks_cases_come_from_both_launches_tiles():
     for cases, block_q in ((simulated, 16), (gpu, 32)):
         pairs = {(c.T_q, c.T_k) for c in cases}
         assert {(block_q, block_q + 1), (block_q + 1, block_q), (2 * block_q + 1, block_q - 1)} <= pairs
-        assert any(c.window and c.window < block_q for c in cases) and any(c.large for c in cases)
+        assert any(c.window and c.window < block_q for c in cases)
+        assert {c.d_k for c in cases} >= {64, 128} and {"large", "low"} <= {c.scores for c in cases}
+        assert cases[0].T_q > 1                       # a first case of one query would hide an index slip
 
 
-def test_the_planted_walk_without_a_mistake_passes():
+def test_the_walks_score_cases_spread_past_88_in_a_tile_and_lie_below_minus_90():
+    from attention_lib.checks import ex07_fused_attention as ex07
+    rng = np.random.default_rng(0)
+    large = ex07.large_scores(rng, 1, 17, 17, 16)
+    s = large[0][0].astype(np.float64) @ large[1][0].T.astype(np.float64) / 4
+    spread = [np.ptp(s[i, :i + 1][:BLOCK_K]) for i in range(1, 16)]
+    assert max(spread) > 88
+    for d_k in (16, 64):
+        low = ex07.low_scores(rng, 1, 17, 17, d_k)
+        s = low[0][0].astype(np.float64) @ low[1][0].T.astype(np.float64) / math.sqrt(d_k)
+        assert s.max() < -104 and np.array_equal(s.astype(np.float32), s)     # exact, and exp(s) is 0 in float32
+
+
+def test_the_planted_walk_without_a_mistake_and_another_style_pass():
     assert check("07_walk_keys", planted_walk("none"), verbose=False).passed
+    result = check("07_walk_keys", masked_by_scores, verbose=False)
+    assert result.passed, result.message
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")          # a planted mistake's NaN and overflows
@@ -202,17 +304,22 @@ def test_the_planted_walk_without_a_mistake_passes():
     ("no_first_barrier", "race", "k_tile"),
     ("no_second_barrier", "race", "no barrier (cuda.syncthreads())"),
     ("barrier_in_branch", "divergent_barrier", "On a GPU that hangs the block"),
-    ("own_bounds", "stale_tile", "which no thread of its block had written"),   # each stages its own rows
+    ("own_tiles", "divergent_barrier", "On a GPU that hangs the block"),
     ("stages_whole_tile", "out_of_bounds", "out-of-bounds "),
+    ("whole_last_tile", "loads_past_band", "past the last key its queries see"),
     ("all_tiles", "skips_too_few", "none of its queries sees a key of"),
     ("stages_twice", "no_reuse", "times from global memory"),
     ("extra_step", "extra_barriers", "holds no key of its band"),
-    ("stages_by_rows", "uncoalesced", "segments of 128 bytes"),
+    ("stages_down_columns", "uncoalesced", "segments of 128 bytes"),
+    ("stages_by_rows", "serial_copy", "a few lanes copy in a loop"),     # the last tile's one row, by one lane
+    ("serial_stage", "serial_copy", "a few lanes copy in a loop"),
+    ("threads_16", "race", "k_tile"),
     ("float64", "float64_arithmetic", "float64"),
     ("no_rescale", "online_softmax_no_rescale", "neither l nor acc was rescaled"),
     ("l_only", "rescale_l_only", "acc was not"),
     ("acc_only", "rescale_o_only", "l was not"),
     ("max_not_kept", "max_not_updated", "never kept"),
+    ("max_at_zero", "max_started_at_zero", "started at 0"),
     ("no_guard", "nan_before_first_key", "exp(-inf - (-inf)) is NaN"),
     ("no_mask", "mask_not_applied", "past its own"),
     ("misses_own_key", "mask_includes_diagonal", "missed its own key"),
@@ -230,9 +337,30 @@ def test_the_walk_stub_is_not_implemented():
     assert check("07_walk_keys", walk_stub, verbose=False).diagnosis == "not_implemented"
 
 
-def test_an_answer_calling_the_librarys_kernel_or_walk_is_refused():
-    @cuda.jit(device=True)
-    def borrowed(k_tile, v_tile, p_row, q_row, acc, m, l, k, v, kv, q0, n_rows, t_q, causal, window):
-        return flash.v2_walk_keys(k_tile, v_tile, p_row, q_row, acc, m, l, k, v, kv, q0, n_rows, t_q, causal,
-                                  window)
-    assert_diagnosis("07_walk_keys", borrowed, "calls_given_code", "v2_walk_keys")
+@cuda.jit(device=True)
+def borrows_the_walk(k_tile, v_tile, p_row, q_row, acc, k, v, kv, q0, n_rows, t_q, causal, window):
+    return flash.v2_walk_keys(k_tile, v_tile, p_row, q_row, acc, NEG_INF, float32(0.0), k, v, kv, q0, n_rows, t_q,
+                              causal, window)
+
+
+@cuda.jit(device=True)
+def borrows_the_band(k_tile, v_tile, p_row, q_row, acc, k, v, kv, q0, n_rows, t_q, causal, window):
+    start, end, _, _ = flash.block_band(q0, q0 + n_rows - 1, t_q, k.shape[1], causal, window, BLOCK_K)
+    return NEG_INF, float32(end - start)
+
+
+@cuda.jit(device=True)
+def borrows_the_keys(k_tile, v_tile, p_row, q_row, acc, k, v, kv, q0, n_rows, t_q, causal, window):
+    return NEG_INF, float32(flash.visible_keys(q0, t_q, k.shape[1], causal))
+
+
+@cuda.jit(device=True)
+def borrows_the_staging(k_tile, v_tile, p_row, q_row, acc, k, v, kv, q0, n_rows, t_q, causal, window):
+    flash.v2_stage_rows(k_tile, k, kv, 0, 1, float32(1.0))
+    return NEG_INF, float32(0.0)
+
+
+@pytest.mark.parametrize("answer, helper", [(borrows_the_walk, "v2_walk_keys"), (borrows_the_band, "block_band"),
+                                            (borrows_the_keys, "visible_keys"), (borrows_the_staging, "v2_stage_rows")])
+def test_an_answer_calling_the_librarys_walk_or_its_helpers_is_refused(answer, helper):
+    assert_diagnosis("07_walk_keys", answer, "calls_given_code", helper)

@@ -283,6 +283,42 @@ def test_the_mutants_remove_every_barrier_of_the_source():
     assert BARRIER not in inspect.getsource(flash.v3_grouped_kernel)
 
 
+# --- walk_key_tiles: kernel 2's walk written out (notebook 07's main exercise) -------------------
+
+@pytest.mark.parametrize("t_q, t_k, d_k, d_v, causal, window", [
+    (17, 17, 5, 6, True, None), (16, 33, 7, 3, True, None), (33, 15, 4, 4, True, None), (1, 1, 3, 3, True, None),
+    (48, 48, 3, 3, True, 17), (40, 40, 5, 5, True, 16), (12, 40, 16, 16, True, 5), (19, 19, 64, 64, True, None),
+    (5, 19, 128, 128, True, None), (19, 23, 5, 5, False, None)])
+def test_walk_key_tiles_in_kernel_2_matches_the_reference(rng, t_q, t_k, d_k, d_v, causal, window):
+    q, k, v = qkv(rng, (2,), t_q, t_k, d_k, d_v)
+    got = flash.flash_attention(q, k, v, causal, version=2, kernel=flash.kernel_v2_with(flash.walk_key_tiles),
+                                window=window)
+    assert_close_float32(got, reference.attention(q, k, v, causal, window).astype(np.float32))
+
+
+def test_walk_key_tiles_loads_and_waits_as_kernel_2s_own_walk(rng):
+    """The same band, each element of k and v loaded once by each block whose band holds its key, the
+    same barriers: the written-out walk and v2_walk_keys differ in how they are split, not in what they do."""
+    q, k, v = (a[0] for a in qkv(rng, (1,), 40, 40, 5))
+    q, k, v = q[None], k[None], v[None]
+    counted = []
+    for kernel in (flash.kernel_v2_with(flash.walk_key_tiles), flash.flash_attention_kernel_v2):
+        args = launch_args(2, q, k, v, True, 9)
+        report = sanitizer.count_memory(kernel, *flash.flash_grid(1, 40, 2), *args)
+        counted.append((report.loads("k").tolist(), report.loads("v").tolist(), report.barriers))
+    assert counted[0] == counted[1]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")    # a mutant may fold a tile before it is staged
+@pytest.mark.parametrize("missing, arrays", [(0, {"k_tile", "v_tile"}), (1, {"k_tile", "v_tile"})],
+                         ids=["after-kv-tiles", "before-next-kv-tiles"])
+def test_every_barrier_of_walk_key_tiles_is_needed(zeroed_shared, missing, arrays):
+    walk = without_barrier(flash.walk_key_tiles, missing)["walk_key_tiles"]
+    races, _, _ = races_of(flash.kernel_v2_with(walk), 2, 33)
+    assert races and {r.array for r in races} == arrays, [str(r) for r in races]
+    assert inspect.getsource(flash.walk_key_tiles.py_func).count(BARRIER) == 2
+
+
 @pytest.fixture
 def zeroed_shared(monkeypatch):
     """The race finder's shared arrays start as zeros, not np.empty's leftovers: a mutant reads

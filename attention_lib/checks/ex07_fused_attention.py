@@ -23,28 +23,33 @@ differs, or saying that l or acc came out inf or NaN.
 
 ``07_walk_keys`` (main)
 
-The answer is a ``@cuda.jit(device=True)`` function with the contract of ``flash.v2_walk_keys``
+The answer is a ``@cuda.jit(device=True)`` function with the contract of ``flash.walk_key_tiles``
 (its solution): kernel 2's walk over its block's band of key tiles, by every thread of the block,
-barriers included: for each tile of the band (``block_band``, the same in every thread), stage its
-K and V rows in shared memory (the given ``v2_stage_rows``), wait, fold the keys of the tile the
-thread's query sees into its running (m, l, acc) with one rescale (the given ``v2_fold_tile``, the
-warm-up's update in float32), only when it sees one, wait again; return (m, l).
-The check builds flash_attention_kernel_v2 with the answer in v2_walk_keys's place
-(``kernel_around``), launches it through the engine's race finder (so the kernel is compiled for a
-GPU, float64 named), at the simulator's BLOCK_Q (16) and a GPU's (32), on cases made from the tile
-constants: one query; the causal offsets around BLOCK_Q (``cases.offsets``: partial blocks and
-tiles, more queries than keys, rows that see no key); window edges around BLOCK_K
-(``cases.window_edges``: a query's first tiles in its block's band wholly masked); no mask; two
-heads with d_v != d_k; scores in the hundreds. Limits: each element of k and v is read from
-global memory only by the blocks whose band holds its key, once each (``skips_too_few``,
+with everything but the fold the student's: the band's bounds, the thread's keys, the staging of
+each K and V tile in shared memory, both barriers, the guard, and where (m, l) start; it returns
+(m, l). The one helper given is ``v2_fold_tile`` (notebook 02's score and the warm-up's update, in
+float32); ``block_band``, ``first_key``, ``visible_keys``, ``v2_stage_rows`` and ``v2_walk_keys``
+are refused. The check builds flash_attention_kernel_v2 with the answer in its walk's place
+(``flash.kernel_v2_with``), launches it through the engine's race finder (so the kernel is
+compiled for a GPU, float64 named), at the simulator's BLOCK_Q (16) and a GPU's (32), on cases
+made from the tile constants: first T_k = T_q + 1 (a thread's own keys span more tiles than
+another's) and T = 2 BLOCK_Q (the first block's band ends a tile before the last key); the causal
+offsets around BLOCK_Q (``cases.offsets``); one query; window edges around BLOCK_K
+(``cases.window_edges``: a query's first tiles in its block's band wholly masked); no mask with two
+heads and d_v != d_k; heads of width 64 and 128; scores in the hundreds, spread past 88 inside one
+tile; every score below -104. Limits: each element of k and v is read from global memory only by
+the blocks whose band holds its key, once each, and no key past the last one the block's queries
+see is read, even inside the band's last tile (``skips_too_few``, ``loads_past_band``,
 ``no_reuse``; ``OnlyTheBand``); no thread passes more barriers than one for the queries and two
-for each tile of the widest band (``extra_barriers``); every warp load of k and v
-coalesced (``uncoalesced``); every tile slot read was written in its step (``stale_tile``). Besides
-the engine's diagnoses (an answer that folds a tile itself, not with v2_fold_tile, may also get the
-first four and the last):
+for each tile of the widest band (``extra_barriers``); every warp load of k and v coalesced
+(``uncoalesced``) and made by all lanes side by side (``serial_copy``); every tile slot read was
+written in its step (``stale_tile``). Besides the engine's diagnoses:
 
-- ``online_softmax_no_rescale``, ``rescale_l_only``, ``rescale_o_only``: the sums so far were
-  not (or only one of them was) rescaled when a tile raised the max;
+- ``max_started_at_zero``: rows whose every score lies below -104 came out 0: a running max
+  started at 0 (exp(s - 0) is 0 in float32 there);
+- ``online_softmax_no_rescale``, ``rescale_l_only``, ``rescale_o_only``: with a fold of the
+  student's own, the sums so far were not (or only one of them was) rescaled when a tile raised
+  the max;
 - ``max_not_updated``: the new max was never kept, so every tile restarted the row;
 - ``nan_before_first_key``: the NaN of the output are those of a walk that folds a tile the query
   sees no key of while its max is still -inf (exp(-inf - (-inf)) is NaN);
@@ -55,23 +60,22 @@ first four and the last):
 - ``mask_ignores_window``: with a window, the keys before it (in the loaded tiles) were folded in;
 - ``window_off_by_one``: with a window, the key just before it folded in too;
 - ``unstable_softmax``: exp of a score without the max subtracted overflowed.
+A walk whose threads loop over their own keys' tiles stops at different barriers
+(``divergent_barrier``, the simulator's own check, at the first case).
 """
 
-import functools
 import math
-import types
 import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
-from numba import cuda
 
 from attention_lib import reference
 from attention_lib.checks import cases as sizes
 from attention_lib.checks import shapes
 from attention_lib.checks.engine import Diagnosed, Exercise, host_output, race_finding_launch, register
-from attention_lib.checks.limits import Coalesced, MostBarriers, RefilledTiles
+from attention_lib.checks.limits import Coalesced, MostBarriers, NoSerialCopy, RefilledTiles
 from attention_lib.measure import sanitizer
 from attention_lib.stages import flash, mask
 
@@ -235,7 +239,8 @@ register(Exercise(
 
 class WalkCase(NamedTuple):
     """One launch of kernel 2 with the answer as its walk: BH heads of T_q queries against T_k keys,
-    widths d_k and d_v; causal or not; a sliding window (0: none); large: scores in the hundreds."""
+    widths d_k and d_v; causal or not; a sliding window (0: none); scores: "normal", "large" (in
+    the hundreds, spread past 88 inside a tile) or "low" (every score below -90)."""
 
     BH: int
     T_q: int
@@ -244,12 +249,13 @@ class WalkCase(NamedTuple):
     d_v: int
     causal: bool = True
     window: int = 0
-    large: bool = False
+    scores: str = "normal"
 
     def __str__(self):
+        said = {"normal": "", "large": ", scores in the hundreds", "low": ", every score below -90"}[self.scores]
         return (f"(BH {self.BH}, T_q {self.T_q}, T_k {self.T_k}, d_k {self.d_k}, d_v {self.d_v}, "
                 f"{'causal' if self.causal else 'not causal'}{f', window {self.window}' if self.window else ''}"
-                f"{', large scores' if self.large else ''})")
+                f"{said})")
 
 
 def large_scores(rng, bh, t_q, t_k, d_k):
@@ -262,44 +268,60 @@ def large_scores(rng, bh, t_q, t_k, d_k):
     return q.astype(np.float32), k.astype(np.float32)
 
 
+def low_scores(rng, bh, t_q, t_k, d_k):
+    """q and k ((bh, T, d_k) float32, d_k a power of 4) whose scores are exact in float32 and all lie
+    far below -90: column 0 adds -150 to every score (q's 40 against k's -15 sqrt(d_k) / 4), the others
+    +-1 against small integers at most 3 (d_k - 1) / sqrt(d_k) more or less (d_k 16: -161.25 to
+    -138.75). exp of such a score is 0 in float32 (below about -104); exp of it minus the max is not."""
+    q = rng.choice([-1.0, 1.0], size=(bh, t_q, d_k))
+    k = rng.integers(-3, 4, size=(bh, t_k, d_k)).astype(np.float64)
+    q[..., 0], k[..., 0] = 40.0, -15.0 * math.sqrt(d_k) / 4
+    return q.astype(np.float32), k.astype(np.float32)
+
+
 def _block_q(configuration):
     return flash.SHAPE_CONSTANTS["BLOCK_Q"][0 if configuration == shapes.SIMULATOR else 1]
 
 
 def _walk_cases(configuration):
-    """The causal offsets around the configuration's BLOCK_Q (blocks and tiles partly
-    used, T_k - T_q at 0, +-1 and a tile +-1, rows that see no key); one query; windows whose edge falls on a
-    key tile's first and last key (a query's first tiles of its block's band wholly masked); no mask;
-    two heads with d_v != d_k; scores in the hundreds."""
+    """The causal offsets around the configuration's BLOCK_Q (blocks and tiles partly used, T_k - T_q
+    at 0, +-1 and a tile +-1, rows that see no key); one query; windows whose edge falls on a key
+    tile's first and last key (a query's first tiles of its block's band wholly masked); no mask, two
+    heads with d_v != d_k; the model's head width 64, and 128 (MAX_D) at a small T; scores spread
+    past 88 inside a tile; every score below -90."""
     block_q, block_k = _block_q(configuration), flash.BLOCK_K
     widths = [(5, 5), (7, 5), (3, 6), (4, 4)]
-    cases = [WalkCase(1, t_q, t_k, *widths[n % len(widths)]) for n, (t_q, t_k) in enumerate(sizes.offsets(block_q))]
+    pairs = sizes.offsets(block_q)
+    # First a case where a thread's own keys span more tiles than another's (a walk over them stops at
+    # different barriers), then one where the first block's band ends a tile before the last key.
+    pairs = [pairs[1], (2 * block_q, 2 * block_q)] + pairs[:1] + pairs[2:]
+    cases = [WalkCase(1, t_q, t_k, *widths[n % len(widths)]) for n, (t_q, t_k) in enumerate(pairs)]
     cases += [WalkCase(1, 1, 1, 5, 5)]          # after the others: one key is every key's first and last
     cases += [WalkCase(1, t, t, 3, 3, True, w) for t, w in sizes.window_edges(block_k)]
     cases += [WalkCase(1, 12, 40, 16, 16, True, 5), WalkCase(2, block_q + 3, block_q + 3, 9, 6, False),
-              WalkCase(1, 17, 17, 16, 16, True, 0, True)]
+              WalkCase(1, 19, 19, 64, 64), WalkCase(1, 5, 19, 128, 128),     # one tile and 3 keys (simulator), one partial tile (GPU)
+              WalkCase(1, 17, 17, 16, 16, scores="large"), WalkCase(1, block_q + 1, block_q + 1, 16, 16, scores="low")]
     return cases
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel_around(walk, block_q):
-    kernel = flash.flash_attention_kernel_v2.py_func
-    names = {**vars(flash), "v2_walk_keys": walk, "BLOCK_Q": block_q}
-    return cuda.jit(types.FunctionType(kernel.__code__, names, kernel.__name__))
-
-
 def kernel_around(walk):
-    """flash_attention_kernel_v2 with `walk` in v2_walk_keys's place, for the BLOCK_Q in force (the
-    simulator's or, in a check's other configuration, a GPU's): the staging of the queries and the
-    division by l are the library's."""
-    return _kernel_around(walk, flash.BLOCK_Q)
+    """flash_attention_kernel_v2 with `walk` in its walk's place (flash.kernel_v2_with), for the BLOCK_Q
+    in force (the simulator's or, in a check's other configuration, a GPU's): the staging of the
+    queries and the division by l are the library's."""
+    return flash.kernel_v2_with(walk)
+
+
+def _case_data(case, rng):
+    """q, k, v of a case, float32."""
+    q, k = (rng.standard_normal((case.BH, t, case.d_k)).astype(np.float32) for t in (case.T_q, case.T_k))
+    v = rng.standard_normal((case.BH, case.T_k, case.d_v)).astype(np.float32)
+    if case.scores != "normal":
+        q, k = (large_scores if case.scores == "large" else low_scores)(rng, case.BH, case.T_q, case.T_k, case.d_k)
+    return q, k, v
 
 
 def _run_walk(walk, case, rng, _launch):
-    q, k = (rng.standard_normal((case.BH, t, case.d_k)).astype(np.float32) for t in (case.T_q, case.T_k))
-    v = rng.standard_normal((case.BH, case.T_k, case.d_v)).astype(np.float32)
-    if case.large:
-        q, k = large_scores(rng, case.BH, case.T_q, case.T_k, case.d_k)
+    q, k, v = _case_data(case, rng)
     out, lse = host_output((case.BH, case.T_q, case.d_v)), np.zeros((case.BH, case.T_q), np.float32)
     grid, block = flash.flash_grid(case.BH, case.T_q, 2)
     with warnings.catch_warnings():
@@ -312,14 +334,15 @@ def _run_walk(walk, case, rng, _launch):
                             f"{np.abs(q[0] @ k[0].T).max() / math.sqrt(case.d_k):.0f}, too large for "
                             "float32's exp (past about 88); exp of a score minus the running max is at most 1") from None
     window = case.window or None
-    return out, reference.attention(q, k, v, case.causal, window), q, k, v, case.causal, window, case.large
+    return (out, reference.attention(q, k, v, case.causal, window), q, k, v, case.causal, window)
 
 
 @dataclass
 class OnlyTheBand:
     """Each element of k and v read from global memory only by the blocks of queries whose band
-    holds its key (mask.band_key_tiles), once by each: no tile outside the band loaded
-    (``skips_too_few``), no tile loaded twice by one block (``no_reuse``)."""
+    holds its key, once by each, key by key: no tile outside the band loaded (``skips_too_few``), no
+    key after the last one its last query sees (mask.visible_count), even inside the band's last tile
+    (``loads_past_band``), no key loaded twice by one block (``no_reuse``)."""
 
     code: str = "skips_too_few"
 
@@ -333,19 +356,36 @@ class OnlyTheBand:
                 for element, kind, (block, _), *_ in (target.trace if target is not None else ()):
                     if kind == sanitizer.LOAD:
                         counts[block[0], element] = counts.get((block[0], element), 0) + 1
-                for (bx, element), reads in counts.items():
-                    q0, _, first, tiles = bands[bx]
-                    key = np.unravel_index(element, target.shape)[1]
+                found = {}                                   # code -> (block, key, reads) of its first case
+                for (bx, element), reads in sorted(counts.items()):
+                    q0, rows, first, tiles = bands[bx]
+                    key = int(np.unravel_index(element, target.shape)[1])
                     if not first <= key // flash.BLOCK_K < first + tiles:
-                        self.code = "skips_too_few"
-                        return (f"the values are right, but the block of queries {q0}-{q0 + bands[bx][1] - 1} read "
-                                f"{name} at key {key}, in a tile none of its queries sees a key of: its band is "
-                                f"key tiles {first} to {first + tiles - 1} of {flash.BLOCK_K}")
-                    if reads > 1:
-                        self.code = "no_reuse"
-                        return (f"the values are right, but the block of queries from {q0} read an element of "
-                                f"{name} (key {key}) {reads} times from global memory: each tile of its band is "
-                                "staged once in shared memory, where every thread of the block reads it")
+                        found.setdefault("skips_too_few", (bx, key, reads))
+                    elif key >= mask.visible_count(q0 + rows - 1, case.T_q, case.T_k, case.causal):
+                        found.setdefault("loads_past_band", (bx, key, reads))
+                    elif reads > 1:
+                        found.setdefault("no_reuse", (bx, key, reads))
+                for code in ("skips_too_few", "loads_past_band", "no_reuse"):   # the widest mistake first
+                    if code in found:
+                        self.code = code
+                        return self._message(code, name, bands, case, *found[code])
+        return None
+
+    @staticmethod
+    def _message(code, name, bands, case, bx, key, reads):
+        q0, rows, first, tiles = bands[bx]
+        queries = f"the block of queries {q0}-{q0 + rows - 1}"
+        if code == "skips_too_few":
+            return (f"the values are right, but {queries} read {name} at key {key}, in a tile none of its queries "
+                    f"sees a key of: its band is key tiles {first} to {first + tiles - 1} of {flash.BLOCK_K}")
+        if code == "loads_past_band":
+            end = mask.visible_count(q0 + rows - 1, case.T_q, case.T_k, case.causal)
+            return (f"the values are right, but {queries} read {name} at key {key}, past the last key its queries "
+                    f"see ({end - 1}): the band's last tile holds only the keys up to it")
+        return (f"the values are right, but {queries} read an element of {name} (key {key}) {reads} times from "
+                "global memory: each tile of its band is staged once in shared memory, where every thread of the "
+                "block reads it")
         return None
 
 
@@ -389,7 +429,8 @@ def _v2_result(q, k, v, bands, ends, visible, *, rescale_l=True, rescale_acc=Tru
 
 
 def _mask_candidates(t_q, t_k, causal, window):
-    """(code, visible, message): the keys a query folds under the usual mistakes of the mask."""
+    """(visible, [(code, visible, message), ...]): the keys a query sees, and those it folds under the
+    usual mistakes of the mask."""
     i, j = np.arange(t_q)[:, None], np.arange(t_k)[None, :]
     last = i + (t_k - t_q)                                   # the query's own key
     visible = reference.causal_mask(t_q, t_k, window) if causal else np.ones((t_q, t_k), bool)
@@ -397,12 +438,11 @@ def _mask_candidates(t_q, t_k, causal, window):
         return visible, []
     start = np.maximum(last - window + 1, 0) if window else np.zeros_like(last)   # the first key a query sees
     found = [("mask_includes_diagonal", visible & (j < last),
-              "each query missed its own key: the keys it sees run up to my_keys - 1, its own included"),
+              "each query missed its own key, i + T_k - T_q: the keys it sees run up to it, its own included"),
              ("mask_off_by_one", visible | (j == last + 1),
-              "each query also folded in the key just after its own: the keys it sees end at its own"),
+              "each query also folded in the key just after its own: the keys it sees end at its own, i + T_k - T_q"),
              ("mask_off_by_one", visible & (j != start),
-              "each query missed the first key it sees (key 0, or the window's first): its keys start at my_first, "
-              "which it sees"),
+              "each query missed the first key it sees (key 0, or the window's first): it sees that key"),
              ("mask_not_applied", np.ones((t_q, t_k), bool),
               "each query folded in every key of the tiles its block loads, past its own: only the keys from "
               "its first to its own are its to see")]
@@ -415,15 +455,26 @@ def _mask_candidates(t_q, t_k, causal, window):
     return visible, found
 
 
-def _diagnose_walk(got, expected, q, k, v, causal, window, large):
+def _started_at_zero(got, expected, q, k, visible):
+    """Whether the rows that came out 0 where the reference is not are rows whose every visible score
+    lies below -104, where exp(s - 0) is 0 in float32: a running max started at 0 stays there."""
+    zero = (got == 0).all(axis=-1) & (expected != 0).any(axis=-1)                     # (BH, T_q)
+    if not zero.any():
+        return False
+    s = (q.astype(np.float64) @ np.swapaxes(k, -1, -2)) / math.sqrt(q.shape[-1])
+    top = np.where(visible, s, -np.inf).max(axis=-1)
+    return bool((top[zero] < -104).all())
+
+
+def _diagnose_walk(got, expected, q, k, v, causal, window):
     t_q, t_k = q.shape[1], k.shape[1]
     bands = mask.band_key_tiles(t_q, t_k, causal, window, flash.BLOCK_Q, flash.BLOCK_K)
     ends = [mask.visible_count(q0 + rows - 1, t_q, t_k, causal) for q0, rows, _, _ in bands]
-    if large and not np.isfinite(got).all():
-        return "unstable_softmax", ("the output has inf or NaN on scores in the hundreds, where the reference is "
-                                    "finite: exp of such a score overflows float32 (past about 88) unless the "
-                                    "running max is subtracted first")
     visible, masks = _mask_candidates(t_q, t_k, causal, window)
+    if _started_at_zero(got, expected, q, k, visible):
+        return "max_started_at_zero", ("rows whose every score lies below -104 came out 0: exp(s - m) with m 0 is 0 "
+                                       "in float32 there, so l stayed 0. A running max started at 0, not at minus "
+                                       "infinity, never takes the row's own maximum")
     candidates = [
         ("online_softmax_no_rescale", dict(rescale_l=False, rescale_acc=False),
          "neither l nor acc was rescaled when a tile raised the max: the sums so far were taken against the "
@@ -450,6 +501,10 @@ def _diagnose_walk(got, expected, q, k, v, causal, window, large):
         if seen.any() and not np.allclose(wrong, expected, 1e-4, 1e-4) and \
                 np.allclose(got[seen], wrong[seen], rtol=1e-4, atol=1e-4):
             return code, message
+    if not np.isfinite(got).all() and np.isfinite(expected).all() and np.abs(q[0] @ k[0].T).max() > 88 * math.sqrt(q.shape[-1]):
+        return "unstable_softmax", ("the output has inf or NaN on scores in the hundreds, where the reference is "
+                                    "finite: exp of such a score overflows float32 (past about 88) unless the "
+                                    "running max is subtracted first")
     if np.isnan(got).any():
         where = tuple(int(x) for x in np.argwhere(np.isnan(got))[0])
         return "wrong_values", (f"the output holds NaN, first at {where} (head, query, column), where the "
@@ -459,33 +514,40 @@ def _diagnose_walk(got, expected, q, k, v, causal, window, large):
 
 register(Exercise(
     exercise_id="07_walk_keys",
-    title="kernel 2's walk over its band of key tiles: stage each K/V tile, wait, fold it online, wait",
+    title="kernel 2's walk over its block's band of key tiles, staged in shared memory and folded online",
     kind="device function",
     run=_run_walk,
     cases=_walk_cases,
     both_shapes=True,
-    hint=("the whole block walks the same key tiles, so that every thread reaches every barrier: the band from "
-          "the tile of its first query's first key to its last query's last key; each tile is copied by all "
-          "threads together, then each thread folds the keys of it its own query sees, once per tile, and only "
-          "if it sees one"),
-    more_hints=("the plan: first the thread's own key range (first_key and visible_keys, none for a thread past "
-                "the block's queries) and the block's band (block_band); then, tile after tile of the band: how "
-                "many keys the tile holds (the last may be partial), the K rows and the V rows staged by every "
-                "thread, a barrier, then the tile's first and last key the thread's query sees, counted from the "
-                "tile's start and clipped to it, and, only for a thread that sees at least one, the fold of those "
-                "keys into its running max, sum and output; then a second barrier in every thread, before the next "
-                "copy overwrites the tiles. Where answers go wrong: a barrier inside the branch only some threads "
-                "take; a tile folded while the query has seen nothing (its max still minus infinity); the loop "
-                "bounds taken from the thread's own keys instead of the block's band",),
+    hint=("every thread of the block must reach every barrier, so the whole block walks the same key tiles: "
+          "those that hold a key one of its queries sees. Each tile is copied once by all threads together; each "
+          "thread then folds the keys of it that its own query sees"),
+    more_hints=("the plan: from the block's first and last query, the band's first tile and its last key; from the "
+                "thread's own query, its first and last key, and none for a thread past the block's queries. Then, "
+                "tile after tile of the band: its K and V rows (the last tile may be partial, and no key past the "
+                "band's last is read), copied by all threads, neighbouring threads on neighbouring elements; a "
+                "barrier; the thread's keys in this tile, counted from the tile's start, folded with v2_fold_tile "
+                "only when there is at least one; a second barrier, before the next copy overwrites the tiles. The "
+                "running max starts at minus infinity and the sum at 0",
+                "where answers go wrong: a loop over the thread's own keys instead of the block's band (threads "
+                "stop at different barriers); every tile walked, not only the band's; a whole last tile staged past "
+                "the band's last key; a barrier inside the branch only some threads take; a tile folded while the "
+                "query has seen no key, its max still minus infinity; the max started at 0, which scores far below "
+                "0 never pass; a fold of your own that does not rescale the sum and the output when the max grows"),
     # float32 scores, exp and sums of up to 65 terms against float64: errors around 1e-6.
     rtol=1e-5,
     atol=1e-5,
     diagnose=_diagnose_walk,
     diagnoses=("online_softmax_no_rescale", "rescale_l_only", "rescale_o_only", "max_not_updated",
-               "nan_before_first_key", "mask_not_applied", "mask_includes_diagonal", "mask_off_by_one",
-               "mask_ignores_window", "window_off_by_one", "unstable_softmax", "skips_too_few"),
-    limits=(OnlyTheBand(), MostBarriers(lambda case: 1 + 2 * _widest_band(case), why=_band_why), Coalesced("k", 2), Coalesced("v", 2), RefilledTiles()),
-    solution=flash.v2_walk_keys,
-    forbidden=(flash.flash_attention_kernel_v2, flash.flash_attention_kernel_v1, flash.v1_walk_keys,
-               flash.flash_attention, flash.launch_flash),
+               "max_started_at_zero", "nan_before_first_key", "mask_not_applied", "mask_includes_diagonal",
+               "mask_off_by_one", "mask_ignores_window", "window_off_by_one", "unstable_softmax", "skips_too_few",
+               "loads_past_band"),
+    limits=(OnlyTheBand(), MostBarriers(lambda case: 1 + 2 * _widest_band(case), why=_band_why),
+            Coalesced("k", 2), Coalesced("v", 2), NoSerialCopy("k"), NoSerialCopy("v"), RefilledTiles()),
+    solution=flash.walk_key_tiles,
+    # Given: v2_fold_tile (notebook 02's scores and the warm-up's update, in float32). The band, the
+    # thread's keys and the staging are the student's.
+    forbidden=(flash.v2_walk_keys, flash.v2_stage_rows, flash.v2_stage_queries, flash.block_band, flash.first_key,
+               flash.visible_keys, flash.v1_walk_keys, flash.flash_attention_kernel_v2,
+               flash.flash_attention_kernel_v1, flash.flash_attention, flash.launch_flash),
 ))

@@ -7,7 +7,9 @@ FlashAttention-style, the (T_q, T_k) scores and weights never stored. The file, 
 - ``flash_attention_kernel_v2`` (07): a block per BLOCK_Q queries (of up to V2_MAX_HEADS query
   heads that share a key/value head, 08x); Q, K, V tiles in shared memory, the walk over the
   block's band of key tiles (``v2_walk_keys``) folding one tile a step (``v2_fold_tile``); tiles
-  outside the band skipped.
+  outside the band skipped. ``walk_key_tiles`` (07's main exercise): the same walk written out, its
+  bounds, staging, barriers and guard in one function, v2_fold_tile its one helper;
+  ``kernel_v2_with(walk)``: kernel 2 with such a walk in place of its own.
 - ``flash_attention_kernel_v3`` and its ``v3_*`` parts (08): FlashAttention-2's forward in FP32
   SIMT for one query head per key/value head, 128 threads, 64 rows, micro-tiles in registers,
   exp2, row reductions by warp shuffles (on the simulator as on a GPU). ``v3_sizes``,
@@ -139,11 +141,11 @@ def first_key(i, t_q, t_k, window):
 
 @cuda.jit(device=True)
 def block_band(q0, last, t_q, t_k, causal, window, tile):
-    """The key range of the block of queries q0 .. last, the same in all its threads:
-    (start, end, clear_from, clear_to). It loads key tiles of `tile` from `start` (the tile
-    holding the first key its first query sees) up to key `end` (its last query's last); the
-    tiles before start hold no key any of its queries sees, and are never loaded. Keys
-    clear_from .. clear_to - 1 are seen by every query of the block: a tile within them needs no mask."""
+    """The keys of the block of queries q0 .. last, the same in all its threads, as four ints
+    (start, end, clear_from, clear_to): `start`, the first key of the tile of `tile` keys that holds
+    the first key query q0 sees (a multiple of `tile`); `end`, one past the last key query `last`
+    sees; keys clear_from .. clear_to - 1 are seen by every query of the block (none when
+    clear_from >= clear_to). No query of the block sees a key before start or from end on."""
     start = first_key(q0, t_q, t_k, window) // tile * tile
     end = visible_keys(last, t_q, t_k, causal)
     return start, end, first_key(last, t_q, t_k, window), visible_keys(q0, t_q, t_k, causal)
@@ -329,6 +331,59 @@ def flash_attention_kernel_v2(q, k, v, scale, causal, window, group, out, lse):
                         causal, window)
     if i < q0 + n_rows:
         write_row(out, lse, h0 + cuda.threadIdx.y, i, acc, m, l)
+
+
+@cuda.jit(device=True)
+def walk_key_tiles(k_tile, v_tile, p_row, q_row, acc, k, v, kv, q0, n_rows, t_q, causal, window):
+    """Kernel 2's walk with its bounds, staging, barriers and guard written out (notebook 07's main
+    exercise; v2_walk_keys is the same walk made of helpers): the block's band of key tiles of
+    key/value head kv, each staged in shared memory once, the keys of it this thread's query sees
+    folded into the thread's running (m, l, acc) with v2_fold_tile. k: (BH_kv, T_k, d_k), v:
+    (BH_kv, T_k, d_v) float32; k_tile, v_tile: shared (BLOCK_K, MAX_D) float32; p_row: (BLOCK_K,)
+    float32 scratch; the block's queries are q0 .. q0 + n_rows - 1 of t_q, this thread's is
+    q0 + threadIdx.x (none from n_rows on); q_row: (d_k,) its query, scaled by 1/sqrt(d_k); acc:
+    (d_v,) zeros on entry, the unnormalised output on return; causal: bool; window: 0 (none) or a
+    sliding window. Returns (m, l), float32: the largest score the query saw and the sum of
+    exp(score - m), or -inf and 0 for a query that sees no key."""
+    tid, t_k, d_k, d_v = cuda.threadIdx.x, k.shape[1], k.shape[2], v.shape[2]
+    start = max(0, q0 + t_k - t_q - window + 1) // BLOCK_K * BLOCK_K if window > 0 else 0   # the band's first tile
+    end = min(t_k, q0 + n_rows + t_k - t_q) if causal else t_k      # one past the block's last query's last key
+    first = max(0, q0 + tid + t_k - t_q - window + 1) if window > 0 else 0   # my query's keys: first .. stop - 1
+    stop = (min(t_k, q0 + tid + t_k - t_q + 1) if causal else t_k) if tid < n_rows else 0
+    m, l = NEG_INF, float32(0.0)                                    # nothing seen yet
+    for k0 in range(start, end, BLOCK_K):                           # the same tiles in every thread
+        for e in range(tid, min(BLOCK_K, end - k0) * d_k, cuda.blockDim.x):   # neighbouring threads, elements
+            k_tile[e // d_k, e % d_k] = k[kv, k0 + e // d_k, e % d_k]
+        for e in range(tid, min(BLOCK_K, end - k0) * d_v, cuda.blockDim.x):
+            v_tile[e // d_v, e % d_v] = v[kv, k0 + e // d_v, e % d_v]
+        cuda.syncthreads()                                          # wait: both tiles are staged
+        lo, hi = max(first, k0) - k0, min(stop, k0 + BLOCK_K) - k0  # my keys in this tile; none: no fold (m: -inf)
+        m, l = v2_fold_tile(p_row, q_row, k_tile, v_tile, acc, m, l, lo, hi, d_k, d_v) if hi > lo else (m, l)
+        cuda.syncthreads()                                          # wait: all are done with the tiles
+    return m, l
+
+
+def _walk_in_kernel_v2(k_tile, v_tile, p_row, q_row, acc, m, l, k, v, kv, q0, n_rows, t_q, causal, window):
+    """v2_walk_keys's call handed to a walk with walk_key_tiles's contract: compiled by _kernel_v2_with
+    only, with WALK among its names."""
+    return WALK(k_tile, v_tile, p_row, q_row, acc, k, v, kv, q0, n_rows, t_q, causal, window)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_v2_with(walk, block_q):
+    names = {**globals(), "WALK": walk, "BLOCK_Q": block_q}      # the kernel's own names, two replaced
+    adapter = _walk_in_kernel_v2
+    names["v2_walk_keys"] = cuda.jit(device=True)(types.FunctionType(adapter.__code__, names, adapter.__name__))
+    kernel = flash_attention_kernel_v2.py_func
+    return cuda.jit(types.FunctionType(kernel.__code__, names, kernel.__name__))
+
+
+def kernel_v2_with(walk):
+    """flash_attention_kernel_v2 with `walk` (a device function with walk_key_tiles's contract) in
+    place of its own walk, for the BLOCK_Q in force: a kernel with v2's signature, for
+    flash_attention(..., version=2, kernel=...) with one query head per key/value head (a block of
+    BLOCK_Q threads). The queries' staging and the rows' writing are v2's."""
+    return _kernel_v2_with(walk, BLOCK_Q)
 
 
 # Floors the kernel report holds v3 to at d_k 64 (flash.flash_attention_kernel_v3 and its grouped
