@@ -514,7 +514,7 @@ def _diagnose_walk(got, expected, q, k, v, causal, window):
 
 register(Exercise(
     exercise_id="07_walk_keys",
-    title="kernel 2's walk over its block's band of key tiles, staged in shared memory and folded online",
+    title="kernel 2's walk over its block's band of key tiles",
     kind="device function",
     run=_run_walk,
     cases=_walk_cases,
