@@ -369,3 +369,53 @@ def test_a_trained_layers_heads_rebuild_its_weights_and_bad_input_is_named():
         toy_model.layer_heads(params, tokens, 0)
     with pytest.raises(ValueError, match=r"^layer must be in 0\.\.1, got 2$"):
         toy_model.layer_heads(params, tokens[0], 2)
+
+
+# --- The dK/dV pass in one kernel (notebook 11's main exercise) -----------------------------------
+
+@pytest.mark.parametrize("bh, t_q, t_k, d_k, d_v", [
+    (1, 1, 1, 1, 1),
+    (2, 17, 17, 5, 7),                           # a second, one-row tile both ways
+    (1, 15, 18, 7, 4),                           # the queries the last 15 of 18 positions
+    (1, 33, 33, 3, 2),                           # three tiles: blocks 1 and 2 skip the tiles above them
+    (1, 23, 9, 4, 3),                            # 14 queries see no key: lse -inf, never folded
+    (1, 3, 18, 64, 64),                          # the model's head width
+    (1, 2, 3, 128, 128),                         # MAX_D
+])
+def test_the_dkdv_pass_kernel_equals_numpy(rng, bh, t_q, t_k, d_k, d_v):
+    q, k, v, d_out = _inputs(rng, (bh,), t_q, t_k, d_k, d_v)
+    out, lse = reference.attention(q, k, v, True), backward.log_sum_exp(q, k, True)
+    dk, dv = backward.dkdv_pass(q, k, v, d_out, lse, np.sum(d_out * out, axis=-1))
+    _, want_dk, want_dv = backward.backward(q, k, v, d_out, True)
+    for got, want in ((dk, want_dk), (dv, want_dv)):
+        assert got.dtype == np.float32 and np.allclose(got, want, rtol=1e-4, atol=2e-5), np.abs(got - want).max()
+
+
+def test_the_dkdv_pass_kernel_equals_the_fused_kernel_and_loads_only_the_band(rng):
+    """Its tiles hold each query row once per key block that needs it: at T 33, tiles of 16, query
+    row 0 is read by block 0 only, row 32 by all three blocks (the sanitizer's count)."""
+    from attention_lib.measure import sanitizer
+    q, k, v, d_out = (a.astype(np.float32) for a in _inputs(rng, (1,), 33, 33, 4, 4))
+    out, lse = reference.attention(q, k, v, True), backward.log_sum_exp(q, k, True)
+    d_rows = np.sum(d_out * out, axis=-1).astype(np.float32)
+    dk, dv = backward.dkdv_pass(q, k, v, d_out, lse, d_rows)
+    fused = attention_lib.flash_attention_backward(q, k, v, out, lse, d_out)
+    assert np.allclose(dk, fused[1], rtol=1e-5, atol=1e-6) and np.allclose(dv, fused[2], rtol=1e-5, atol=1e-6)
+    dk_dev, dv_dev = np.zeros_like(k), np.zeros_like(v)
+    report = sanitizer.count_memory(backward.dkdv_pass_kernel, *backward.dkdv_pass_grid(1, 33), q, k, v, d_out,
+                                    lse.astype(np.float32), d_rows, np.float32(0.5), dk_dev, dv_dev)
+    per_row = report.loads("q")[0, :, 0]
+    blocks = -(-33 // backward.BLOCK_K)
+    tile = backward.BLOCK_Q
+    assert per_row[0] == 1 and per_row[-1] == blocks
+    assert all(per_row[i] == min(blocks, i // tile + 1) for i in range(33)), per_row
+
+
+def test_the_dkdv_pass_refuses_bad_input_in_one_line(rng):
+    q, k, v, d_out = _inputs(rng, (1,), 4, 5, 3, 2)
+    lse, d_rows = np.zeros((1, 4)), np.zeros((1, 4))
+    with pytest.raises(ValueError, match=r"^q, k, v, d_out must have shapes .*got \(1, 4, 3\), \(1, 5, 3\), "
+                                         r"\(1, 5, 2\), \(1, 4, 3\)$"):
+        backward.dkdv_pass(q, k, v, d_out[..., :1].repeat(3, -1), lse, d_rows)
+    with pytest.raises(ValueError, match=r"^lse must have shape \(1, 4\); got shape \(1, 5\)$"):
+        backward.dkdv_pass(q, k, v, d_out, np.zeros((1, 5)), d_rows)

@@ -4,13 +4,15 @@ The solutions below are the library's code (the notebook's solution cells), copi
 own kernel would be refused as given code.
 """
 
+import inspect
+import linecache
 import math
 
 import numpy as np
 import pytest
 from numba import cuda
 
-from attention_lib.checks import EXERCISES, check, mutation
+from attention_lib.checks import EXERCISES, check, ex11_backward, mutation
 from attention_lib.stages import backward
 from attention_lib.stages.kv_cache import row_dot
 
@@ -142,125 +144,186 @@ def test_the_library_score_grad_kernel_is_refused_as_given_code():
     assert verdict("11_score_grad", backward.score_grad_kernel).diagnosis == "calls_given_code"
 
 
-# --- 11_dkdv_tile (main): the fused dK/dV pass's tile -------------------------------------------
+# --- 11_dkdv_pass (main): the walk of the dK/dV pass over the query tiles ---------------------------
 
-TILE = '''
+# A right answer in another style: the walk by tile number from its first query, its own copies (a
+# lane per element, the rows' lse and D by the first threads), each row tested for key j, dV and dK
+# summed in one loop.
+OTHER = """
 @cuda.jit(device=True)
-def tile(q_tile, do_tile, stats, rows_from, rows_to, k_row, v_row, dk_acc, dv_acc, scale, d_k, d_v):
-{}
-'''
-SOLUTION = '''    for r in range(rows_from, rows_to):
-        s = row_dot(k_row, q_tile, r, d_k) * scale
-        p = math.exp(s - stats[0, r])
-        ds = p * (row_dot(v_row, do_tile, r, d_v) - stats[1, r])
-        for c in range(d_v):
-            dv_acc[c] += p * do_tile[r, c]
-        for c in range(d_k):
-            dk_acc[c] += ds * q_tile[r, c]'''
+def answer(q, d_out, lse, d_rows, t_k, q_tile, do_tile, stats, k_row, v_row, dk_acc, dv_acc, scale):
+    T_q, dk_w, dv_w = q.shape[1], q.shape[2], d_out.shape[2]
+    h, x = cuda.blockIdx.y, cuda.threadIdx.x
+    key = cuda.blockIdx.x * BLOCK_K + x
+    lowest = cuda.blockIdx.x * BLOCK_K - (t_k - T_q)
+    if lowest < 0:
+        lowest = 0
+    for t in range(lowest // BLOCK_Q, (T_q + BLOCK_Q - 1) // BLOCK_Q):
+        base = t * BLOCK_Q
+        rows = min(BLOCK_Q, T_q - base)
+        for e in range(x, rows * dk_w, BLOCK_K):
+            q_tile[e // dk_w, e % dk_w] = q[h, base + e // dk_w, e % dk_w]
+        for e in range(x, rows * dv_w, BLOCK_K):
+            do_tile[e // dv_w, e % dv_w] = d_out[h, base + e // dv_w, e % dv_w]
+        if x < rows:
+            stats[0, x] = lse[h, base + x]
+            stats[1, x] = d_rows[h, base + x]
+        cuda.syncthreads()
+        for r in range(rows):
+            if key < t_k and key <= base + r + t_k - T_q:
+                score = np.float32(0.0)
+                grad = np.float32(0.0)
+                for c in range(dk_w):
+                    score += q_tile[r, c] * k_row[c]
+                for c in range(dv_w):
+                    grad += do_tile[r, c] * v_row[c]
+                w = math.exp(scale * score - stats[0, r])
+                dsc = w * (grad - stats[1, r])
+                for c in range(MAX_D):
+                    if c < dv_w:
+                        dv_acc[c] += w * do_tile[r, c]
+                    if c < dk_w:
+                        dk_acc[c] += dsc * q_tile[r, c]
+        cuda.syncthreads()
+"""
+_ANSWERS = []
+
+
+def pass_answer(source):
+    """A walk made from `source`, as a notebook cell makes one (the tile constants and helpers imported)."""
+    namespace = {"cuda": cuda, "math": math, "np": np, "BLOCK_Q": backward.BLOCK_Q, "BLOCK_K": backward.BLOCK_K,
+                 "MAX_D": backward.MAX_D, "row_dot": row_dot, "add_row": backward.add_row,
+                 "load_rows": backward.load_rows}
+    label = f"<answer {len(_ANSWERS)}>"
+    _ANSWERS.append(label)
+    linecache.cache[label] = (len(source), None, source.splitlines(keepends=True), label)   # the compiler reads it
+    exec(compile(source, label, "exec"), namespace)
+    return namespace["answer"]
+
+
+def changed(source, *edits):
+    """`source` with each (old, new) edit made; each old must be there."""
+    for old, new in edits:
+        assert old in source, old
+        source = source.replace(old, new)
+    return source
+
+
+SOLUTION = inspect.getsource(backward.dkdv_walk.py_func).replace("def dkdv_walk(", "def answer(")
+ROWS = "range(max(0, seen_from + tid - i0), n)"
+WALK = "range(max(0, seen_from) // BLOCK_Q * BLOCK_Q, t_q, BLOCK_Q)"
+NEXT_COPY = "        cuda.syncthreads()                                      # wait: all are done with them before the next copy\n"
+DS = "ds = p * (row_dot(v_row, do_tile, r, d_v) - stats[1, r])"
+EXP = "math.exp(scale * score - stats[0, r])"
 PLANTED = {
-    "lse_not_subtracted": SOLUTION.replace("math.exp(s - stats[0, r])", "math.exp(s)"),
-    "scores_not_scaled": SOLUTION.replace(" * scale\n", "\n"),
-    "lse_and_d_swapped": SOLUTION.replace("stats[0, r]", "LSE").replace("stats[1, r]", "stats[0, r]")
-                                 .replace("LSE", "stats[1, r]"),
-    "missing_row_sum": SOLUTION.replace(" - stats[1, r])", ")"),
-    "row_sum_not_weighted": SOLUTION.replace("ds = p * (row_dot(v_row, do_tile, r, d_v) - stats[1, r])",
-                                             "ds = p * row_dot(v_row, do_tile, r, d_v) - stats[1, r]"),
-    "dv_weighted_by_ds": SOLUTION.replace("dv_acc[c] += p *", "dv_acc[c] += ds *"),
-    "dk_weighted_by_p": SOLUTION.replace("dk_acc[c] += ds *", "dk_acc[c] += p *"),
-    "p_and_ds_swapped": SOLUTION.replace("dv_acc[c] += p *", "dv_acc[c] += ds *")
-                                .replace("dk_acc[c] += ds *", "dk_acc[c] += p *"),
-    "dk_scaled_twice": SOLUTION.replace("dk_acc[c] += ds * q_tile[r, c]", "dk_acc[c] += ds * q_tile[r, c] * scale"),
-    "mask_ignored": SOLUTION.replace("range(rows_from, rows_to)", "range(rows_to)"),
-    "dp_over_d_k": SOLUTION.replace("row_dot(v_row, do_tile, r, d_v)", "row_dot(v_row, do_tile, r, d_k)"),
-    "unstable_softmax": SOLUTION.replace("math.exp(s - stats[0, r])", "math.exp(s) / math.exp(stats[0, r])"),
-    "wrong_values": SOLUTION.replace("row_dot(v_row, do_tile, r, d_v)", "row_dot(k_row, do_tile, r, d_v)"),
-    "not_implemented": "    raise NotImplementedError()",
+    "diagonal_skipped": changed(SOLUTION, (ROWS, "range(max(0, seen_from + tid - i0 + 1), n)")),
+    "last_query_row_skipped": changed(SOLUTION, (ROWS, "range(max(0, seen_from + tid - i0), n - 1)")),
+    "first_query_row_skipped": changed(SOLUTION, (ROWS, "range(max(1, seen_from + tid - i0), n)")),
+    "first_query_tile_skipped": changed(SOLUTION, (WALK, "range(max(0, seen_from) // BLOCK_Q * BLOCK_Q + BLOCK_Q, t_q, BLOCK_Q)")),
+    "last_query_tile_skipped": changed(SOLUTION, (WALK, "range(max(0, seen_from) // BLOCK_Q * BLOCK_Q, (t_q - 1) // BLOCK_Q * BLOCK_Q, BLOCK_Q)")),
+    "offset_ignored": changed(SOLUTION, ("seen_from = cuda.blockIdx.x * BLOCK_K - (t_k - t_q)", "seen_from = cuda.blockIdx.x * BLOCK_K")),
+    "masked_pairs_folded": changed(SOLUTION, (ROWS, "range(n)")),
+    "tile_above_diagonal": changed(SOLUTION, (WALK, "range(0, t_q, BLOCK_Q)")),
+    "head_ignored": changed(SOLUTION, ("cuda.blockIdx.y, cuda.threadIdx.x", "0, cuda.threadIdx.x")),
+    "block_ignored": changed(SOLUTION, ("seen_from = cuda.blockIdx.x * BLOCK_K - (t_k - t_q)", "seen_from = -(t_k - t_q)")),
+    "dk_scaled_twice": changed(SOLUTION, (DS, DS + " * scale")),
+    "lse_not_subtracted": changed(OTHER, (EXP, "math.exp(scale * score)")),
+    "scores_not_scaled": changed(OTHER, (EXP, "math.exp(score - stats[0, r])")),
+    "lse_and_d_swapped": changed(OTHER, ("stats[0, x] = lse", "stats[1, x] = lse"), ("stats[1, x] = d_rows", "stats[0, x] = d_rows")),
+    "missing_row_sum": changed(OTHER, ("w * (grad - stats[1, r])", "w * grad")),
+    "row_sum_not_weighted": changed(OTHER, ("w * (grad - stats[1, r])", "w * grad - stats[1, r]")),
+    "dv_weighted_by_ds": changed(OTHER, ("dv_acc[c] += w * do_tile[r, c]", "dv_acc[c] += dsc * do_tile[r, c]")),
+    "dk_weighted_by_p": changed(OTHER, ("dk_acc[c] += dsc * q_tile[r, c]", "dk_acc[c] += w * q_tile[r, c]")),
+    "p_and_ds_swapped": changed(OTHER, ("dv_acc[c] += w * do_tile[r, c]", "dv_acc[c] += dsc * do_tile[r, c]"),
+                                ("dk_acc[c] += dsc * q_tile[r, c]", "dk_acc[c] += w * q_tile[r, c]")),
+    "unstable_softmax": changed(OTHER, (EXP, "math.exp(scale * score) / math.exp(stats[0, r])")),
 }
-# Verdicts the engine gives, with what the message must say: reads of the tiles' padding or of rows
-# never loaded (stale_tile, deterministic now that shared memory starts as NaN), a row count tied to
-# the simulator's tile of 16.
-ENGINE_VERDICTS = {
-    "rows past the range": (SOLUTION.replace("range(rows_from, rows_to)", "range(rows_from, rows_to + 1)"),
-                            "stale_tile", "read q_tile[1, 0]"),
-    "score over d_v columns": (SOLUTION.replace("row_dot(k_row, q_tile, r, d_k)", "row_dot(k_row, q_tile, r, d_v)"),
-                               "stale_tile", "read q_tile[0, 5]"),
-    "one dV column too many": (SOLUTION.replace("for c in range(d_v):", "for c in range(d_v + 1):"),
-                               "stale_tile", "which no thread of its block had written"),
-    "one dK column too many": (SOLUTION.replace("for c in range(d_k):", "for c in range(d_k + 1):"),
-                               "stale_tile", "which no thread of its block had written"),
-    "the simulator's tile": (SOLUTION.replace("range(rows_from, rows_to)", "range(rows_from, min(rows_to, 16))"),
-                             "wrong_values", "with a GPU's launch"),
+# The usual wrong answers of the design, with the verdict and what its message must say.
+DESIGN = {
+    "tile copied by one thread": (changed(SOLUTION, ("        load_rows(q, h, i0, n, d_k, q_tile, BLOCK_K)",
+                                                     "        if tid == 0:\n            load_rows(q, h, i0, n, d_k, q_tile, 1)")),
+                                  "serial_copy", "load instructions of q"),
+    "q read by every thread": (changed(SOLUTION, ("row_dot(k_row, q_tile, r, d_k)", "row_dot(k_row, q[h], i0 + r, d_k)")),
+                               "no_reuse", "times from global memory: stage each query tile's q in shared memory once"),
+    "every tile walked": (PLANTED["tile_above_diagonal"], "tile_above_diagonal",
+                          "block (1, 0, 0) (keys 16-16 of head 0) loaded q of query 0, in query tile 0 (queries 0-15), "
+                          "whose queries see none of its keys"),
+    "blockIdx.y dropped": (changed(SOLUTION, ("cuda.blockIdx.y, cuda.threadIdx.x", "0, cuda.threadIdx.x")),
+                           "head_ignored", "(BH 2,"),
+    "blockIdx.x dropped": (changed(SOLUTION, ("seen_from = cuda.blockIdx.x * BLOCK_K - (t_k - t_q)", "seen_from = -(t_k - t_q)")),
+                           "block_ignored", "(BH 2,"),
+    "threads hard-coded at 16": (changed(SOLUTION, ("load_rows(q, h, i0, n, d_k, q_tile, BLOCK_K)", "load_rows(q, h, i0, n, d_k, q_tile, 16)")),
+                                 "race", "with a GPU's launch"),
+    "tile rows hard-coded at 16": (changed(SOLUTION, (WALK, "range(max(0, seen_from) // 16 * 16, t_q, 16)"),
+                                           ("n = min(BLOCK_Q, t_q - i0)", "n = min(16, t_q - i0)")),
+                                   "extra_barriers", "two a query tile of BLOCK_Q 32 rows"),
+    "rows past the tile read": (changed(SOLUTION, (ROWS, "range(max(0, seen_from + tid - i0), BLOCK_Q)")),
+                                "stale_tile", "which no thread of its block had written"),
+    "the barrier inside a guard": (changed(SOLUTION, (NEXT_COPY, "        if tid < n:\n            cuda.syncthreads()\n")),
+                                   "divergent_barrier", ""),
+    "no barrier before the next copy": (changed(SOLUTION, (NEXT_COPY, "")), "race", "race on shared"),
+    "a barrier more": (changed(SOLUTION, ("        n = min(BLOCK_Q, t_q - i0)\n", "        n = min(BLOCK_Q, t_q - i0)\n        cuda.syncthreads()\n")),
+                       "extra_barriers", "two a query tile"),
 }
 
 
-def tile_answer(body):
-    """A device function with dkdv_tile's contract, made from `body`, as a notebook cell makes one."""
-    namespace = {"cuda": cuda, "math": math, "np": np, "row_dot": row_dot}
-    exec(TILE.format(body), namespace)
-    return namespace["tile"]
-
-
-def test_the_dkdv_tile_solution_passes():
-    result = verdict("11_dkdv_tile", tile_answer(SOLUTION))
-    assert result.passed and result.diagnosis == "ok", result
-    assert "with the simulator's launch sizes and a GPU's" in result.message
-    copy = verdict("11_dkdv_tile", mutation.solution_copy(EXERCISES["11_dkdv_tile"]))
-    assert copy.passed and "Not compiled" not in copy.message, copy      # compiled for sm_90, no float64
+def test_the_dkdv_pass_solution_and_another_style_pass():
+    for answer in (mutation.solution_copy(EXERCISES["11_dkdv_pass"]), pass_answer(OTHER)):
+        result = verdict("11_dkdv_pass", answer)
+        assert result.passed and result.diagnosis == "ok", result
+        assert "with the simulator's launch sizes and a GPU's" in result.message
+        assert "Not compiled" not in result.message, result                # compiled for sm_90, no float64
 
 
 def test_the_cases_reach_the_tiles_of_both_launches():
     from attention_lib.checks import shapes
     for configuration, tile in ((shapes.SIMULATOR, 16), (shapes.GPU, 32)):
-        cases = EXERCISES["11_dkdv_tile"].cases_for(configuration)
-        assert any(c.T_q > tile + 1 and c.T_k > tile + 1 for c in cases)    # a second, partial tile both ways
-        assert any(c.T_q > c.T_k for c in cases) and any(c.large for c in cases)
+        cases = EXERCISES["11_dkdv_pass"].cases_for(configuration)
+        assert cases[0].BH > 1 and cases[0].T_q > tile and cases[0].T_k > tile    # no first case of size 1
+        assert {c.T_k - c.T_q for c in cases} >= {0, 1, 3} and any(c.T_q > c.T_k + tile for c in cases)
+        assert {64, 128} <= {c.d_k for c in cases} and any(c.spread for c in cases)
         assert any(c.d_k < c.d_v for c in cases) and any(c.d_k > c.d_v for c in cases)
 
 
-def test_every_named_tile_mistake_is_planted():
-    assert set(EXERCISES["11_dkdv_tile"].diagnoses) <= set(PLANTED)
+def test_every_named_pass_mistake_is_planted():
+    assert set(EXERCISES["11_dkdv_pass"].diagnoses) <= set(PLANTED)
 
 
 @pytest.mark.parametrize("diagnosis", sorted(PLANTED))
-def test_dkdv_tile_mistakes_get_their_diagnosis(diagnosis):
-    result = verdict("11_dkdv_tile", tile_answer(PLANTED[diagnosis]))
+def test_dkdv_pass_mistakes_get_their_diagnosis(diagnosis):
+    result = verdict("11_dkdv_pass", pass_answer(PLANTED[diagnosis]))
     assert (result.passed, result.diagnosis) == (False, diagnosis), result
+    message = ex11_backward.PASS_MISTAKES.get(diagnosis)
+    assert message is None or message in result.message, result
 
 
-@pytest.mark.parametrize("name", sorted(ENGINE_VERDICTS))
-def test_dkdv_tile_mistakes_the_engine_names(name):
-    body, diagnosis, says = ENGINE_VERDICTS[name]
-    first = verdict("11_dkdv_tile", tile_answer(body))
-    assert (first.passed, first.diagnosis) == (False, diagnosis) and says in first.message, first.message
-    assert str(verdict("11_dkdv_tile", tile_answer(body))) == str(first)        # the same verdict every time
+@pytest.mark.parametrize("name", sorted(DESIGN))
+def test_the_usual_wrong_designs_are_named(name):
+    source, diagnosis, says = DESIGN[name]
+    result = verdict("11_dkdv_pass", pass_answer(source))
+    assert (result.passed, result.diagnosis) == (False, diagnosis) and says in result.message, result.message
 
 
 def test_the_unstable_exponential_is_named_as_a_gpu_would_fail():
-    result = verdict("11_dkdv_tile", tile_answer(PLANTED["unstable_softmax"]))
-    assert "scores up to 1200" in result.message and "exp of a float32 past 88.7 is inf" in result.message
-    assert "OverflowError" in result.message
+    result = verdict("11_dkdv_pass", pass_answer(PLANTED["unstable_softmax"]))
+    assert "scores from -1200 to 1200" in result.message and "exp of a float32 past 88.7 is inf" in result.message
 
 
-def test_the_library_tile_and_its_twin_are_refused_as_given_code():
-    assert verdict("11_dkdv_tile", backward.dkdv_tile).diagnosis == "calls_given_code"
-    uses_the_dq_tile = tile_answer("    backward.dq_tile(q_tile, do_tile, rows_from, rows_to, k_row, v_row, "
-                                   "stats[0, 0], stats[1, 0], dk_acc, scale, d_k, d_v)")
-    uses_the_dq_tile.py_func.__globals__["backward"] = backward
-    assert verdict("11_dkdv_tile", uses_the_dq_tile).diagnosis == "calls_given_code"
+def test_the_library_kernels_are_refused_as_given_code():
+    assert verdict("11_dkdv_pass", backward.dkdv_walk).diagnosis == "calls_given_code"
+    uses_the_tile = changed(SOLUTION, ("        for r in range(max(0, seen_from + tid - i0), n):",
+                                       "        backward.dkdv_tile(q_tile, do_tile, stats, max(0, seen_from + tid - i0), n, "
+                                       "k_row, v_row, dk_acc, dv_acc, scale, d_k, d_v)\n        for r in range(0):"))
+    answer = pass_answer(uses_the_tile)
+    answer.py_func.__globals__["backward"] = backward
+    assert verdict("11_dkdv_pass", answer).diagnosis == "calls_given_code"
 
 
-def test_the_kernel_around_an_answer_is_the_librarys_kernel(monkeypatch):
-    """dkdv_kernel_with compiles the library's dK/dV kernel's own code, with the answer in the tile's place,
-    at the tile sizes the module holds when asked."""
-    answer = tile_answer(SOLUTION)
-    built = backward.dkdv_kernel_with(answer)
-    assert built.py_func.__code__ is backward.flash_backward_dkdv_kernel.py_func.__code__
-    assert built.py_func.__globals__["dkdv_tile"] is answer
-    assert built.py_func.__globals__["BLOCK_Q"] == backward.BLOCK_Q
-    assert backward.dkdv_kernel_with(backward.dkdv_tile) is backward.flash_backward_dkdv_kernel
-    monkeypatch.setattr(backward, "BLOCK_Q", 32)
-    monkeypatch.setattr(backward, "BLOCK_K", 32)
-    assert backward.dkdv_kernel_with(answer).py_func.__globals__["BLOCK_K"] == 32
+def test_the_pass_hints_give_the_idea_then_the_plan_in_words():
+    hints = EXERCISES["11_dkdv_pass"].hints
+    assert [h.split(":")[0] for h in hints[1:]] == ["the plan", "where answers go wrong"]
+    for text in hints:
+        assert not any(token in text for token in ("=", "[", "cuda.", "syncthreads")), text
 
 
 # --- 11x_group_sum (the deep dive's): a shared K/V head's gradient sums its group ----------------

@@ -1,4 +1,4 @@
-"""Notebook 11's exercises: the softmax's backward as a kernel (warm-up), and the fused dK/dV tile (main).
+"""Notebook 11's exercises: the softmax's backward as a kernel (warm-up), and the dK/dV pass's walk (main).
 
 ``11_score_grad`` (warm-up): a kernel with ``backward.score_grad_kernel``'s signature ``(p, dp,
 d_rows, scale, d_raw)``: p, dp (BH, T_q, T_k) float32, the weights and their gradient; d_rows
@@ -18,17 +18,23 @@ answer is compared with the usual slips:
 - ``scale_inverted``: P o (dP - D) / scale, multiplied by sqrt(d_k) instead of divided;
 - ``scale_on_one_term``: P o (scale dP - D) or P o (dP - scale D), the scale inside the bracket.
 
-``11_dkdv_tile`` (main): a ``@cuda.jit(device=True)`` function with ``backward.dkdv_tile``'s
-contract, ``(q_tile, do_tile, stats, rows_from, rows_to, k_row, v_row, dk_acc, dv_acc, scale,
-d_k, d_v)``: for the queries in rows rows_from .. rows_to - 1 of the shared tiles, recompute
-S_ij, then P_ij = exp(S_ij - lse_i) from the forward's log-sum-exp (stats[0]) and dS_ij = P_ij
-(dP_ij - D_i) (stats[1]), and add P_ij dO_i to dv_acc and dS_ij Q_i to dk_acc. The check
-compiles the library's dK/dV kernel around it (``backward.dkdv_kernel_with``), launches it on
-real heads (causal, a sliding window, shared K/V heads, rows that see no key) and compares dK
-and dV (concatenated on the last axis) with the NumPy backward. Besides the engine's diagnoses:
-``lse_not_subtracted``, ``scores_not_scaled``, ``lse_and_d_swapped``, ``missing_row_sum``,
+``11_dkdv_pass`` (main): a ``@cuda.jit(device=True)`` walk with ``backward.dkdv_walk``'s contract,
+``(q, d_out, lse, d_rows, t_k, q_tile, do_tile, stats, k_row, v_row, dk_acc, dv_acc, scale)``, which
+every thread of block (x, h) of ``backward.dkdv_pass_kernel`` calls (the kernel loads each key's k and v
+rows and stores its sums): it walks the query tiles that see the block's keys, stages each tile's q, dO,
+lse and D in the given shared arrays, and folds the queries that see its key j into its sums, P_ij
+rebuilt from the lse. Causal, the queries the last T_q of T_k positions. The check compiles the kernel
+around the answer (``backward.pass_kernel_with``) at the simulator's tiles and a GPU's, and compares dK
+and dV (concatenated on the last axis) with the NumPy backward. Limits: each element of q, d_out, lse and
+d_rows read at most once by a block and from no query tile above its diagonal (measured in ``run``
+from the trace, block by block: ``no_reuse``, ``tile_above_diagonal``), coalesced loads with every lane
+side by side, two barriers a query tile, every slot read written in its step. Named besides the
+engine's: the walk's and rows' slips (``diagonal_skipped``, ``last_query_row_skipped``,
+``first_query_row_skipped``, ``first_query_tile_skipped``, ``last_query_tile_skipped``,
+``offset_ignored``, ``masked_pairs_folded``, ``block_ignored``, ``head_ignored``), the recomputation's
+(``lse_not_subtracted``, ``scores_not_scaled``, ``lse_and_d_swapped``, ``missing_row_sum``,
 ``row_sum_not_weighted``, ``dv_weighted_by_ds``, ``dk_weighted_by_p``, ``p_and_ds_swapped``,
-``dk_scaled_twice``, ``mask_ignored`` (the loop started at row 0, not rows_from).
+``dk_scaled_twice``) and ``unstable_softmax``.
 """
 
 import math
@@ -40,7 +46,9 @@ import numpy as np
 from attention_lib import reference
 from attention_lib.checks import shapes
 from attention_lib.checks.engine import Diagnosed, Exercise, host_output, register, traced_launch
-from attention_lib.checks.limits import Coalesced, MostLoads, RefilledTiles
+from attention_lib.checks.limits import Coalesced, MostBarriers, MostLoads, NoSerialCopy, RefilledTiles
+from attention_lib.measure import sanitizer
+from attention_lib.platform.launch import ceil_div
 from attention_lib.stages import backward, scores
 
 
@@ -133,193 +141,269 @@ register(Exercise(
 ))
 
 
-# --- 11_dkdv_tile (main): the fused dK/dV pass's tile ------------------------------------------
+# --- 11_dkdv_pass (main): the whole dK/dV pass of a block of keys --------------------------------
 
-class TileCase(NamedTuple):
-    """One launch of the dK/dV kernel around the answer: BH query heads on BH_kv key/value heads,
-    T_q queries against T_k keys, widths d_k and d_v, causal or not, a sliding window (0: none),
-    and scores of ordinary size or of about a thousand (large)."""
+class PassCase(NamedTuple):
+    """One launch of a dK/dV kernel: BH heads of T_q queries (the last T_q positions) against T_k keys,
+    widths d_k and d_v, causal; spread: integer scores up to 1200, one row's all below -90."""
 
     BH: int
-    BH_kv: int
     T_q: int
     T_k: int
     d_k: int
     d_v: int
-    causal: bool
-    window: int = 0
-    large: bool = False
+    spread: bool = False
 
     def __str__(self):
-        heads = f"BH {self.BH}" if self.BH == self.BH_kv else f"BH {self.BH} on BH_kv {self.BH_kv}"
-        return (f"({heads}, T_q {self.T_q}, T_k {self.T_k}, d_k {self.d_k}, d_v {self.d_v}, "
-                f"{'causal' if self.causal else 'not causal'}{f', window {self.window}' if self.window else ''}"
-                f"{', scores up to 1200' if self.large else ''})")
+        return (f"(BH {self.BH}, T_q {self.T_q}, T_k {self.T_k}, d_k {self.d_k}, d_v {self.d_v}"
+                f"{', scores from -1200 to 1200' if self.spread else ''})")
 
 
-def tile_cases(configuration):
+def pass_cases(configuration):
     """The cases at a configuration's tiles (BLOCK_Q = BLOCK_K = t: 16 on the simulator, 32 on a GPU):
-    one pair (P = 1, dS = 0); queries the last t + 3 of t + 7 positions (the first query tile partly
-    visible, partial tiles both ways, d_k < d_v); three query tiles under a window of 5 (d_k > d_v);
-    two query heads on one K/V head, not causal; t + 7 queries on 9 keys (t - 2 see none: lse -inf);
-    scores up to 1200, where exp of a raw score overflows."""
+    two heads of t + 1 (a second, one-row tile both ways, where a slip of the head or the key block
+    shows; block 1 starts past tile 0); queries the last t - 1 of t + 2 (offset 3: block 1's first
+    query in tile 0); offset 1 over three key blocks (block 1's first query the last of tile 0, block
+    2's in tile 1); more queries than keys (tile 0 sees no key, lse -inf); the model's d_k of 64 and
+    MAX_D's 128 at small T; three queries whose last row's scores spread from 1200 (exp overflows) in
+    one tile and whose row 1's are all below -90 (exp is 0). Narrow rows elsewhere: the simulator's
+    time goes to the pairs' multiply-adds."""
     t = backward.SHAPE_CONSTANTS["BLOCK_Q"][0 if configuration == shapes.SIMULATOR else 1]
-    return [TileCase(1, 1, 1, 1, 1, 1, True), TileCase(2, 2, t + 3, t + 7, 5, 7, True),
-            TileCase(1, 1, 2 * t + 1, 2 * t + 1, 7, 4, True, 5), TileCase(2, 1, t + 1, t + 1, 5, 3, False),
-            TileCase(1, 1, t + 7, 9, 3, 3, True), TileCase(1, 1, 9, 11, 4, 3, True, large=True)]
+    return [PassCase(2, t + 1, t + 1, 2, 3), PassCase(1, t - 1, t + 2, 3, 2), PassCase(1, 2 * t, 2 * t + 1, 2, 1),
+            PassCase(1, 2 * t + 1, t - 1, 4, 3), PassCase(1, 2, t + 1, 64, 64), PassCase(1, 2, 3, 128, 128),
+            PassCase(1, 3, 3, 4, 3, spread=True)]
 
 
-def _inputs(case, rng):
-    """q, k, v, d_out (float64). Large: integer q and k (with d_k 4 the scale is 1/2, so every score
-    is exact in float32) and the last query's score with the last key 1200: exp(S) overflows
-    float32 (and the simulator's math.exp), exp(S - lse) never does."""
+def _pass_inputs(case, rng):
+    """q, k, v, d_out (float64). Spread: integer q and k (with d_k 4 the scale is 1/2, so every score is
+    exact in float32); key 0 holds 300s and key 1 50s, the last query 2s (its score with key 0 is 1200,
+    exp overflows) and query 1 -2s (its scores -1200 and -200, all below -90: exp is 0)."""
     q = rng.standard_normal((case.BH, case.T_q, case.d_k))
-    k = rng.standard_normal((case.BH_kv, case.T_k, case.d_k))
-    if case.large:
+    k = rng.standard_normal((case.BH, case.T_k, case.d_k))
+    if case.spread:
         q, k = np.round(q), np.round(100 * k)                  # scores of several hundred
-        q[:, -1], k[:, -1] = 2.0, 300.0                        # 2 * 300 * d_k * scale = 1200
-    v = rng.standard_normal((case.BH_kv, case.T_k, case.d_v))
+        k[:, 0], k[:, 1], q[:, -1], q[:, 1] = 300.0, 50.0, 2.0, -2.0
+    v = rng.standard_normal((case.BH, case.T_k, case.d_v))
     d_out = rng.standard_normal((case.BH, case.T_q, case.d_v))
     return q, k, v, d_out
 
 
 UNSTABLE = ("exp of a raw score: on a GPU exp of a float32 past 88.7 is inf (and below -104 it is 0), so "
-            "exp(S) / exp(lse) is inf / inf or 0 / 0, NaN; here the simulator's math.exp raised {error} at a "
-            "score near 1200. Take the exponential of the difference, S - lse, which is never above 0")
+            "exp(S) / exp(lse) is inf / inf or 0 / 0, NaN; here the simulator raised {error} at a score "
+            "of 1200 or -1200. Take the exponential of the difference, S - lse, which is never above 0")
+
+# The arrays a step stages, by position in the kernel's signature, and what each holds.
+STAGED = {0: "q", 3: "d_out", 4: "lse", 5: "d_rows"}
 
 
-def _run_tile(tile, case, rng, _launch):
-    q, k, v, d_out = _inputs(case, rng)
-    window = case.window or None
-    out = reference.attention(q, k, v, case.causal, window)                  # (BH, T_q, d_v)
-    lse = backward.log_sum_exp(q, k, case.causal, window)                    # (BH, T_q), -inf: no key
+def _first_tile(j0, t_q, t_k, block_q):
+    """The first query of the tile holding the first query that sees key j0 (causal, offset T_k - T_q)."""
+    first = max(0, j0 - (t_k - t_q))
+    return first - first % block_q
+
+
+def _staged_loads(traced, case):
+    """Diagnosed when a block read an element of a staged array twice (no_reuse), or a row of a query
+    tile above its diagonal (tile_above_diagonal): each block of keys walks the tiles from the one
+    holding the first query that sees its first key, and reads each of their elements once."""
+    launch = traced.launch
+    for position, role in STAGED.items():
+        name = launch.params[position]
+        target = launch.targets.get(name)
+        if target is None:
+            continue
+        per_block = {}
+        for element, kind, (block, _), *_ in target.trace:
+            if kind == sanitizer.LOAD:
+                counts = per_block.setdefault(block, {})
+                counts[element] = counts.get(element, 0) + 1
+        for block, counts in sorted(per_block.items()):
+            j0 = block[0] * backward.BLOCK_K
+            keys = f"keys {j0}-{min(j0 + backward.BLOCK_K, case.T_k) - 1} of head {block[1]}"
+            element, reads = max(counts.items(), key=lambda item: item[1])
+            index = tuple(int(i) for i in np.unravel_index(element, target.shape))
+            if reads > 1:
+                raise Diagnosed("no_reuse", (
+                    f"the values are right, but block {block} ({keys}) read {name}{list(index)} {reads} times "
+                    f"from global memory: stage each query tile's {role} in shared memory once, and let every "
+                    "thread read it there"))
+            start = _first_tile(j0, case.T_q, case.T_k, backward.BLOCK_Q)
+            above = sorted({int(np.unravel_index(e, target.shape)[1]) for e in counts} & set(range(start)))
+            if above:
+                tile = above[0] // backward.BLOCK_Q
+                raise Diagnosed("tile_above_diagonal", (
+                    f"the values are right, but block {block} ({keys}) loaded {name} of query {above[0]}, in query "
+                    f"tile {tile} (queries {tile * backward.BLOCK_Q}-{tile * backward.BLOCK_Q + backward.BLOCK_Q - 1}"
+                    f"), whose queries see none of its keys: the walk starts at the tile holding query {start}"
+                    f" at the earliest (the first that sees key {j0}, as query i sees key j when j <= i + T_k - T_q)"))
+
+
+def _run_pass(walk, case, rng, _launch):
+    q, k, v, d_out = _pass_inputs(case, rng)
+    out = reference.attention(q, k, v, True)                                 # (BH, T_q, d_v)
+    lse = backward.log_sum_exp(q, k, True)                                   # (BH, T_q), -inf: no key
     d_rows = np.sum(d_out * out, axis=-1)                                    # (BH, T_q)
     dk, dv = host_output(k.shape), host_output(v.shape)                      # written in place
-    grid, block = backward.fused_grids(case.BH, case.T_q, case.T_k, case.BH_kv)["dkdv"]
     f32 = [a.astype(np.float32) for a in (q, k, v, d_out, lse, d_rows)]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)     # a wrong answer's overflows: said once
-            traced_launch(backward.dkdv_kernel_with(tile), grid, block, *f32, scores.scale_factor(case.d_k),
-                          case.causal, np.int32(case.window), dk, dv)
+            traced = traced_launch(backward.pass_kernel_with(walk), *backward.dkdv_pass_grid(case.BH, case.T_k),
+                                   *f32, scores.scale_factor(case.d_k), dk, dv)
     except (OverflowError, ZeroDivisionError) as error:     # the simulator's math.exp; a GPU gives inf, NaN
         raise Diagnosed("unstable_softmax", UNSTABLE.format(error=type(error).__name__)) from None
-    _, want_dk, want_dv = backward.backward(q, k, v, d_out, case.causal, window)
-    return (np.concatenate([dk, dv], axis=-1), np.concatenate([want_dk, want_dv], axis=-1),
-            q, k, v, d_out, case.causal, window)
+    _, want_dk, want_dv = backward.backward(q, k, v, d_out, True)
+    got, expected = np.concatenate([dk, dv], axis=-1), np.concatenate([want_dk, want_dv], axis=-1)
+    if np.allclose(got, expected, rtol=PASS_RTOL, atol=PASS_ATOL):
+        _staged_loads(traced, case)                          # right values: then how they were read
+    return got, expected, q, k, v, d_out
 
 
-def _folded_from_row_zero(t_q, t_k, causal, window):
-    """(T_q, T_k) bool: the pairs a tile loop from row 0 (not rows_from) folds: every query of the
-    tiles its key's block walks, up to the last query that sees the key."""
-    folded = np.zeros((t_q, t_k), bool)
-    for j in range(t_k):
-        j0 = j - j % backward.BLOCK_K
-        first = backward._queries_seeing(j0, t_q, t_k, causal, window)[0]
-        end = backward._queries_seeing(j, t_q, t_k, causal, window)[1]
-        folded[first - first % backward.BLOCK_Q:end, j] = True
-    return folded
+def _folded(t_q, t_k, mistake):
+    """(T_q, T_k) bool: the pairs (i, j) a dK/dV pass with a walk or row mistake folds in (None: the
+    visible pairs, j <= i + T_k - T_q), its tiles of BLOCK_Q queries and blocks of BLOCK_K keys."""
+    i, j = np.indices((t_q, t_k))
+    offset, tile = t_k - t_q, backward.BLOCK_Q
+    visible = j <= i + offset
+    first_tile = np.vectorize(lambda jj: _first_tile(jj - jj % backward.BLOCK_K, t_q, t_k, tile))(j)
+    last_row = (i % tile == tile - 1) | (i == t_q - 1)
+    return {None: visible,
+            "diagonal_skipped": visible & (j != i + offset),
+            "last_query_row_skipped": visible & ~last_row,
+            "first_query_row_skipped": visible & (i % tile != 0),
+            "first_query_tile_skipped": visible & (i >= first_tile + tile),
+            "last_query_tile_skipped": visible & (i // tile != (t_q - 1) // tile),
+            "offset_ignored": (j <= i) & (i >= first_tile),
+            "masked_pairs_folded": i >= first_tile,
+            "block_ignored": j % backward.BLOCK_K <= i + offset}[mistake]
 
 
-def _variant(q, k, v, d_out, causal, window, mistake=None):
-    """dK and dV (concatenated on the last axis) of the dK/dV pass with one of the usual mistakes
-    (None: right), float64; pairs folded per `visible` (the mask, or what a loop from row 0 folds).
-    None where the mistake makes no difference of its own (dP over d_k columns when d_k >= d_v: the
-    tile's padding, never written, is read, which the engine names)."""
-    k_all, v_all = reference.share_kv_heads(k, q), reference.share_kv_heads(v, q)   # (BH, T_k, d)
-    (t_q, d_k), (t_k, d_v) = q.shape[1:], v.shape[1:]
-    if mistake == "dp_over_d_k" and d_k >= d_v:
-        return None
+def _pass_variant(q, k, v, d_out, mistake=None):
+    """dK and dV (concatenated on the last axis) of a dK/dV pass with one of the usual mistakes (None:
+    right), float64."""
+    (t_q, d_k), t_k = q.shape[1:], k.shape[1]
     scale = 1.0 / math.sqrt(d_k)
-    visible = reference.causal_mask(t_q, t_k, window) if causal else np.ones((t_q, t_k), bool)
-    if mistake == "mask_ignored":
-        visible = _folded_from_row_zero(t_q, t_k, causal, window)
-    raw = q @ np.swapaxes(k_all, -1, -2)                                   # (BH, T_q, T_k), unscaled
-    lse = backward.log_sum_exp(q, k, causal, window)[..., None]            # (BH, T_q, 1)
-    d_i = np.sum(d_out * reference.attention(q, k, v, causal, window), axis=-1, keepdims=True)
-    width = d_k if mistake == "dp_over_d_k" else d_v
-    dp = d_out[..., :width] @ np.swapaxes(v_all[..., :width], -1, -2)      # (BH, T_q, T_k)
-    s = raw if mistake == "scores_not_scaled" else raw * scale
+    folded = _folded(t_q, t_k, mistake if mistake in PAIR_MISTAKES else None)
+    if mistake == "head_ignored":           # every block reads head 0's queries, its own head's keys
+        q, d_out = np.broadcast_to(q[:1], q.shape), np.broadcast_to(d_out[:1], d_out.shape)
+        lse0 = backward.log_sum_exp(q[:1], k[:1], True)[..., None]
+        d_0 = np.sum(d_out[:1] * reference.attention(q[:1], k[:1], v[:1], True), axis=-1, keepdims=True)
+    s = q @ np.swapaxes(k, -1, -2) * (1.0 if mistake == "scores_not_scaled" else scale)   # (BH, T_q, T_k)
+    lse = backward.log_sum_exp(q, k, True)[..., None]                                     # (BH, T_q, 1)
+    d_i = np.sum(d_out * reference.attention(q, k, v, True), axis=-1, keepdims=True)
+    dp = d_out @ np.swapaxes(v, -1, -2)                                                   # (BH, T_q, T_k)
+    if mistake == "head_ignored":
+        lse, d_i = lse0, d_0
     shift, minus = {"lse_not_subtracted": (0.0, d_i), "lse_and_d_swapped": (d_i, lse)}.get(mistake, (lse, d_i))
     with np.errstate(invalid="ignore", over="ignore"):
-        p = np.where(visible, np.exp(s - shift), 0.0)
-        ds = np.where(visible, {"missing_row_sum": p * dp,
-                                "row_sum_not_weighted": p * dp - d_i}.get(mistake, p * (dp - minus)), 0.0)
+        p = np.where(folded, np.exp(s - shift), 0.0)
+        ds = np.where(folded, {"missing_row_sum": p * dp,
+                               "row_sum_not_weighted": p * dp - d_i}.get(mistake, p * (dp - minus)), 0.0)
     dv_weights = ds if mistake in ("dv_weighted_by_ds", "p_and_ds_swapped") else p
     dk_weights = p if mistake in ("dk_weighted_by_p", "p_and_ds_swapped") else ds
-    dk = np.swapaxes(dk_weights, -1, -2) @ q * scale * (scale if mistake == "dk_scaled_twice" else 1.0)
+    dk_scale = scale * scale if mistake == "dk_scaled_twice" else scale
+    dk = np.swapaxes(dk_weights, -1, -2) @ q * dk_scale
     dv = np.swapaxes(dv_weights, -1, -2) @ d_out
-    return np.concatenate([backward.fold_kv_heads(dk, k.shape), backward.fold_kv_heads(dv, v.shape)], axis=-1)
+    return np.concatenate([dk, dv], axis=-1)
 
 
-TILE_MISTAKES = {
+# Mistakes of the walk and of the rows a tile folds (which pairs), then of the recomputation.
+PAIR_MISTAKES = {
+    "diagonal_skipped": "key j missed the query on its diagonal (j = i + T_k - T_q), the first query that sees "
+                        "it: the rows a thread folds start one too late",
+    "last_query_row_skipped": "the last query row of every tile was left out: a tile's rows run to its last "
+                              "query, BLOCK_Q rows or fewer at the end of T_q",
+    "first_query_row_skipped": "the first query row of every tile was left out: a tile's rows start at its "
+                               "first query",
+    "first_query_tile_skipped": "each block missed the query tile holding the first query that sees its keys: "
+                                "the walk starts one tile too late",
+    "last_query_tile_skipped": "the last query tile was never walked: the walk stops one tile too early",
+    "offset_ignored": "query i was taken to see key j when j <= i, but the queries are the last T_q of T_k "
+                      "positions: query i sees key j when j <= i + T_k - T_q",
+    "masked_pairs_folded": "every query of the walked tiles was folded into key j, also those that cannot see "
+                           "it (j > i + T_k - T_q): their P is 0, not what exp gives",
+    "block_ignored": "every block folded the queries of keys 0 .. BLOCK_K - 1: block x holds keys from "
+                     "x * BLOCK_K on, which later queries see",
+}
+FORMULA_MISTAKES = {
     "lse_not_subtracted": "P_ij is exp(S_ij) without the log-sum-exp: the weights are not normalised; "
-                          "subtract the query's lse (stats[0]) from the score before the exponential",
+                          "subtract the query's lse from the score before the exponential",
     "scores_not_scaled": "the recomputed score was not multiplied by scale: the forward's lse is the "
                          "log-sum-exp of the scaled scores, q . k / sqrt(d_k)",
-    "lse_and_d_swapped": "the two rows of stats were read the other way round: stats[0] holds the lse, "
-                         "stats[1] the row sum D",
-    "missing_row_sum": "dS_ij is P_ij dP_ij: the row sum D (stats[1]) was not subtracted, so dK misses "
-                       "the softmax's off-diagonal part",
+    "lse_and_d_swapped": "the query's lse and its row sum D were used the other way round",
+    "missing_row_sum": "dS_ij is P_ij dP_ij: the row sum D was not subtracted, so dK misses the softmax's "
+                       "off-diagonal part",
     "row_sum_not_weighted": "dS_ij came out as P_ij dP_ij - D_i: the row sum belongs inside the factor P, "
                             "P_ij (dP_ij - D_i)",
-    "dp_over_d_k": "dP_ij = v_j . dO_i was summed over the first d_k columns: v and dO rows are d_v wide "
-                   "(here d_k < d_v, so the last columns were left out)",
     "dv_weighted_by_ds": "dV took dS_ij dO_i: the output is P V, so dV_j sums P_ij dO_i",
     "dk_weighted_by_p": "dK took P_ij Q_i: the scores' gradient is dS, so dK_j sums dS_ij Q_i",
     "p_and_ds_swapped": "P and dS swapped places: dV_j sums P_ij dO_i and dK_j sums dS_ij Q_i",
     "dk_scaled_twice": "dK came out scaled twice: the kernel multiplies the sum by scale once, at the end",
-    "mask_ignored": "queries that cannot see key j were folded in: loop over the rows from rows_from, "
-                    "the first query of the tile that sees the key, not from row 0",
 }
+PASS_MISTAKES = {**PAIR_MISTAKES, **FORMULA_MISTAKES,
+                 "head_ignored": "every head's keys were folded with head 0's queries: block (x, h) walks the "
+                                 "queries of head h, its blockIdx.y"}
+# float32 scores, exp and sums of up to 129 terms against float64: errors around 1e-6.
+PASS_RTOL, PASS_ATOL = 1e-4, 5e-5
 
 
-def _diagnose_tile(got, expected, q, k, v, d_out, causal, window):
-    for code, message in TILE_MISTAKES.items():
-        wrong = _variant(q, k, v, d_out, causal, window, code)
-        if wrong is None:
-            continue
+def _diagnose_pass(got, expected, q, k, v, d_out):
+    for code, message in PASS_MISTAKES.items():
+        wrong = _pass_variant(q, k, v, d_out, code)
         seen = np.isfinite(wrong)
-        if (seen.any() and not np.allclose(wrong[seen], expected[seen], rtol=1e-4, atol=1e-5)
+        if (seen.any() and not np.allclose(wrong[seen], expected[seen], rtol=PASS_RTOL, atol=PASS_ATOL)
                 and np.allclose(got[seen], wrong[seen], rtol=1e-3, atol=1e-4)):
             return code, message
     if not np.isfinite(got).all():
         where = tuple(int(i) for i in np.argwhere(~np.isfinite(got))[0])
-        return "wrong_values", (f"dK or dV is {got[where]} at (K/V head, key, column) {where}, where NumPy's is "
+        return "wrong_values", (f"dK or dV is {got[where]} at (head, key, column) {where}, where NumPy's is "
                                 f"{expected[where]:.4g}: a computed inf or NaN (an exponential that overflowed, or "
                                 "a query with lse -inf folded in)")
     return None
 
 
+def _most_barriers(case):
+    """Two a query tile: the most tiles a block walks are all of T_q's (block 0's)."""
+    return 2 * ceil_div(case.T_q, backward.BLOCK_Q)
+
+
 register(Exercise(
-    exercise_id="11_dkdv_tile",
-    title="dkdv_tile: recompute P_ij from the log-sum-exp and fold a tile of queries into key j's dK and dV",
+    exercise_id="11_dkdv_pass",
+    title="dkdv_walk: the dK/dV pass's walk over the query tiles that see a block's keys, its copies, barriers "
+          "and recomputation",
     kind="device function",
-    run=_run_tile,
-    cases=tile_cases,
-    hint=("key j's sums run over the queries that see it, so each row of the tile adds one term to each; the "
-          "forward kept neither the score, nor the weight, nor the weight's gradient, but each follows from the "
-          "row's q and dO, key j's k and v, the scale and the row's two statistics, with no pass over the row "
-          "(the weight from the score and the row's log-sum-exp)"),
-    more_hints=("the plan: one loop over the rows rows_from to rows_to, each row once. For a row, first its "
-                "score: the dot product of key j's k with the row's q over d_k columns, times the scale (the "
-                "forward's lse is of scaled scores). Then its weight: the exponential of the score minus the "
-                "row's lse, stats row 0, never the exponential of the score alone (it overflows past 88.7). "
-                "Then the weight's gradient dP: the dot product of key j's v with the row's dO over d_v "
-                "columns. Then the score's gradient: the weight times (dP minus D, stats row 1), D inside the "
-                "bracket. Last, add the weight times each of the row's d_v dO values to dv_acc, and the "
-                "score's gradient times each of its d_k q values to dk_acc; the kernel scales dK once at the "
-                "end",),
-    # float32 scores, exp and sums of up to 65 terms against float64: errors around 1e-6.
-    rtol=1e-4,
-    atol=5e-5,
-    diagnose=_diagnose_tile,
-    diagnoses=tuple(TILE_MISTAKES) + ("unstable_softmax",),
+    run=_run_pass,
+    cases=pass_cases,
+    hint=("dK_j and dV_j are sums over the queries that see key j, and the block's keys are seen by the queries "
+          "from some point on, so its walk over the query tiles has a first tile; all its threads share each "
+          "tile's copy. The forward kept neither the scores nor the weights, but a pair's weight follows from "
+          "its score and the query's log-sum-exp alone"),
+    more_hints=("the plan: find the first query that sees the block's first key, and start at the tile that "
+                "holds it; walk to the last query, a tile at a time. Each step, the whole block copies the "
+                "tile's q and dO rows, lse and D to the shared tiles, neighbouring threads at neighbouring "
+                "addresses, then waits. Each thread then takes the tile's queries that see its key: the weight "
+                "(exp of the score times the scale, minus lse), dS (the weight times its v against the row's "
+                "dO, minus D), and adds the weight times dO to its dV sum and dS times q to its dK sum. A second "
+                "wait comes before the next copy",
+                "where answers go wrong: the walk's first tile (the queries are the last T_q of T_k positions), "
+                "the rows of a tile that see the key (the diagonal itself counts; the last tile may be short), "
+                "threads past T_k (they copy and wait like the others but fold nothing), a barrier inside a "
+                "branch that some threads skip, and the exponential of a raw score (past 88.7 a float32 "
+                "overflows)"),
+    rtol=PASS_RTOL,
+    atol=PASS_ATOL,
+    diagnose=_diagnose_pass,
+    diagnoses=tuple(PASS_MISTAKES) + ("unstable_softmax", "tile_above_diagonal"),
     both_shapes=True,
-    limits=(RefilledTiles(),),
-    solution=backward.dkdv_tile,
-    forbidden=(backward.dq_tile, backward.flash_backward_dkdv_kernel, backward.launch_fused_backward,
-               backward.flash_attention_backward),
+    limits=(Coalesced("q", 2), Coalesced("d_out", 2), Coalesced("lse", 2), Coalesced("d_rows", 2),
+            NoSerialCopy("q"), NoSerialCopy("d_out"), NoSerialCopy("lse"), NoSerialCopy("d_rows"),
+            MostBarriers(_most_barriers, why=lambda case: f"two a query tile of BLOCK_Q {backward.BLOCK_Q} rows: one "
+                                                             "after its copy, one before the next"),
+            RefilledTiles()),
+    solution=backward.dkdv_walk,
+    forbidden=(backward.dkdv_tile, backward.load_query_tiles, backward.query_ranges, backward.queries_seeing,
+               backward.dq_tile, backward.flash_backward_dkdv_kernel, backward.launch_fused_backward,
+               backward.flash_attention_backward, backward.dkdv_pass),
 ))
 
 

@@ -177,6 +177,10 @@ def _backward(name):
     if name == "group_sum_kernel":        # grouped-query: 3 query heads on one K/V head, T 7, 9
         q, k, v, d_out = (rng.standard_normal(s) for s in ((3, 7, 5), (1, 9, 5), (1, 9, 3), (3, 7, 3)))
         return lambda kern: _patched(backward, name, kern, lambda: backward.attention_backward(q, k, v, d_out))
+    if name == "dkdv_pass_kernel":        # causal, the queries the last 19 of 23 positions, 2 heads
+        q, k, v, d_out = (rng.standard_normal((2, t, d)) for t, d in ((19, 5), (23, 5), (23, 3), (19, 3)))
+        out, lse = reference.attention(q, k, v), backward.log_sum_exp(q, k)
+        return lambda kern: backward.dkdv_pass(q, k, v, d_out, lse, np.sum(d_out * out, axis=-1), kernel=kern)
     # The fused backward: 2 x 2 query heads on 2 x 1 K/V heads, T_q 19 against T_k 23 (queries the
     # last 19 positions: partial tiles both ways), d_k 7, d_v 5, a sliding window of 9 (tiles
     # skipped on both sides of the band).
@@ -252,6 +256,7 @@ CASES = {
     "backward.group_sum_kernel": _backward("group_sum_kernel"),
     "backward.flash_backward_dkdv_kernel": _backward("flash_backward_dkdv_kernel"),
     "backward.flash_backward_dq_kernel": _backward("flash_backward_dq_kernel"),
+    "backward.dkdv_pass_kernel": _backward("dkdv_pass_kernel"),     # 2 heads, T_q 19 of T_k 23: partial tiles both ways
 }
 
 

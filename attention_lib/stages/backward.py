@@ -10,11 +10,15 @@ dS K scale, dK = dS^T Q scale) and says why dQ takes a second pass rather than a
   (P from the forward's own kernels, with the window's mask), ``launch_naive_backward`` (one
   launch per gradient), ``launch_grouped_naive_backward`` for shared K/V heads.
 - Fused kernels, FlashAttention-2-style, nothing T_q x T_k stored: ``flash_backward_dkdv_kernel``
-  (a block per BLOCK_K keys walks the query tiles that see them; its ``dkdv_tile``, the main
-  exercise's, recomputes P from the forward's log-sum-exp and folds each pair into the key's
-  accumulators) and ``flash_backward_dq_kernel`` (the second pass, a block per BLOCK_Q queries,
-  ``dq_tile``); tiles holding no visible pair are never loaded (causal, sliding window);
-  ``dkdv_kernel_with`` (the kernel around another tile function), ``launch_fused_backward``.
+  (a block per BLOCK_K keys walks the query tiles that see them; its ``dkdv_tile`` recomputes P
+  from the forward's log-sum-exp and folds each pair into the key's accumulators) and
+  ``flash_backward_dq_kernel`` (the second pass, a block per BLOCK_Q queries, ``dq_tile``); tiles
+  holding no visible pair are never loaded (causal, sliding window); ``launch_fused_backward``.
+- The dK/dV pass in one kernel (causal, one head a grid row, no window or shared K/V heads):
+  ``dkdv_pass_kernel`` around ``dkdv_walk``, the main exercise's (the walk over the query tiles,
+  their copies, barriers and recomputation; ``add_row`` adds a weighted row of a tile into a
+  thread's sums), ``dkdv_pass_grid``, ``dkdv_pass`` (on NumPy arrays), ``pass_kernel_with`` (the
+  kernel around another walk).
 - Costs: ``visible_pairs``, ``fused_tile_visits``, ``backward_flops``, ``dq_strategies``,
   ``footprint`` (the traffic of both backwards is counted by the sanitizer:
   ``measure.traffic.count_backward_naive`` and ``count_backward_fused``).
@@ -437,25 +441,6 @@ def flash_backward_dkdv_kernel(q, k, v, d_out, lse, d_rows, scale, causal, windo
     store_rows(dk, dv, g, j, dk_acc, dv_acc, scale)
 
 
-def dkdv_kernel_with(tile):
-    """flash_backward_dkdv_kernel compiled with `tile` (a device function with dkdv_tile's
-    contract) in dkdv_tile's place: the library's kernel around an exercise's answer, with the
-    tile sizes BLOCK_Q and BLOCK_K this module holds when it is asked (a check runs an answer at
-    the simulator's and at a GPU's)."""
-    if tile is dkdv_tile:
-        return flash_backward_dkdv_kernel
-    return _dkdv_kernel_with(tile, BLOCK_Q, BLOCK_K)
-
-
-@functools.lru_cache(maxsize=None)
-def _dkdv_kernel_with(tile, block_q, block_k):
-    """dkdv_kernel_with's kernel, one per tile function and tile sizes: its names are a copy of the
-    module's, so the sizes it sees are those of the moment it was made."""
-    fn = flash_backward_dkdv_kernel.py_func
-    names = {**fn.__globals__, "dkdv_tile": tile, "BLOCK_Q": block_q, "BLOCK_K": block_k}
-    return cuda.jit(types.FunctionType(fn.__code__, names, fn.__name__))
-
-
 @cuda.jit(device=True)
 def dq_tile(k_tile, v_tile, keys_from, keys_to, q_row, do_row, lse_i, d_i, dq_acc, scale, d_k, d_v):
     """Fold the keys in rows keys_from .. keys_to - 1 of the shared tiles (those query i sees) into
@@ -512,6 +497,105 @@ def launch_fused_backward(q, k, v, out, lse, d_out, causal, dq, dk, dv, window=N
     (dkdv_kernel or flash_backward_dkdv_kernel)[grids["dkdv"]](q, k, v, d_out, lse, d_rows, scale, bool(causal),
                                                                window, dk, dv)
     flash_backward_dq_kernel[grids["dq"]](q, k, v, d_out, lse, d_rows, scale, bool(causal), window, dq)
+
+
+# --- The dK/dV pass in one kernel: notebook 11's main exercise, its walk ---------------------------
+
+@cuda.jit(device=True)
+def add_row(acc, w, tile, r, width):
+    """acc[0:width] += w * tile[r, 0:width]: row r of a shared tile, weighted, into a thread's sums."""
+    for c in range(width):
+        acc[c] += w * tile[r, c]
+
+
+@cuda.jit(device=True)
+def dkdv_walk(q, d_out, lse, d_rows, t_k, q_tile, do_tile, stats, k_row, v_row, dk_acc, dv_acc, scale):
+    """Block (x, h) of dkdv_pass_kernel walks the query tiles that see its keys; each thread folds the
+    queries that see its key j = x * BLOCK_K + threadIdx.x into its sums: dv_acc += P_ij dO_i and dk_acc
+    += dS_ij Q_i (unscaled), P_ij rebuilt from the forward's lse. Causal, the queries the last T_q of
+    T_k positions (query i sees key j when j <= i + T_k - T_q). q: (BH, T_q, d_k), d_out: (BH, T_q,
+    d_v), lse, d_rows: (BH, T_q), float32; q_tile, do_tile: shared (BLOCK_Q, MAX_D), stats: shared (2,
+    BLOCK_Q), float32, the block's to fill; k_row, v_row: (MAX_D,) key j's rows (zeros past T_k);
+    dk_acc, dv_acc: (MAX_D,) its sums; scale: float32 1/sqrt(d_k). Every thread of the block calls it."""
+    (t_q, d_k), d_v, h, tid = q.shape[1:], d_out.shape[2], cuda.blockIdx.y, cuda.threadIdx.x
+    seen_from = cuda.blockIdx.x * BLOCK_K - (t_k - t_q)         # key j0 + x is seen from query seen_from + x on
+    for i0 in range(max(0, seen_from) // BLOCK_Q * BLOCK_Q, t_q, BLOCK_Q):   # no tile above the diagonal
+        n = min(BLOCK_Q, t_q - i0)
+        load_rows(q, h, i0, n, d_k, q_tile, BLOCK_K)            # neighbouring threads, neighbouring addresses
+        load_rows(d_out, h, i0, n, d_v, do_tile, BLOCK_K)
+        for r in range(tid, n, BLOCK_K):
+            stats[0, r], stats[1, r] = lse[h, i0 + r], d_rows[h, i0 + r]
+        cuda.syncthreads()                                      # wait: the step's tiles are complete
+        for r in range(max(0, seen_from + tid - i0), n):        # its queries that see key j (none past T_k)
+            p = math.exp(row_dot(k_row, q_tile, r, d_k) * scale - stats[0, r])   # P_ij = exp(S_ij - lse_i)
+            ds = p * (row_dot(v_row, do_tile, r, d_v) - stats[1, r])            # dS_ij = P_ij (dP_ij - D_i)
+            add_row(dv_acc, p, do_tile, r, d_v)                 # dV_j += P_ij dO_i
+            add_row(dk_acc, ds, q_tile, r, d_k)                 # dK_j += dS_ij Q_i
+        cuda.syncthreads()                                      # wait: all are done with them before the next copy
+
+
+@cuda.jit
+def dkdv_pass_kernel(q, k, v, d_out, lse, d_rows, scale, dk, dv):
+    """Causal dK and dV, a thread per key: dk (BH, T_k, d_k), dv (BH, T_k, d_v) written from q (BH, T_q,
+    d_k), k, v, d_out (BH, T_q, d_v), lse and d_rows (BH, T_q), float32; scale: float32 1/sqrt(d_k).
+    Launch on dkdv_pass_grid: block (x, h) holds keys x * BLOCK_K .. of head h, and dkdv_walk walks
+    the query tiles for it. flash_backward_dkdv_kernel without the window and the shared K/V heads."""
+    q_tile = cuda.shared.array((BLOCK_Q, MAX_D), np.float32)   # a step's queries
+    do_tile = cuda.shared.array((BLOCK_Q, MAX_D), np.float32)  # and their output gradients
+    stats = cuda.shared.array((2, BLOCK_Q), np.float32)        # and their lse (row 0) and D (row 1)
+    k_row, v_row = cuda.local.array(MAX_D, np.float32), cuda.local.array(MAX_D, np.float32)
+    dk_acc, dv_acc = cuda.local.array(MAX_D, np.float32), cuda.local.array(MAX_D, np.float32)
+    h, j = cuda.blockIdx.y, cuda.blockIdx.x * BLOCK_K + cuda.threadIdx.x
+    start_rows(k, v, h, j, k_row, v_row, dk_acc, dv_acc)
+    dkdv_walk(q, d_out, lse, d_rows, k.shape[1], q_tile, do_tile, stats, k_row, v_row, dk_acc, dv_acc, scale)
+    store_rows(dk, dv, h, j, dk_acc, dv_acc, scale)
+
+
+def pass_kernel_with(walk):
+    """dkdv_pass_kernel compiled with `walk` (a device function with dkdv_walk's contract) in
+    dkdv_walk's place, at the tile sizes BLOCK_Q and BLOCK_K this module holds when it is asked (a
+    check runs an answer at the simulator's and at a GPU's)."""
+    if walk is dkdv_walk:
+        return dkdv_pass_kernel
+    return _pass_kernel_with(walk, BLOCK_Q, BLOCK_K)
+
+
+@functools.lru_cache(maxsize=None)
+def _pass_kernel_with(walk, block_q, block_k):
+    """pass_kernel_with's kernel, one per walk and tile sizes: its names are a copy of the module's,
+    so the sizes it sees are those of the moment it was made."""
+    fn = dkdv_pass_kernel.py_func
+    names = {**fn.__globals__, "dkdv_walk": walk, "BLOCK_Q": block_q, "BLOCK_K": block_k}
+    return cuda.jit(types.FunctionType(fn.__code__, names, fn.__name__))
+
+
+def dkdv_pass_grid(bh, t_k):
+    """(grid, block) of dkdv_pass_kernel: x over tiles of BLOCK_K keys, y over heads."""
+    return (ceil_div(t_k, BLOCK_K), bh), BLOCK_K
+
+
+def dkdv_pass(q, k, v, d_out, lse, d_rows, kernel=None):
+    """dK and dV of causal attention by dkdv_pass_kernel (or `kernel`, with its signature and grid), on
+    NumPy arrays. q: (BH, T_q, d_k); k: (BH, T_k, d_k); v: (BH, T_k, d_v); d_out: (BH, T_q, d_v);
+    lse: (BH, T_q), the forward's log-sum-exp (-inf for a row that sees no key); d_rows: (BH, T_q),
+    the row sums D -> (dk, dv) float32 with the shapes of k and v."""
+    q, k, v, d_out = (as_float32(name, a, hint, min_ndim=3) for name, a, hint in
+                      (("q", q, "(BH, T_q, d_k)"), ("k", k, "(BH, T_k, d_k)"), ("v", v, "(BH, T_k, d_v)"),
+                       ("d_out", d_out, "(BH, T_q, d_v)")))
+    (bh, t_q, d_k), (t_k, d_v) = q.shape, v.shape[1:]
+    require(q.ndim == 3 and k.shape == (bh, t_k, d_k) and v.shape == (bh, t_k, d_v) and d_out.shape == (bh, t_q, d_v),
+            f"q, k, v, d_out must have shapes (BH, T_q, d_k), (BH, T_k, d_k), (BH, T_k, d_v), (BH, T_q, d_v); "
+            f"got {q.shape}, {k.shape}, {v.shape}, {d_out.shape}")
+    require(max(d_k, d_v) <= MAX_D, f"q and v must have d_k, d_v <= {MAX_D} (MAX_D); got d_k {d_k}, d_v {d_v}")
+    lse = as_float32("lse", lse, "(BH, T_q)", min_ndim=2, allow_neg_inf=True)
+    d_rows = as_float32("d_rows", d_rows, "(BH, T_q)", min_ndim=2)
+    for name, a in (("lse", lse), ("d_rows", d_rows)):
+        require(a.shape == (bh, t_q), f"{name} must have shape {(bh, t_q)}; got shape {a.shape}")
+    check_simulator_budget("dkdv_pass", bh * t_k, bh * visible_pairs(t_q, t_k) * (2 * d_k + 2 * d_v))
+    dk, dv = (cuda.device_array(a.shape, np.float32) for a in (k, v))
+    (kernel or dkdv_pass_kernel)[dkdv_pass_grid(bh, t_k)](*(cuda.to_device(a) for a in (q, k, v, d_out, lse, d_rows)),
+                                                         scores.scale_factor(d_k), dk, dv)
+    return dk.copy_to_host(), dv.copy_to_host()
 
 
 # --- Costs -----------------------------------------------------------------------------------
