@@ -52,7 +52,8 @@ def test_a_stub_is_told_where_the_next_hint_is():
         raise NotImplementedError()
     result = check("00_transpose", (None, stub), verbose=False)
     assert result.diagnosis == "not_implemented"
-    assert f"Hint: {EXERCISES['00_transpose'].hint}" in result.message and "hint('00_transpose', 2)" in result.message
+    assert "Hint: hint('00_transpose') gives the idea, hint('00_transpose', 2) the plan" in result.message
+    assert EXERCISES['00_transpose'].hint not in result.message          # the idea is the student's to ask for
 
 
 # --- The engine: the launch it hands each case, and the one prefill convention ----------------

@@ -86,6 +86,18 @@ def split_reads_twice(x, out):
 
 
 @cuda.jit
+def split_one_thread_per_row(x, out):
+    """Right values, each element read once: but thread c = 0 copies its row's d_k elements in a loop."""
+    c, t = cuda.grid(2)
+    bh = cuda.blockIdx.z
+    n_head, d_k = out.shape[1], out.shape[3]
+    b, h = bh // n_head, bh % n_head
+    if t < out.shape[2] and c == 0:
+        for e in range(d_k):
+            out[b, h, t, e] = x[b, t, h * d_k + e]
+
+
+@cuda.jit
 def split_stub(x, out):
     raise NotImplementedError()
 
@@ -98,11 +110,12 @@ def split_stub(x, out):
     (split_layer_misread, "grid_layer_order", "z = b * n_head + h"),
     (split_transposed_in_block, "uncoalesced", "segments of 128 bytes"),
     (split_reads_twice, "no_reuse", "read up to"),
+    (split_one_thread_per_row, "serial_copy", "the values are right, but one warp made"),
     (split_stub, "not_implemented", "Hint:"),
     (lambda x, out: None, "not_a_kernel", "@cuda.jit"),
     (multihead.split_heads_kernel, "calls_given_code", "split_heads_kernel"),
 ], ids=["solution", "interleaved", "no_guard", "batch_ignored", "layer_misread", "transposed_in_block",
-        "reads_twice", "stub", "plain_function", "library_kernel"])
+        "reads_twice", "one_thread_per_row", "stub", "plain_function", "library_kernel"])
 def test_split_heads_diagnoses(answer, diagnosis, says):
     result = check("06_split_heads", answer, verbose=False)
     assert (result.diagnosis, result.passed, says in result.message) == (diagnosis, diagnosis == "ok", True), result
@@ -249,6 +262,8 @@ GUARDED_A = "        tiles[0, ty, tx] = a[z, row, start + tx] if row < T and sta
     # block's place dropped from an index, work serialised onto one thread, no tiles at all
     (av_kernel(("min(T, row - ty + TILE) if causal else T", "T")),
      "no_tiles_skipped", SECOND + "the values are right, but block (0, 0, 0) made"),
+    (av_kernel(("min(T, row - ty + TILE) if causal else T", "min(T, row - ty + TILE)")),
+     "wrong_values", "at (B 1, T 17, n_head 2, n_kv_head 2, d_k 7, not causal): "),
     (av_kernel(("d_k = cuda.threadIdx.x, cuda.threadIdx.y, a.shape[1], qkv.shape[2] // (n_head + 2 * n_kv_head)",
                 "d_k = cuda.threadIdx.x, cuda.threadIdx.y, a.shape[1], 16")),
      "view_past_the_end", FIRST + "qkv was read at column 96, past its last, 39"),
@@ -280,7 +295,8 @@ GUARDED_A = "        tiles[0, ty, tx] = a[z, row, start + tx] if row < T and sta
     (multihead.qkv_av_kernel, "calls_given_code", "qkv_av_kernel"),
     (multihead.qkv_weighted_sum_kernel, "calls_given_code", "qkv_weighted_sum_kernel"),
 ], ids=["solution", "heads_fastest", "interleaved", "kv_interleaved", "group_by_n_kv", "group_zero", "k_block",
-        "own_block", "head_width", "not_shared", "layer_order", "diagonal_skipped", "every_tile", "d_k_hard_coded",
+        "own_block", "head_width", "not_shared", "layer_order", "diagonal_skipped", "every_tile", "causal_ignored",
+        "d_k_hard_coded",
         "block_dropped", "serial_load", "from_global", "extra_step", "barrier_in_guard", "no_second_barrier",
         "no_row_guard", "not_zeroed", "load_down_columns", "no_store_guard", "python_float", "stub",
         "plain_function", "library_kernel", "layer_kernel"])

@@ -130,10 +130,25 @@ def planted_kernels():
             out[i, j] = acc
 
     @cuda.jit
+    def rows_all_by_thread_0(q, k, out):                 # registers, but thread 0 computes every row
+        if cuda.grid(1) != 0:
+            return
+        q_row = cuda.local.array(D, float32)
+        for i in range(q.shape[0]):
+            for c in range(D):
+                q_row[c] = q[i, c]
+            for j in range(k.shape[0]):
+                acc = float32(0.0)
+                for c in range(D):
+                    acc += q_row[c] * k[j, c]
+                out[i, j] = acc
+
+    @cuda.jit
     def rows_not_written(q, k, out):
         raise NotImplementedError()
 
-    return {f.py_func.__name__: f for f in (rows_in_local_memory, rows_in_registers, rows_one_loop_changed,
+    return {f.py_func.__name__: f for f in (rows_all_by_thread_0, rows_in_local_memory, rows_in_registers,
+                                            rows_one_loop_changed,
                                             rows_in_float64, rows_half_loaded, rows_unguarded, rows_q_from_main_memory,
                                             rows_not_written)}
 
@@ -186,6 +201,8 @@ def test_the_registers_solution_passes():
                                             "limit is 1"),
     ("rows_half_loaded", "wrong_values", "at T_q = 1, T_k = 1, D = 64: 1 of 1 entries differ"),
     ("rows_unguarded", "out_of_bounds", "out-of-bounds "),
+    ("rows_all_by_thread_0", "serial_copy", "the values are right, but thread (0, 0, 0) of block (0, 0, 0) made 133 "
+                                            "stores of out, where the limit is 19"),
     ("rows_not_written", "not_implemented", "not implemented yet"),
 ])
 def test_planted_mistakes_of_the_registers_exercise_get_their_diagnosis(name, diagnosis, says):

@@ -414,9 +414,10 @@ def _where_in(mask):
 
 
 def _first_hint(exercise):
-    """The first hint, and where the next one is when there is one."""
-    more = f" (more: hint({exercise.exercise_id!r}, 2))" if exercise.more_hints else ""
-    return exercise.hint + more
+    """Where the hints are, not what they say: a student who runs the notebook before answering meets
+    this verdict first, and the design is theirs to make before they ask for the idea."""
+    more = f", hint({exercise.exercise_id!r}, 2) the plan" if exercise.more_hints else ""
+    return f"hint({exercise.exercise_id!r}) gives the idea{more}"
 
 
 def _static_verdict(exercise, answer):

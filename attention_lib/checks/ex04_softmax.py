@@ -428,11 +428,12 @@ def _block_softmax_cases(configuration):
     (a walk that misses a column misses it); two blocks and 5 around +-1000; one short of a block, every score below -90 (a thread with no column
     must bring -inf to the max); n + 7 spread over -500 .. 500 (more than 88 within a thread's
     columns); all but the last 5 scores -inf (every thread's first column masked); causal rows with
-    one fully masked."""
+    one fully masked; one row of one score (every thread but one without a column)."""
     n = softmax.THREADS_PER_ROW
     return [(3, n - 1, "normal"), (2, n, "negative"), (2, n + 1, "normal"), (3, n + 3, "peaks"),
             (2, 2 * n + 5, "large"),
-            (2, n - 1, "deep"), (2, n + 7, "spread"), (2, n + BAND, "left-masked"), (5, 33, "masked")]
+            (2, n - 1, "deep"), (2, n + 7, "spread"), (2, n + BAND, "left-masked"), (5, 33, "masked"),
+            (1, 1, "normal")]
 
 
 def _thread_sums(s):

@@ -172,7 +172,8 @@ register(Exercise(
     # Each element of x is copied once, and the 16 threads of a block row (half a warp) read 16
     # consecutive floats: a warp's load of two rows touches at most 4 segments of 128 bytes (each
     # row may straddle a boundary, as a head's columns start anywhere).
-    limits=(MostLoads("x", 1, why="a copy reads each element once"), Coalesced("x", 4)),
+    limits=(MostLoads("x", 1, why="a copy reads each element once"), NoSerialCopy("x"),
+            NoSerialCopy("out", access="store"), Coalesced("x", 4)),
     solution=multihead.split_heads_kernel,
     forbidden=(multihead.split_heads, multihead.launch_heads),
 ))
@@ -201,12 +202,14 @@ class AvCase(NamedTuple):
 def _av_cases():
     """From TILE: a batch of 2 with 7 positions, heads of 5 in groups of 2 (an index slip shows at once);
     T one past a tile, a tile exactly and one short, with d_k 6, a whole tile and one past, in groups
-    of 2 (6 heads on 3: a group other than n_kv_head), 3 (multi-query) and 1; three query tiles, tiles
-    above the diagonal; the model's head width, 64, at T 9; heads of 128 at T 4. Small: every case is
+    of 2 (6 heads on 3: a group other than n_kv_head), 3 (multi-query) and 1; not causal over two key
+    tiles (a kernel that stops at the diagonal whatever `causal` says); three query tiles, tiles above
+    the diagonal; the model's head width, 64, at T 9; heads of 128 at T 4. Small: every case is
     traced."""
     _, full, over = sizes.around(TILE)
     return [AvCase(2, 7, 4, 2, 5, True), AvCase(1, over, 6, 3, 6, True), AvCase(1, full, 3, 1, full, True),
-            AvCase(1, full - 1, 3, 3, over, False), AvCase(1, 2 * TILE + 1, 2, 1, 5, True),
+            AvCase(1, full - 1, 3, 3, over, False), AvCase(1, over, 2, 2, 7, False),
+            AvCase(1, 2 * TILE + 1, 2, 1, 5, True),
             AvCase(1, 9, 2, 1, 64, True), AvCase(1, 4, 1, 1, 128, False)]
 
 

@@ -45,8 +45,8 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register, unwritten
-from attention_lib.checks.limits import (Coalesced, MostBarriers, MostLoads, NoLocalMemory, NoSerialCopy,
-                                         RefilledTiles)
+from attention_lib.checks.limits import (Coalesced, MostAccessesPerThread, MostBarriers, MostLoads, NoLocalMemory,
+                                         NoSerialCopy, RefilledTiles)
 from attention_lib.measure import bench, recording
 from attention_lib.measure.bench_cases import REGISTRY, BenchSizes, Inputs
 from attention_lib.platform.launch import ceil_div
@@ -95,6 +95,8 @@ register(Exercise(
     rtol=1e-5,
     atol=1e-4,
     limits=(MostLoads("q", 1, why="copy the thread's row into its local array once and read it from there"),
+            MostAccessesPerThread("out", lambda case: case[1], access="store",
+                                  why="a thread per query row writes its row's T_k scores"),
             NoLocalMemory()),
     solution=registers.row_scores_kernel_v2,
     forbidden=(registers.row_scores, registers.launch_row_scores),
@@ -203,6 +205,8 @@ register(Exercise(
             MostLoads("k", lambda case: ceil_div(case[0], ROWS),
                       why="a block copies each key into shared memory once and all its rows read it there"),
             Coalesced("k", 2), NoSerialCopy("k"),
+            MostAccessesPerThread("out", lambda case: case[1], access="store",
+                                  why="a thread per query row writes its row's T_k scores"),
             MostBarriers(lambda case: 2 * ceil_div(case[1], LEAST_TILE), why=_barriers_why),
             RefilledTiles(), NoLocalMemory()),
     diagnoses=("same_key_tile", "last_tile_dropped", "scores_not_placed"),

@@ -13,6 +13,8 @@ verdict, with what was measured and the limit beside it:
 - ``NoSerialCopy(array, access)``: every block moves the array with all its warps' lanes side by
   side, never an element an instruction in a few lanes' loop (which touches one segment at a time,
   so coalescing alone cannot see it); ``serial_copy``.
+- ``MostAccessesPerThread(array, most, access)``: no thread loads (or stores) more than `most`
+  elements of the array, the contract's share of one thread; ``serial_copy``.
 - ``SharedLoadsPerThread(most)``: no thread reads shared memory more than `most` times (a tree
   reduction reads about 2 log2(n) slots a thread, a serial loop in one thread about n);
   ``serial_reduction``.
@@ -110,6 +112,28 @@ class NoSerialCopy:
                         f"{self.array} (at {where.describe_with_code(filename, line)}), where its block's "
                         f"{verb}s spread over all its warps, 32 lanes side by side, take {share} a warp: a few "
                         "lanes copy in a loop while the others wait. Give every thread its own elements")
+        return None
+
+
+@dataclass
+class MostAccessesPerThread:
+    """No thread loads (access="store": stores) more than `most` elements of `array`: the contract's share
+    of one thread (a row, an element), where a warp's lanes may legitimately stand idle."""
+
+    array: str
+    most: Union[int, Callable]
+    access: str = "load"
+    code: str = "serial_copy"
+    why: str = "give every thread its own share, as the contract says"
+
+    def broken(self, traces, case, compiled):
+        limit = _value(self.most, case)
+        for traced in _traces_with(traces, self.array):
+            made, block, thread = traced.most_accesses_by_a_thread(self.array, kind=_kind(self.access))
+            if made > limit:
+                verb = "loads" if self.access == "load" else "stores"
+                return (f"the values are right, but thread {thread} of block {block} made {made} {verb} of "
+                        f"{self.array}, where the limit is {limit}: {self.why}")
         return None
 
 

@@ -149,6 +149,18 @@ class Traced:
         site = max(sites, key=sites.get)
         return instructions, share(worst), site[0], site[1]
 
+    def most_accesses_by_a_thread(self, name, kind=sanitizer.LOAD):
+        """(accesses, block, thread) of the thread that made the most accesses of `kind` to array `name`;
+        (0, None, None) when none was made."""
+        counts = {}
+        for _, access, who, *_ in self.launch.targets[name].trace:
+            if access == kind:
+                counts[who] = counts.get(who, 0) + 1
+        if not counts:
+            return 0, None, None
+        (block, thread), most = max(counts.items(), key=lambda item: item[1])
+        return most, block, thread
+
     def shared_loads_per_thread(self):
         """The most reads of shared memory one thread made, over every shared array."""
         counts = {}
