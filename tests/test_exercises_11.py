@@ -113,6 +113,16 @@ def queries_along_x(p, dp, d_rows, scale, d_raw):         # right values on squa
 
 
 @cuda.jit
+def lane_0_walks_its_blocks_row(p, dp, d_rows, scale, d_raw):
+    """Right values, coalesced enough: but lane 0 of each row of a block writes the block's 16 entries."""
+    j, i = cuda.grid(2)
+    h = cuda.blockIdx.z
+    if i < p.shape[1] and cuda.threadIdx.x == 0:
+        for jj in range(j, min(j + cuda.blockDim.x, p.shape[2])):
+            d_raw[h, i, jj] = scale * p[h, i, jj] * (dp[h, i, jj] - d_rows[h, i])
+
+
+@cuda.jit
 def score_grad_stub(p, dp, d_rows, scale, d_raw):
     raise NotImplementedError()
 
@@ -133,6 +143,7 @@ def test_the_score_grad_solution_passes():
     (scales_the_row_sum_only, "scale_on_one_term"),
     (no_guard, "out_of_bounds"),
     (queries_along_x, "uncoalesced"),
+    (lane_0_walks_its_blocks_row, "serial_copy"),
     (score_grad_stub, "not_implemented"),
 ])
 def test_score_grad_mistakes_get_their_diagnosis(answer, diagnosis):

@@ -46,7 +46,8 @@ import numpy as np
 from attention_lib import reference
 from attention_lib.checks import shapes
 from attention_lib.checks.engine import Diagnosed, Exercise, host_output, register, traced_launch
-from attention_lib.checks.limits import Coalesced, MostBarriers, MostLoads, NoSerialCopy, RefilledTiles
+from attention_lib.checks.limits import (Coalesced, MostAccessesPerThread, MostBarriers, MostLoads, NoSerialCopy,
+                                         RefilledTiles)
 from attention_lib.measure import sanitizer
 from attention_lib.platform.launch import ceil_div
 from attention_lib.stages import backward, scores
@@ -135,7 +136,8 @@ register(Exercise(
     diagnoses=("gradient_to_masked_keys", "missing_row_sum", "transposed_p", "missing_scale",
                "scale_applied_twice", "scale_inverted", "scale_on_one_term"),
     # x along the keys: a warp's 32 threads read two rows of 16 neighbouring floats.
-    limits=(Coalesced("p", 2), Coalesced("dp", 2)),
+    limits=(MostAccessesPerThread("d_raw", 1, access="store", why="one thread per entry writes its own entry"),
+            Coalesced("p", 2), Coalesced("dp", 2)),
     solution=backward.score_grad_kernel,
     forbidden=(backward.attention_backward, backward.launch_naive_backward),
 ))
