@@ -10,7 +10,7 @@ from numba import cuda
 from attention_lib.checks import EXERCISES, check, hint, mutation
 from attention_lib.stages.flash import COL_GROUPS, MICRO_D, MICRO_M, MICRO_N, NEG_INF, ROW_GROUPS
 
-IDS = ["08_online_update", "08_row_reduce", "08_scores_step", "08x_packed_rows"]
+IDS = ["08_online_update", "08_row_reduce", "08_scores_to_p", "08x_packed_rows"]
 
 
 def assert_diagnosis(exercise_id, answer, diagnosis, says):
@@ -192,62 +192,147 @@ def test_a_reduction_calling_the_librarys_is_refused():
     assert_diagnosis("08_row_reduce", borrowed, "calls_given_code", "v3_row_reduce")
 
 
-# --- 08_scores_step ------------------------------------------------------------------------------
+# --- 08_scores_to_p ------------------------------------------------------------------------------
 
-STEP_MISTAKES = {
-    "neighbouring_rows": [("rg + ROW_GROUPS * a", "rg * MICRO_M + a")],
-    "neighbouring_keys": [("cg + COL_GROUPS * b", "cg * MICRO_N + b")],
-    "next_column": [("q_tile[rg + ROW_GROUPS * a, d]", "q_tile[rg + ROW_GROUPS * a, d + 1]"),
-                    ("k_tile[cg + COL_GROUPS * b, d]", "k_tile[cg + COL_GROUPS * b, d + 1]")],
-    "overwritten": [("s[a * MICRO_N + b] += qa[a] * kb[b]", "s[a * MICRO_N + b] = qa[a] * kb[b]")],
-    "transposed": [("s[a * MICRO_N + b] += qa[a] * kb[b]", "s[b * MICRO_M + a] += qa[a] * kb[b]")],
-    "reloaded": [("s[a * MICRO_N + b] += qa[a] * kb[b]",       # each product loads its two values again
-                  "s[a * MICRO_N + b] += q_tile[rg + ROW_GROUPS * a, d] * k_tile[cg + COL_GROUPS * b, d]")],
+LOAD_KEYS = "k_tile[cg + COL_GROUPS * b, d]"
+LOAD_ROWS = "q_tile[rg + ROW_GROUPS * a, d]"
+STORE_AT = "p_tile[rg + ROW_GROUPS * (x // MICRO_N), cg + COL_GROUPS * (x % MICRO_N)]"
+SCORES_MISTAKES = {
+    "neighbouring_keys": [(LOAD_KEYS, "k_tile[cg * MICRO_N + b, d]"),
+                          (STORE_AT, "p_tile[rg + ROW_GROUPS * (x // MICRO_N), cg * MICRO_N + x % MICRO_N]")],
+    "neighbouring_rows": [(LOAD_ROWS, "q_tile[rg * MICRO_M + a, d]"),
+                          (STORE_AT, "p_tile[rg * MICRO_M + x // MICRO_N, cg + COL_GROUPS * (x % MICRO_N)]")],
+    "row_across_warps": [("cuda.threadIdx.x % COL_GROUPS, cuda.threadIdx.x // COL_GROUPS",
+                          "cuda.threadIdx.x // ROW_GROUPS, cuda.threadIdx.x % ROW_GROUPS")],
+    "reloaded": [("s[x] += qa[x // MICRO_N] * kb[x % MICRO_N]",
+                  "s[x] += q_tile[rg + ROW_GROUPS * (x // MICRO_N), d] * k_tile[cg + COL_GROUPS * (x % MICRO_N), d]")],
+    "bound_hard_coded": [("range(HEAD_PAD)", "range(64)")],
+    "padding_read": [("range(HEAD_PAD)", "range(HEAD_PAD + 1)")],
+    "column_short": [("range(HEAD_PAD)", "range(HEAD_PAD - 1)")],
+    "slot_short": [("    for x in range(S_SIZE):\n        p_tile", "    for x in range(S_SIZE - 1):\n        p_tile")],
+    "overwritten": [("s[x] += qa", "s[x] = qa")],
+    "transposed": [(STORE_AT, "p_tile[rg + ROW_GROUPS * (x % MICRO_N), cg + COL_GROUPS * (x // MICRO_N)]")],
 }
 
 
 @cuda.jit(device=True)
-def step_in_local_memory(s, q_tile, k_tile, rg, cg, d):
-    """Right values, but its query values sit in an array indexed at run time: local memory."""
-    qa = cuda.local.array(MICRO_M, np.float32)
-    kb = cuda.local.array(MICRO_N, np.float32)
-    for a in range(MICRO_M):
-        qa[(a + d) % MICRO_M] = q_tile[rg + ROW_GROUPS * a, d]
-    for b in range(MICRO_N):
-        kb[b] = k_tile[cg + COL_GROUPS * b, d]
+def scores_row_by_row(p_tile, q_tile, k_tile):
+    """Right, another style: the map from the tile sizes, a query value at a time."""
+    lanes = TILE_N // MICRO_N                                 # noqa: F821  (flash's names)
+    row0, key0 = cuda.threadIdx.x // lanes, cuda.threadIdx.x % lanes
+    acc = cuda.local.array(S_SIZE, np.float32)                # noqa: F821
+    keys = cuda.local.array(MICRO_N, np.float32)
+    for x in range(S_SIZE):                                   # noqa: F821
+        acc[x] = 0.0
+    for d in range(HEAD_PAD):                                 # noqa: F821
+        for b in range(MICRO_N):
+            keys[b] = k_tile[key0 + lanes * b, d]
+        for a in range(MICRO_M):
+            qv = q_tile[row0 + (TILE_M // MICRO_M) * a, d]    # noqa: F821
+            for b in range(MICRO_N):
+                acc[a * MICRO_N + b] += qv * keys[b]
     for a in range(MICRO_M):
         for b in range(MICRO_N):
-            s[a * MICRO_N + b] += qa[(a + d) % MICRO_M] * kb[b]
+            p_tile[row0 + (TILE_M // MICRO_M) * a, key0 + lanes * b] = acc[a * MICRO_N + b]
 
 
 @cuda.jit(device=True)
-def step_stub(s, q_tile, k_tile, rg, cg, d):
+def scores_skewed_keys(p_tile, q_tile, k_tile):
+    """Right, another map: row group rg's lanes take their keys rotated by rg, still 32 banks a store."""
+    rg, lane = cuda.threadIdx.x // COL_GROUPS, cuda.threadIdx.x % COL_GROUPS
+    cg = (lane + rg) % COL_GROUPS
+    s = cuda.local.array(S_SIZE, np.float32)                  # noqa: F821
+    qa = cuda.local.array(MICRO_M, np.float32)
+    kb = cuda.local.array(MICRO_N, np.float32)
+    for x in range(S_SIZE):                                   # noqa: F821
+        s[x] = 0.0
+    for d in range(HEAD_PAD):                                 # noqa: F821
+        for a in range(MICRO_M):
+            qa[a] = q_tile[rg + ROW_GROUPS * a, d]
+        for b in range(MICRO_N):
+            kb[b] = k_tile[cg + COL_GROUPS * b, d]
+        for x in range(S_SIZE):                               # noqa: F821
+            s[x] += qa[x // MICRO_N] * kb[x % MICRO_N]
+    for x in range(S_SIZE):                                   # noqa: F821
+        p_tile[rg + ROW_GROUPS * (x // MICRO_N), cg + COL_GROUPS * (x % MICRO_N)] = s[x]
+
+
+@cuda.jit(device=True)
+def scores_by_thread_zero(p_tile, q_tile, k_tile):
+    """Right values, but thread 0 computes every score, each value loaded once a product."""
+    if cuda.threadIdx.x == 0:
+        for i in range(TILE_M):                               # noqa: F821
+            for j in range(TILE_N):                           # noqa: F821
+                acc = np.float32(0.0)
+                for d in range(HEAD_PAD):                     # noqa: F821
+                    acc += q_tile[i, d] * k_tile[j, d]
+                p_tile[i, j] = acc
+
+
+@cuda.jit(device=True)
+def scores_in_local_memory(p_tile, q_tile, k_tile):
+    """Right values, but its sums sit in an array indexed at run time (rotated by the thread): local memory."""
+    rg, cg = cuda.threadIdx.x // COL_GROUPS, cuda.threadIdx.x % COL_GROUPS
+    turn = cuda.threadIdx.x
+    s = cuda.local.array(S_SIZE, np.float32)                  # noqa: F821
+    qa = cuda.local.array(MICRO_M, np.float32)
+    kb = cuda.local.array(MICRO_N, np.float32)
+    for x in range(S_SIZE):                                   # noqa: F821
+        s[x] = 0.0
+    for d in range(HEAD_PAD):                                 # noqa: F821
+        for a in range(MICRO_M):
+            qa[a] = q_tile[rg + ROW_GROUPS * a, d]
+        for b in range(MICRO_N):
+            kb[b] = k_tile[cg + COL_GROUPS * b, d]
+        for x in range(S_SIZE):                               # noqa: F821
+            s[(x + turn) % S_SIZE] += qa[x // MICRO_N] * kb[x % MICRO_N]     # noqa: F821
+    for x in range(S_SIZE):                                   # noqa: F821
+        p_tile[rg + ROW_GROUPS * (x // MICRO_N), cg + COL_GROUPS * (x % MICRO_N)] = s[(x + turn) % S_SIZE]   # noqa: F821
+
+
+@cuda.jit(device=True)
+def scores_stub(p_tile, q_tile, k_tile):
     raise NotImplementedError()
 
 
+@pytest.mark.parametrize("answer", [scores_row_by_row, scores_skewed_keys], ids=["row_by_row", "skewed_keys"])
+def test_other_right_scores_pass(answer):
+    result = check("08_scores_to_p", answer, verbose=False)
+    assert result.passed and result.diagnosis == "ok", result.message
+
+
 @pytest.mark.parametrize("answer, diagnosis, says", [
-    (variant("08_scores_step", *STEP_MISTAKES["neighbouring_rows"]), "rows_not_interleaved", "rows rg * 4 + a"),
-    (variant("08_scores_step", *STEP_MISTAKES["neighbouring_keys"]), "keys_not_interleaved", "keys cg * 4 + b"),
-    (variant("08_scores_step", *STEP_MISTAKES["next_column"]), "wrong_column", "column 1 of the tiles, not of column d = 0"),
-    (variant("08_scores_step", *STEP_MISTAKES["overwritten"]), "scores_not_accumulated", "were overwritten"),
-    (variant("08_scores_step", *STEP_MISTAKES["transposed"]), "wrong_micro_tile", "kernel 3 reads s[a * MICRO_N + b] as the score of row"),
-    (variant("08_scores_step", *STEP_MISTAKES["reloaded"]), "no_register_reuse", "read shared memory 40 times, where the limit is 8"),
-    (step_in_local_memory, "local_memory", "stack frame"),
-], ids=["neighbouring_rows", "neighbouring_keys", "next_column", "overwritten", "transposed", "reloaded",
-        "local_memory"])
-def test_planted_step_mistakes_get_their_diagnosis(answer, diagnosis, says):
-    assert_diagnosis("08_scores_step", answer, diagnosis, says)
+    (variant("08_scores_to_p", *SCORES_MISTAKES["neighbouring_keys"]), "bank_conflict",
+     "a warp's store of p_tile at"),
+    (variant("08_scores_to_p", *SCORES_MISTAKES["neighbouring_rows"]), "bank_conflict",
+     "a warp's store of p_tile at"),
+    (variant("08_scores_to_p", *SCORES_MISTAKES["row_across_warps"]), "bank_conflict",
+     "a warp's store of p_tile at"),
+    (variant("08_scores_to_p", *SCORES_MISTAKES["reloaded"]), "no_register_reuse",
+     "read the Q and K tiles 2560 times, where the limit is 512"),
+    (scores_by_thread_zero, "no_register_reuse", "thread (0, 0, 0) read the Q and K tiles 262144 times"),
+    (variant("08_scores_to_p", *SCORES_MISTAKES["bound_hard_coded"]), "out_of_bounds", "q_tile"),
+    (variant("08_scores_to_p", *SCORES_MISTAKES["padding_read"]), "padding_column_read", "padding column 64"),
+    (variant("08_scores_to_p", *SCORES_MISTAKES["column_short"]), "columns_left_out", "columns 0 .. 62 only"),
+    (variant("08_scores_to_p", *SCORES_MISTAKES["slot_short"]), "scores_missing", "128 of the 2048 scores"),
+    (variant("08_scores_to_p", *SCORES_MISTAKES["overwritten"]), "scores_not_accumulated", "last column's products"),
+    (variant("08_scores_to_p", *SCORES_MISTAKES["transposed"]), "scores_misplaced", "p_tile[0, 8] holds the score of query 16 and key 0"),
+    (scores_in_local_memory, "local_memory", "stack frame"),
+], ids=["neighbouring_keys", "neighbouring_rows", "row_across_warps", "reloaded", "thread_zero", "bound_hard_coded",
+        "padding_read", "column_short", "slot_short", "overwritten", "transposed", "local_memory"])
+def test_planted_scores_mistakes_get_their_diagnosis(answer, diagnosis, says):
+    assert_diagnosis("08_scores_to_p", answer, diagnosis, says)
 
 
-def test_the_step_stub_is_not_implemented():
-    assert check("08_scores_step", step_stub, verbose=False).diagnosis == "not_implemented"
+def test_the_scores_stub_is_not_implemented():
+    assert check("08_scores_to_p", scores_stub, verbose=False).diagnosis == "not_implemented"
 
 
-def test_a_step_calling_the_librarys_is_refused():
+def test_scores_calling_the_librarys_are_refused():
     @cuda.jit(device=True)
-    def borrowed(s, q_tile, k_tile, rg, cg, d):
-        v3_scores_step(s, q_tile, k_tile, rg, cg, d)      # noqa: F821  (a name flash's namespace would resolve)
-    assert_diagnosis("08_scores_step", borrowed, "calls_given_code", "v3_scores_step")
+    def borrowed(p_tile, q_tile, k_tile):
+        v3_scores_to_p(p_tile, q_tile, k_tile)      # noqa: F821  (a name flash's namespace would resolve)
+    assert_diagnosis("08_scores_to_p", borrowed, "calls_given_code", "v3_scores_to_p")
 
 
 # --- 08x_packed_rows -----------------------------------------------------------------------------

@@ -387,6 +387,52 @@ def test_a_rebuilt_v3_with_every_barrier_is_race_free_and_right():
     assert_close_float32(out, reference.attention(q, k, v))
 
 
+# --- v3_scores_to_p: the scores through the shared P tile (notebook 08's main exercise) ---------
+
+@pytest.mark.parametrize("t_q, t_k, d_k, causal", [
+    (33, 40, 64, True), (65, 63, 16, False), (20, 17, 128, True), (1, 1, 5, True), (64, 32, 64, False),
+    (9, 21, 100, True)])
+def test_kernel_3_with_scores_through_p_matches_the_reference(rng, t_q, t_k, d_k, causal):
+    q, k, v = (rng.standard_normal((2, t, d_k)).astype(np.float32) for t in (t_q, t_k, t_k))
+    kernel = flash.kernel_v3_with(flash.v3_scores_to_p, d_k)
+    got = flash.flash_attention(q, k, v, causal, version=3, kernel=kernel)
+    assert_close_float32(got, reference.attention(q, k, v, causal))
+
+
+def skewed_scores_to_p():
+    """v3_scores_to_p with row group rg's keys rotated by rg: right, but a thread's scores are not the
+    slots it reads back, so the kernel's barriers around the S tile matter."""
+    source = textwrap.dedent(inspect.getsource(flash.v3_scores_to_p.py_func))
+    line = "cg, rg = cuda.threadIdx.x % COL_GROUPS, cuda.threadIdx.x // COL_GROUPS"
+    assert source.count(line) == 1
+    names = {**vars(flash), **flash.v3_sizes(5)}
+    exec(compile(source.replace(line, line + "\n    cg = (cg + rg) % COL_GROUPS"), "<skewed>", "exec"), names)
+    return names["v3_scores_to_p"]
+
+
+def scores_through_p_without_barrier(n):
+    """Kernel 3 for d_k 5 with its scores through P (skewed) and barrier n of v3_key_tile_through_p removed."""
+    mutant = without_barrier(flash.v3_key_tile_through_p, n)["v3_key_tile_through_p"]
+    return flash.build_flash_v3(5, {"v3_key_tile": mutant, "v3_scores_to_p": skewed_scores_to_p()})
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")    # a mutant may read a tile before it is written
+@pytest.mark.parametrize("missing, arrays", [(0, {"k_tile", "q_tile"}), (1, {"p_tile"}), (2, {"p_tile"}),
+                                             (3, {"v_tile"})],
+                         ids=["after-kv-tiles", "after-s", "after-p", "before-next-tiles"])
+def test_every_barrier_of_the_scores_through_p_is_needed(zeroed_shared, missing, arrays):
+    races, _, _ = races_of(scores_through_p_without_barrier(missing), 3, 40)
+    assert races and {r.array for r in races} == arrays, [str(r) for r in races]
+    assert inspect.getsource(flash.v3_key_tile_through_p.py_func).count(BARRIER) == 4
+    assert BARRIER not in inspect.getsource(flash.v3_scores_to_p.py_func)
+
+
+def test_the_scores_through_p_are_race_free():
+    races, out, (q, k, v) = races_of(scores_through_p_without_barrier(None), 3, 40)
+    assert races == []
+    assert_close_float32(out, reference.attention(q, k, v))
+
+
 # --- Bad input -----------------------------------------------------------------------------
 
 GOOD = np.zeros((2, 4, 5), np.float32)

@@ -30,12 +30,15 @@ Limit: at most 3 warp collectives a row and no barrier or shared memory (``too_m
 A shuffle that a lane its mask names never reaches is the engine's ``divergent_barrier``. Besides:
 ``butterfly_missing_step``, ``reduced_across_rows``, ``not_in_every_lane``, ``max_and_sum_swapped``.
 
-``08_scores_step`` (main): ``step(s, q_tile, k_tile, rg, cg, d)`` with the contract of
-``flash.v3_scores_step``: thread (rg, cg) adds column d's products to its micro-tile of S, the rows
-and keys the ownership map gives it. Probes at 4 x 4 and 2 x 2 micro-tiles, the first and last
-column, then kernel 3 at d_k 16, 64 and 100. Limit: MICRO_M + MICRO_N shared loads a step (each
-value loaded once, into a register: ``no_register_reuse``). Besides: ``scores_not_accumulated``,
-``wrong_column``, ``rows_not_interleaved``, ``keys_not_interleaved``, ``wrong_micro_tile``.
+``08_scores_to_p`` (main): ``scores_to_p(p_tile, q_tile, k_tile)`` with the contract of
+``flash.v3_scores_to_p``: the block's 128 threads write a tile's S = Q K^T into the shared P tile, a
+MICRO_M x MICRO_N micro-tile a thread, the map the student's. Probes of one block (d_k 64, 5, 16,
+128), then kernel 3 with its scores passed through the answer (``flash.kernel_v3_with``) at d_k 64, 16
+and 128. Limits, measured here from the probe's trace: at most (MICRO_M + MICRO_N) HEAD_PAD reads of
+the Q and K tiles a thread (``no_register_reuse``), and at most one word a bank in a warp's read of
+the Q or K tile and in its store to P (``bank_conflict``); no local memory. Besides:
+``padding_column_read``, ``scores_missing``, ``columns_left_out``, ``scores_not_accumulated``,
+``scores_misplaced``.
 
 ``08x_packed_rows`` (deep dive 08x): ``load(tile, src, h, r0, n, group, scale)`` with the contract
 of ``flash.v3_load_packed``: packed rows r0 .. r0 + n - 1 of kv head h's group, times scale, into
@@ -59,12 +62,12 @@ from numba import cuda
 from attention_lib import reference
 from attention_lib.measure import sanitizer
 from attention_lib.measure.trace import Traced
-from attention_lib.platform import runtime
+from attention_lib.platform import runtime, where
 from attention_lib.stages import flash, mask
 from attention_lib.checks import session
 from attention_lib.checks.engine import (Diagnosed, Exercise, RaceFound, host_output, output_array, plain_launch,
                                          read_output, register, traced_launch)
-from attention_lib.checks.limits import Coalesced, MostLoads, NoLocalMemory, SharedLoadsPerThread
+from attention_lib.checks.limits import Coalesced, MostLoads, NoLocalMemory
 
 # The head width a GPU runs (ANDREA-120M): kernel 3 at this width is the one compiled for sm_90.
 COMPILED_D = 64
@@ -556,14 +559,17 @@ register(Exercise(
 ))
 
 
-# --- 08_scores_step (main): the micro-tile a thread owns -----------------------------------------
+# --- 08_scores_to_p (main): a tile's scores, a micro-tile a thread, into the shared P tile -------
 
-class StepCase(NamedTuple):
-    """A probe of one step at head width d_k, column d; or (kernel) kernel 3 built around the answer,
-    BH heads of T_q queries and T_k keys."""
+BANKS = 32
+
+
+class ScoresCase(NamedTuple):
+    """A probe of one call at head width d_k: one block of kernel 3's 128 threads, the staged Q and K
+    tiles, the answer writing S into the P tile; or (kernel) kernel 3 with its scores passed through
+    the answer (flash.kernel_v3_with), BH heads of T_q queries and T_k keys."""
 
     d_k: int
-    d: int = 0
     kernel: bool = False
     BH: int = 1
     T_q: int = 0
@@ -575,158 +581,200 @@ class StepCase(NamedTuple):
         if self.kernel:
             return (f"(kernel 3, BH {self.BH}, T_q {self.T_q}, T_k {self.T_k}, d_k {self.d_k}, "
                     f"{'causal' if self.causal else 'not causal'})")
-        return f"(one step, d_k {self.d_k}: a {z['MICRO_M']} x {z['MICRO_N']} micro-tile a thread, column d {self.d})"
+        return (f"(one tile, d_k {self.d_k}: {z['TILE_M']} queries x {z['TILE_N']} keys, HEAD_PAD "
+                f"{z['HEAD_PAD']}, a {z['MICRO_M']} x {z['MICRO_N']} micro-tile a thread)")
 
 
-def _step_probe_source(q_in, k_in, s_in, s_out, d):
-    """One block of kernel 3's threads: the Q and K tiles copied into shared memory, each thread's
-    micro-tile of S from s_in, one call of `step` (the answer) at column d, the micro-tile written
-    to s_out. The probe reads no shared memory itself: every shared load traced is the answer's."""
+def _scores_probe_source(q_in, k_in, out):
+    """One block of kernel 3's threads: the Q and K tiles copied into shared memory (their padding
+    column as q_in and k_in hold it), the P tile filled with NaN, one call of the answer, then the
+    P tile's first TILE_N columns copied to out. The probe's own accesses are a warp's 32 neighbouring
+    words: every bank conflict traced is the answer's."""
     t = cuda.threadIdx.x
-    q_tile = cuda.shared.array((TILE_M, ROW_STRIDE), np.float32)   # noqa: F821  (bound by _step_probe)
+    q_tile = cuda.shared.array((TILE_M, ROW_STRIDE), np.float32)   # noqa: F821  (bound by _scores_probe)
     k_tile = cuda.shared.array((TILE_N, ROW_STRIDE), np.float32)   # noqa: F821
+    p_tile = cuda.shared.array((TILE_M, P_STRIDE), np.float32)     # noqa: F821
     for e in range(t, TILE_M * ROW_STRIDE, THREADS_V3):            # noqa: F821
         q_tile[e // ROW_STRIDE, e % ROW_STRIDE] = q_in[e // ROW_STRIDE, e % ROW_STRIDE]   # noqa: F821
     for e in range(t, TILE_N * ROW_STRIDE, THREADS_V3):            # noqa: F821
         k_tile[e // ROW_STRIDE, e % ROW_STRIDE] = k_in[e // ROW_STRIDE, e % ROW_STRIDE]   # noqa: F821
-    s = cuda.local.array(S_SIZE, np.float32)                        # noqa: F821
-    for x in range(S_SIZE):                                         # noqa: F821
-        s[x] = s_in[t, x]
+    for e in range(t, TILE_M * P_STRIDE, THREADS_V3):              # noqa: F821
+        p_tile[e // P_STRIDE, e % P_STRIDE] = math.nan             # noqa: F821
     cuda.syncthreads()                                              # the tiles are complete
-    step(s, q_tile, k_tile, t // COL_GROUPS, t % COL_GROUPS, np.uint32(d))   # noqa: F821
-    for x in range(S_SIZE):                                         # noqa: F821
-        s_out[t, x] = s[x]
+    scores_to_p(p_tile, q_tile, k_tile)                             # noqa: F821
+    cuda.syncthreads()                                              # the P tile is complete
+    for e in range(t, TILE_M * TILE_N, THREADS_V3):                # noqa: F821
+        out[e // TILE_N, e % TILE_N] = p_tile[e // TILE_N, e % TILE_N]   # noqa: F821
 
 
 @functools.lru_cache(maxsize=64)
-def _step_probe(answer, d_k):
-    names = {**vars(flash), **flash.v3_sizes(d_k), "step": _rebound(answer, d_k)}
-    return cuda.jit(types.FunctionType(_step_probe_source.__code__, names, "scores_step_probe"))
+def _scores_probe(answer, d_k):
+    names = {**vars(flash), **flash.v3_sizes(d_k), "scores_to_p": _rebound(answer, d_k)}
+    return cuda.jit(types.FunctionType(_scores_probe_source.__code__, names, "scores_to_p_probe"))
 
 
-def _owned(d_k):
-    """(rows, keys): (THREADS_V3, S_SIZE) int arrays, the row and key of slot a * MICRO_N + b of each
-    thread's micro-tile, as kernel 3 reads it: row rg + 16 a, key cg + 8 b."""
+def _staged_tiles(rng, d_k):
+    """(q_tile, k_tile) as kernel 3 stages them: (rows, ROW_STRIDE) float32, columns HEAD .. HEAD_PAD - 1
+    zero, the padding column HEAD_PAD NaN (kernel 3 never writes it: it holds whatever was there)."""
     z = flash.v3_sizes(d_k)
-    t = np.arange(flash.THREADS_V3)[:, None]
-    slot = np.arange(z["S_SIZE"])[None, :]
-    a, b = slot // z["MICRO_N"], slot % z["MICRO_N"]
-    return t // flash.COL_GROUPS + flash.ROW_GROUPS * a, t % flash.COL_GROUPS + flash.COL_GROUPS * b
+    tiles = []
+    for rows in (z["TILE_M"], z["TILE_N"]):
+        tile = rng.standard_normal((rows, z["ROW_STRIDE"])).astype(np.float32)
+        tile[:, d_k:] = 0.0
+        tile[:, z["HEAD_PAD"]] = np.nan
+        tiles.append(tile)
+    return tiles
 
 
-def _run_step(answer, case, rng, launch):
-    _refuse_library_names(answer, ("v3_scores_step", "v3_scores"))
+def _run_scores(answer, case, rng, launch):
+    _refuse_library_names(answer, ("v3_scores_step", "v3_scores", "v3_scores_to_p"))
     if case.kernel:
         q, k, v = (rng.standard_normal((case.BH, t, case.d_k)).astype(np.float32)
                    for t in (case.T_q, case.T_k, case.T_k))
-        got = _attention_v3(_kernel3(answer, "v3_scores_step", case.d_k), _launch_for(case.d_k),
-                            q, k, v, case.causal, None)
+        # Not compiled for a GPU: the probe is. Inside kernel 3, under its cap of 128 registers a
+        # thread, ptxas spills for some right answers, a cost of the kernel around them, not theirs.
+        got = _attention_v3(flash.kernel_v3_with(answer, case.d_k), _quiet_launch, q, k, v, case.causal, None)
         return got, reference.attention(q, k, v, case.causal), None
     z = flash.v3_sizes(case.d_k)
-    q = rng.standard_normal((z["TILE_M"], z["ROW_STRIDE"])).astype(np.float32)
-    k = rng.standard_normal((z["TILE_N"], z["ROW_STRIDE"])).astype(np.float32)
-    s0 = rng.standard_normal((flash.THREADS_V3, z["S_SIZE"])).astype(np.float32)
-    out = host_output(s0.shape)
-    _traced_for(case.d_k)(_step_probe(answer, case.d_k), 1, flash.THREADS_V3, q, k, s0, out, case.d)
-    rows, keys = _owned(case.d_k)
-    expected = s0 + q[rows, case.d].astype(np.float64) * k[keys, case.d]
-    return out, expected, (q, k, s0, case, answer)
+    q, k = _staged_tiles(rng, case.d_k)
+    out = host_output((z["TILE_M"], z["TILE_N"]))
+    _traced_for(case.d_k)(_scores_probe(answer, case.d_k), 1, flash.THREADS_V3, q, k, out)
+    pad = z["HEAD_PAD"]
+    expected = q[:, :pad].astype(np.float64) @ k[:, :pad].T.astype(np.float64)
+    return out, expected, (q, k, case, answer)
 
 
-def _identify(answer, d_k, d):
-    """(rows, keys, columns): (THREADS_V3, S_SIZE) arrays saying, for each slot of each thread's
-    micro-tile, which row of q_tile, key of k_tile and column the answer's step put a product of
-    there; three quiet probes whose tiles hold row + 1, key + 1, column + 1 (all products exact)."""
-    z = flash.v3_sizes(d_k)
-    shape_q, shape_k = (z["TILE_M"], z["ROW_STRIDE"]), (z["TILE_N"], z["ROW_STRIDE"])
-    found = []
-    for q, k in ((np.arange(1, shape_q[0] + 1)[:, None] + np.zeros(shape_q), np.ones(shape_k)),
-                 (np.ones(shape_q), np.arange(1, shape_k[0] + 1)[:, None] + np.zeros(shape_k)),
-                 (np.arange(1, shape_q[1] + 1)[None, :] + np.zeros(shape_q), np.ones(shape_k))):
-        out = np.zeros((flash.THREADS_V3, z["S_SIZE"]), np.float32)
-        _quiet_launch(_step_probe(answer, d_k), 1, flash.THREADS_V3, q.astype(np.float32), k.astype(np.float32),
-                      np.zeros_like(out), out, d)
-        found.append(np.where(np.isfinite(out), np.rint(out), 0).astype(int) - 1)   # -1: no product there
-    return found
-
-
-def _diagnose_step(got, expected, probe):
+def _diagnose_scores(got, expected, probe):
     if probe is None:
         return None
-    q, k, s0, case, answer = probe
+    q, k, case, answer = probe
     z = flash.v3_sizes(case.d_k)
-    if np.allclose(got, expected - s0, rtol=1e-5, atol=1e-5):
-        return "scores_not_accumulated", ("s holds this step's products alone: the sums of the steps before "
-                                          "were overwritten; each step adds its MICRO_M x MICRO_N products to s")
-    rows, keys, columns = _identify(answer, case.d_k, case.d)
-    want_rows, want_keys = _owned(case.d_k)
-    t = np.arange(flash.THREADS_V3)[:, None]
-    slot = np.arange(z["S_SIZE"])[None, :]
-    a, b = slot // z["MICRO_N"], slot % z["MICRO_N"]
-    rg, cg = t // flash.COL_GROUPS, t % flash.COL_GROUPS
-    if (columns != case.d).any():
-        c = columns[columns != case.d][0]
-        return "wrong_column", (f"the products are of column {c} of the tiles, not of column d = {case.d}: "
-                                "a step multiplies the queries' and keys' entries of its own column d")
-    if (rows == rg * z["MICRO_M"] + a).all():
-        return "rows_not_interleaved", (f"thread (rg, cg) scored rows rg * {z['MICRO_M']} + a, a block of "
-                                        f"{z['MICRO_M']} neighbouring rows; the map gives it rows rg, rg + 16, ..."
-                                        ": the mask, the store of P and the output read s that way")
-    if (keys == cg * z["MICRO_N"] + b).all():
-        return "keys_not_interleaved", (f"thread (rg, cg) scored keys cg * {z['MICRO_N']} + b, neighbouring "
-                                        "keys; the map gives it keys cg, cg + 8, ...: the 8 lanes of a row group "
-                                        "then read 8 neighbouring keys at once, and the kernel reads s that way")
-    wrong = np.argwhere((rows != want_rows) | (keys != want_keys))
-    if len(wrong) == 0:
+    pad = z["HEAD_PAD"]
+    if np.isnan(got).all():
+        return "padding_column_read", (f"every score is NaN: the products ran past column HEAD_PAD - 1 = {pad - 1} "
+                                       f"into the tiles' padding column {pad}, which kernel 3 never writes; a score "
+                                       f"sums columns 0 .. HEAD_PAD - 1 (HEAD_PAD is {pad} at d_k {case.d_k})")
+    missing = np.argwhere(np.isnan(got))
+    if len(missing):
+        i, j = (int(x) for x in missing[0])
+        return "scores_missing", (f"{len(missing)} of the {got.size} scores were never written, the first "
+                                  f"p_tile[{i}, {j}]: the {flash.THREADS_V3} threads' micro-tiles must cover "
+                                  f"all {z['TILE_M']} rows and {z['TILE_N']} keys, each slot once")
+    q64, k64 = q[:, :pad].astype(np.float64), k[:, :pad].astype(np.float64)
+    for c in range(1, pad):
+        if np.allclose(got, q64[:, :c] @ k64[:, :c].T, rtol=1e-5, atol=1e-5):
+            return "columns_left_out", (f"the scores sum columns 0 .. {c - 1} only: a score sums all HEAD_PAD "
+                                        f"= {pad} columns at d_k {case.d_k} (a bound written as a number holds at "
+                                        "one head width only)")
+    if np.allclose(got, np.outer(q64[:, pad - 1], k64[:, pad - 1]), rtol=1e-5, atol=1e-5):
+        return "scores_not_accumulated", ("the scores hold the last column's products alone: each column's "
+                                          "products must be added to the sums of the columns before")
+    found = np.isclose(got.ravel()[:, None], expected.ravel()[None, :], rtol=1e-5, atol=1e-5)
+    if found.any(axis=1).all():
+        wrong = np.argwhere(~np.isclose(got, expected, rtol=1e-5, atol=1e-5))
+        if len(wrong):
+            i, j = (int(x) for x in wrong[0])
+            r, c = divmod(int(np.argmax(found[i * got.shape[1] + j])), got.shape[1])
+            return "scores_misplaced", (f"p_tile[{i}, {j}] holds the score of query {r} and key {c}: the store "
+                                        "must put each score in its own query's row and key's column, whatever "
+                                        "micro-tile the thread owns")
+    return None
+
+
+def _scores_loads(case):
+    """The shared reads of the Q and K tiles one thread may make: MICRO_M + MICRO_N a column."""
+    z = flash.v3_sizes(case.d_k)
+    return (z["MICRO_M"] + z["MICRO_N"]) * z["HEAD_PAD"]
+
+
+def _bank_ways(words):
+    """How many rounds a warp's access to these 4-byte words takes: the most different words in one bank."""
+    per_bank = {}
+    for word in set(words):
+        per_bank.setdefault(word % BANKS, set()).add(word)
+    return max(len(w) for w in per_bank.values())
+
+
+@dataclass
+class TileReads:
+    """No thread reads the Q and K tiles more than `most(case)` times (each value once into a register)."""
+
+    most: Callable
+    code: str = "no_register_reuse"
+
+    def broken(self, traces, case, compiled):
+        limit = self.most(case)
+        for traced in traces:
+            counts = {}
+            for name in ("q_tile", "k_tile"):
+                for _, kind, who, *_ in traced.launch.targets[name].trace:
+                    if kind == sanitizer.LOAD:
+                        counts[who] = counts.get(who, 0) + 1
+            (block, thread), reads = max(counts.items(), key=lambda item: item[1])
+            if reads > limit:
+                return (f"the values are right, but thread {thread} read the Q and K tiles {reads} times, where "
+                        f"the limit is {limit}: MICRO_M + MICRO_N values a column, each loaded once into a "
+                        "register and used for a whole row or column of the micro-tile, the work split over "
+                        "all 128 threads")
         return None
-    th, x = (int(i) for i in wrong[0])
-    return "wrong_micro_tile", (
-        f"thread {th} (rg {th // flash.COL_GROUPS}, cg {th % flash.COL_GROUPS}) added to s[{x}] (a "
-        f"{x // z['MICRO_N']}, b {x % z['MICRO_N']}) the product of row {rows[th, x]} and key {keys[th, x]}; "
-        f"kernel 3 reads s[a * MICRO_N + b] as the score of row rg + 16 a = {want_rows[th, x]} and key "
-        f"cg + 8 b = {want_keys[th, x]} (the ownership map)")
 
 
-def _step_loads(case):
-    """The shared loads one step may make: each of its MICRO_M query values and MICRO_N key values once."""
-    z = flash.v3_sizes(case.d_k)
-    return z["MICRO_M"] + z["MICRO_N"]
+@dataclass
+class NoBankConflicts:
+    """A warp's read of the Q or K tile and its store to the P tile each put at most `most` different
+    words in one bank (word mod 32): 1, as the library's map does."""
+
+    most: int = 1
+    code: str = "bank_conflict"
+
+    def broken(self, traces, case, compiled):
+        for traced in traces:
+            for name, kind, access in (("q_tile", sanitizer.LOAD, "read"), ("k_tile", sanitizer.LOAD, "read"),
+                                       ("p_tile", sanitizer.STORE, "store")):
+                for (_, _, site, _), elements in traced._warp_requests(name, kind).items():
+                    ways = _bank_ways(elements)
+                    if ways > self.most:
+                        return (f"the values are right, but a warp's {access} of {name} at "
+                                f"{where.describe_with_code(*site)} puts {ways} different words in one bank "
+                                f"({ways} rounds instead of 1): choose which rows and keys a warp's 32 lanes own "
+                                "so that their words fall in 32 different banks, or the same word")
+        return None
 
 
 register(Exercise(
-    exercise_id="08_scores_step",
-    title="kernel 3's micro-tile: one step of a thread's scores, the rows and keys it owns, each value loaded once",
+    exercise_id="08_scores_to_p",
+    title="kernel 3's scores: a micro-tile a thread, each value loaded once, stored to P without bank conflicts",
     kind="function",
     gpu_code=True,
-    run=_run_step,
-    # Probes: column 0 and the last padded column at d_k 64 (4 x 4 a thread), a middle column at
-    # d_k 100 (2 x 2), column 5 at d_k 5 (every thread and slot of the micro-tile, each time); then
-    # kernel 3 at d_k 64 (two key tiles; compiled for a GPU), d_k 100 (tiles 32 x 16), two heads not causal.
-    cases=[StepCase(64, 0), StepCase(64, 63), StepCase(100, 57), StepCase(5, 5),
-           StepCase(64, kernel=True, T_q=33, T_k=40),
-           StepCase(100, kernel=True, T_q=20, T_k=20), StepCase(16, kernel=True, BH=2, T_q=17, T_k=17, causal=False)],
+    run=_run_scores,
+    # Probes at d_k 64 (64 x 32 tiles, 4 x 4 a thread; compiled for a GPU), 5 (HEAD_PAD 8, three
+    # zero columns), 16 and 128 (32 x 16 tiles, 2 x 2 a thread); then kernel 3 around the answer at
+    # d_k 64 (queries half a tile and one, keys a tile and 8), 16 (not causal, one query past a
+    # tile, one key short of two) and 128.
+    cases=[ScoresCase(64), ScoresCase(5), ScoresCase(16), ScoresCase(128),
+           ScoresCase(64, kernel=True, T_q=33, T_k=40),
+           ScoresCase(16, kernel=True, T_q=65, T_k=63, causal=False),
+           ScoresCase(128, kernel=True, T_q=20, T_k=17)],
     describe_case=str,
-    hint=("in the ownership map a thread's rows come back at a fixed distance, and so do its keys (read thread "
-          "17's printed line); its scores form a small grid of its rows times its keys, where each of its query "
-          "values meets each of its key values, so a value loaded once can serve a whole row, or column, of that "
-          "grid"),
-    more_hints=("the plan: read from the ownership map which rows and which keys thread (rg, cg) owns (a row group "
-                "strides down the tile by 16, a column group across by 8); load the MICRO_M query values of column "
-                "d of those rows into a small local array, and the MICRO_N key values into another; then, for "
-                "every pair, add the product to slot a times MICRO_N plus b of s. Where answers go wrong: "
-                "neighbouring rows or keys instead of strided ones, replacing s instead of adding to it, and "
-                "loading a value from shared memory again for every product",),
+    hint=("a thread's scores form a small grid of its rows times its keys: each query value it loads meets "
+          "every one of its keys, so one load can serve a whole row of that grid. Which rows and keys a warp's "
+          "32 lanes own decides which banks their reads and their store touch"),
+    more_hints=("the plan: give each thread its micro-tile through its index, so that the 8 threads next to "
+                "each other share rows and differ in keys; let a thread's keys and rows lie a fixed distance "
+                "apart, not side by side, so that the store of the 32 lanes lands in 32 banks; keep the "
+                "micro-tile's sums in a small local array; for each column, load the thread's query values and "
+                "key values once, then add every product; at the end, store each sum at its row and key",
+                "where answers go wrong: keys side by side within a thread (the store's words share banks), the "
+                "loop over columns bound by a number instead of HEAD_PAD, the padding column read, a value "
+                "loaded again for every product, and sums replaced instead of added"),
     rtol=1e-5,
     atol=1e-5,
-    diagnose=_diagnose_step,
-    diagnoses=("no_register_reuse", "scores_not_accumulated", "wrong_column", "rows_not_interleaved",
-               "keys_not_interleaved", "wrong_micro_tile"),
-    solution=flash.v3_scores_step,
-    forbidden=(flash.v3_scores, flash.flash_attention_kernel_v3),
-    limits=(SharedLoadsPerThread(_step_loads, code="no_register_reuse",
-                                 why="load each of the step's MICRO_M query values and MICRO_N key values once "
-                                     "into a register, then use each for MICRO_N (or MICRO_M) products"),
-            NoLocalMemory()),
+    diagnose=_diagnose_scores,
+    diagnoses=("padding_column_read", "scores_missing", "columns_left_out", "scores_not_accumulated",
+               "scores_misplaced", "no_register_reuse", "bank_conflict"),
+    solution=flash.v3_scores_to_p,
+    forbidden=(flash.v3_scores_step, flash.v3_scores, flash.flash_attention_kernel_v3),
+    limits=(TileReads(_scores_loads), NoBankConflicts(), NoLocalMemory()),
 ))
 
 

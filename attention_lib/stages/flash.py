@@ -20,6 +20,9 @@ FlashAttention-style, the (T_q, T_k) scores and weights never stored. The file, 
   group's queries packed into the rows, a block of up to V3_MAX_SLICES slices of 64 rows sharing
   each K/V tile, in dynamic shared memory (``v3_shared_words``, ``v3_grouped_arrays``,
   ``v3_slices``, ``is_grouped``).
+- ``v3_scores_to_p`` (08's main exercise): a tile's scores, a micro-tile a thread, stored to the
+  shared P tile; ``kernel_v3_with(scores_to_p, d_k)``: kernel 3 with its scores passed that way
+  (``v3_key_tile_through_p``).
 - ``KERNELS``, ``DEFAULT_VERSION`` (3 on a GPU, 2 on the simulator, which runs it about 3 times
   faster), ``fused_kernel``, ``flash_grid``, ``launch_config``, ``flash_scale``,
   ``check_flash_inputs``, ``launch_flash`` (one launch on device arrays).
@@ -477,8 +480,8 @@ def v3_scores_step(s, q_tile, k_tile, rg, cg, d):
 
 @cuda.jit(device=True)
 def v3_scores(s, q_tile, k_tile, rg, cg):
-    """This thread's micro-tile of S = Q K^T: s (S_SIZE,) float32 registers, s[a * MICRO_N + b]
-    = row rg + 16 a . key cg + 8 b. Four steps a trip, written out: NVVM leaves a loop body
+    """This thread's micro-tile of S = Q K^T: s (S_SIZE,) float32 registers, the scores of the
+    rows and keys thread (rg, cg) owns, in the ownership map's order. Four steps a trip, written out: NVVM leaves a loop body
     this large rolled and Numba has no #pragma unroll. The step index is unsigned: Numba checks
     every signed index for a negative value (Python's a[-1]); unsigned, the four steps' loads
     are one address and four constant offsets."""
@@ -591,6 +594,57 @@ def v3_store_p(p_tile, s, rg, cg):
     for a in range(MICRO_M):
         for b in range(MICRO_N):
             p_tile[rg + ROW_GROUPS * a, cg + COL_GROUPS * b] = s[a * MICRO_N + b]
+
+
+@cuda.jit(device=True)
+def v3_scores_to_p(p_tile, q_tile, k_tile):
+    """The tile's scores into shared memory, with no other barrier than the caller's: p_tile[i, j]
+    = q_tile[i] . k_tile[j] over the HEAD_PAD columns, for i < TILE_M and j < TILE_N (notebook
+    08's main exercise). p_tile: (TILE_M, P_STRIDE); q_tile, k_tile: (rows, ROW_STRIDE), float32.
+    Thread t owns a MICRO_M x MICRO_N micro-tile: rows t // 8 + 16 a, keys t % 8 + 8 b (the
+    ownership map). Each step of d loads its MICRO_M + MICRO_N values once into registers; a
+    warp's reads hit 32 banks or broadcast, and its stores hit 32 banks."""
+    cg, rg = cuda.threadIdx.x % COL_GROUPS, cuda.threadIdx.x // COL_GROUPS
+    s = cuda.local.array(S_SIZE, np.float32)
+    qa = cuda.local.array(MICRO_M, np.float32)
+    kb = cuda.local.array(MICRO_N, np.float32)
+    for x in range(S_SIZE):
+        s[x] = 0.0
+    for d in range(HEAD_PAD):
+        for a in range(MICRO_M):
+            qa[a] = q_tile[rg + ROW_GROUPS * a, d]
+        for b in range(MICRO_N):
+            kb[b] = k_tile[cg + COL_GROUPS * b, d]
+        for x in range(S_SIZE):
+            s[x] += qa[x // MICRO_N] * kb[x % MICRO_N]
+    for x in range(S_SIZE):
+        p_tile[rg + ROW_GROUPS * (x // MICRO_N), cg + COL_GROUPS * (x % MICRO_N)] = s[x]
+
+
+@cuda.jit(device=True)
+def v3_key_tile_through_p(k, v, smem, regs, h, k0, n, masked, rows, rg, cg):
+    """v3_key_tile with the scores passed through shared memory: v3_scores_to_p writes the tile's
+    S into p_tile, then each thread reads back its own micro-tile (the ownership map's order) and
+    goes on as v3_key_tile does. One barrier more a tile than v3_key_tile (none before P: a thread
+    writes its p over the very slots it read its scores from), and S through shared memory."""
+    q_tile, k_tile, v_tile, p_tile = smem
+    s, m, l, o, tile_max = regs
+    v3_load_tile(k_tile, k, h, k0, n, np.float32(1.0))
+    v3_load_tile(v_tile, v, h, k0, n, np.float32(1.0))
+    cuda.syncthreads()                   # wait: the K and V tiles (the first time, Q too) are complete
+    v3_scores_to_p(p_tile, q_tile, k_tile)
+    cuda.syncthreads()                   # wait: the whole S tile is in p_tile
+    for a in range(MICRO_M):
+        for b in range(MICRO_N):
+            s[a * MICRO_N + b] = p_tile[rg + ROW_GROUPS * a, cg + COL_GROUPS * b]   # P goes back to these slots
+    if masked:
+        v3_mask(s, rows, k0, rg, cg, k.shape[1])
+    v3_tile_max(tile_max, s)
+    v3_online_update(s, m, l, o, tile_max)
+    v3_store_p(p_tile, s, rg, cg)
+    cuda.syncthreads()                   # wait: the whole P tile is in shared memory
+    v3_accumulate(o, p_tile, v_tile, rg, cg)
+    cuda.syncthreads()                   # wait: all threads are done with K, V and P before the next copy
 
 
 @cuda.jit(device=True)
@@ -813,7 +867,8 @@ def v3_grouped_kernel(q, k, v, scale, causal, window, group, out, lse):
 # The device functions of flash v3, callees first: build_flash_v3 recompiles them for a head
 # width. The grouped kernel adds its own parts and puts two of them in place of the one-head ones.
 V3_PARTS = (v3_load_tile, v3_scores_step, v3_scores, v3_mask, v3_row_reduce, v3_online_update, v3_tile_max,
-            v3_accumulate_step, v3_accumulate, v3_store_p, v3_start, v3_key_tile, v3_write, v3_block)
+            v3_accumulate_step, v3_accumulate, v3_store_p, v3_scores_to_p, v3_start, v3_key_tile, v3_write,
+            v3_block)
 V3_GROUPED_PARTS = (v3_load_packed, v3_block_rows, v3_write_packed, v3_block_grouped, v3_grouped_arrays)
 V3_GROUPED_SWAPS = {"v3_load_tile": v3_load_shared_tile, "v3_mask": v3_mask_packed}
 
@@ -836,6 +891,14 @@ def build_flash_v3(d_k, replace=None, grouped=False):
 
 
 flash_attention_kernel_v3_grouped = build_flash_v3(HEAD, grouped=True)
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_v3_with(scores_to_p, d_k=HEAD):
+    """Kernel 3 for heads of width d_k with its scores passed through shared memory
+    (v3_key_tile_through_p), `scores_to_p` (v3_scores_to_p's contract) writing them: notebook
+    08's main exercise in the whole kernel. Launched as kernel 3 is (launch_flash, version 3)."""
+    return build_flash_v3(d_k, {"v3_key_tile": v3_key_tile_through_p, "v3_scores_to_p": scores_to_p})
 
 
 @functools.lru_cache(maxsize=None)
