@@ -212,6 +212,12 @@ SCORES_MISTAKES = {
     "slot_short": [("    for x in range(S_SIZE):\n        p_tile", "    for x in range(S_SIZE - 1):\n        p_tile")],
     "overwritten": [("s[x] += qa", "s[x] = qa")],
     "transposed": [(STORE_AT, "p_tile[rg + ROW_GROUPS * (x % MICRO_N), cg + COL_GROUPS * (x // MICRO_N)]")],
+    "barrier_each_column": [("s[x] += qa[x // MICRO_N] * kb[x % MICRO_N]",
+                             "s[x] += qa[x // MICRO_N] * kb[x % MICRO_N]\n        cuda.syncthreads()")],
+    "sums_in_p": [(f"    for x in range(S_SIZE):\n        {STORE_AT} = s[x]", ""),
+                  ("        s[x] = 0.0", f"        {STORE_AT} = 0.0"),
+                  ("s[x] += qa[x // MICRO_N] * kb[x % MICRO_N]",
+                   f"{STORE_AT} += qa[x // MICRO_N] * kb[x % MICRO_N]")],
 }
 
 
@@ -318,8 +324,13 @@ def test_other_right_scores_pass(answer):
     (variant("08_scores_to_p", *SCORES_MISTAKES["overwritten"]), "scores_not_accumulated", "last column's products"),
     (variant("08_scores_to_p", *SCORES_MISTAKES["transposed"]), "scores_misplaced", "p_tile[0, 8] holds the score of query 16 and key 0"),
     (scores_in_local_memory, "local_memory", "stack frame"),
+    (variant("08_scores_to_p", *SCORES_MISTAKES["barrier_each_column"]), "extra_barriers",
+     "passed 66 barriers, where the limit is 2"),
+    (variant("08_scores_to_p", *SCORES_MISTAKES["sums_in_p"]), "sums_in_shared_memory",
+     "keep the micro-tile's sums in registers"),
 ], ids=["neighbouring_keys", "neighbouring_rows", "row_across_warps", "reloaded", "thread_zero", "bound_hard_coded",
-        "padding_read", "column_short", "slot_short", "overwritten", "transposed", "local_memory"])
+        "padding_read", "column_short", "slot_short", "overwritten", "transposed", "local_memory", "barrier_each_column",
+        "sums_in_p"])
 def test_planted_scores_mistakes_get_their_diagnosis(answer, diagnosis, says):
     assert_diagnosis("08_scores_to_p", answer, diagnosis, says)
 

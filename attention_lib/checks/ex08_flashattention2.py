@@ -67,7 +67,7 @@ from attention_lib.stages import flash, mask
 from attention_lib.checks import session
 from attention_lib.checks.engine import (Diagnosed, Exercise, RaceFound, host_output, output_array, plain_launch,
                                          read_output, register, traced_launch)
-from attention_lib.checks.limits import Coalesced, MostLoads, NoLocalMemory
+from attention_lib.checks.limits import Coalesced, MostAccessesPerThread, MostBarriers, MostLoads, NoLocalMemory
 
 # The head width a GPU runs (ANDREA-120M): kernel 3 at this width is the one compiled for sm_90.
 COMPILED_D = 64
@@ -771,11 +771,32 @@ register(Exercise(
     atol=1e-5,
     diagnose=_diagnose_scores,
     diagnoses=("padding_column_read", "scores_missing", "columns_left_out", "scores_not_accumulated",
-               "scores_misplaced", "no_register_reuse", "bank_conflict"),
+               "scores_misplaced", "no_register_reuse", "bank_conflict", "sums_in_shared_memory"),
     solution=flash.v3_scores_to_p,
     forbidden=(flash.v3_scores_step, flash.v3_scores, flash.flash_attention_kernel_v3),
-    limits=(TileReads(_scores_loads), NoBankConflicts(), NoLocalMemory()),
+    limits=(TileReads(_scores_loads), NoBankConflicts(),
+            # The probe loads P's first TILE_N columns once (TILE_M TILE_N / THREADS_V3 a thread) and fills it
+            # with NaN before the call; the answer stores its micro-tile once and reads nothing of P.
+            MostAccessesPerThread("p_tile", lambda case: _probe_share(case, "TILE_N"), code="sums_in_shared_memory",
+                                  why="keep the micro-tile's sums in registers and store each once at the end"),
+            MostAccessesPerThread("p_tile", lambda case: _probe_share(case, "P_STRIDE") + _micro(case),
+                                  access="store", code="sums_in_shared_memory",
+                                  why="keep the micro-tile's sums in registers and store each once at the end"),
+            MostBarriers(2, why="the caller's two barriers wait for the tiles and for P: the step needs none of "
+                                "its own"),
+            NoLocalMemory()),
 ))
+
+
+def _probe_share(case, columns):
+    """The probe's own accesses of P a thread: TILE_M rows of `columns` columns over its threads."""
+    z = flash.v3_sizes(case.d_k)
+    return -(-z["TILE_M"] * z[columns] // flash.THREADS_V3)
+
+
+def _micro(case):
+    z = flash.v3_sizes(case.d_k)
+    return z["MICRO_M"] * z["MICRO_N"]
 
 
 # --- 08x_packed_rows (deep dive 08x): the grouped kernel's packed rows ---------------------------
