@@ -16,7 +16,8 @@ in local memory: per-thread device memory (DRAM, cached in L1 and L2), one load 
   solution). Each multiply-add still loads its element of k from main memory.
 - ``row_scores_kernel_v3``: v2 with k staged through shared memory, a tile of ROWS_PER_BLOCK keys
   a step, so that a block reads each element of k from main memory once instead of once per row
-  (the main exercise's solution); q_row stays in registers.
+  (the main exercise's solution); q_row stays in registers (the kernel report: a 0-byte stack
+  frame, as v2's; tests/test_exercises_10.py holds both).
 - ``KERNELS``, ``row_scores_grid``, ``launch_row_scores``, ``row_scores(q, k, version=2)``;
   ``row_scores_traffic``: global loads and stores, as ``sanitizer.count_memory`` counts them.
 - ``ideal_work(kernel, s)``: the FLOPs and the ideal bytes (every element of every array read or
@@ -74,7 +75,7 @@ def row_scores_kernel_v2(q, k, out):
 @cuda.jit
 def row_scores_kernel_v3(q, k, out):
     """out[i, j] = q[i] . k[j]; q (T_q, D), k (T_k, D), out (T_q, T_k) float32; thread i = row i."""
-    q_row = cuda.local.array(D, float32)                       # this thread's row of q: registers, as in the warm-up
+    q_row = cuda.local.array(D, float32)                       # this thread's row of q: registers (report: 0 B of stack)
     k_tile = cuda.shared.array((ROWS_PER_BLOCK, D), float32)   # a tile of as many keys as rows: 8 KB
     i = cuda.grid(1)
     for c in range(D):
