@@ -12,14 +12,8 @@ from attention_lib.stages import kv_cache
 
 
 def variant(exercise_id, *changes):
-    """The exercise's solution with each (old, new) text change made: a planted answer whose every
-    other line is the library's, so what the check says is about the change alone."""
-    exercise = EXERCISES[exercise_id]
-    source = mutation.solution_source(exercise)[0]
-    for old, new in changes:
-        assert old in source, old
-        source = source.replace(old, new)
-    return mutation.build(exercise, source, f"<planted answer of {exercise_id}>")
+    """The exercise's solution with each (old, new) text change made (mutation.variant)."""
+    return mutation.variant(EXERCISES[exercise_id], *changes)
 
 
 # --- 09_lse_merge (warm-up): the log-sum-exp merge of the chunks' partials ---------------------

@@ -107,3 +107,11 @@ def test_a_mutant_is_built_at_its_own_file_name_and_judged_like_an_answer(exerci
     result = check(exercise_id, answer, verbose=False)
     assert result.diagnosis == "float64_arithmetic" and f"<mutant {mutant.mutant_id}>" in result.message
     assert engine._is_kernel(answer)
+
+
+def test_a_variant_changes_the_solution_and_refuses_a_change_it_cannot_make():
+    exercise = EXERCISES["09_lse_merge"]
+    planted = mutation.variant(exercise, ("lse[h] = big + math.log(total)", "lse[h] = math.log(total)"))
+    assert check("09_lse_merge", planted, verbose=False).diagnosis == "lse_without_max"
+    with pytest.raises(ValueError, match=r"^the solution of 09_lse_merge has no 'no such line'$"):
+        mutation.variant(exercise, ("no such line", "x"))

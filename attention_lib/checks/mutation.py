@@ -70,6 +70,18 @@ def solution_copy(exercise):
     return build(exercise, source, f"<solution of {exercise.exercise_id}>")
 
 
+def variant(exercise, *changes):
+    """The solution with each (old, new) text change made, built as solution_copy builds it: a planted
+    answer whose every other line is the library's, so what a check says is about the change alone.
+    ValueError when the solution has no `old`."""
+    source, _, _ = solution_source(exercise)
+    for old, new in changes:
+        if old not in source:
+            raise ValueError(f"the solution of {exercise.exercise_id} has no {old!r}")
+        source = source.replace(old, new)
+    return build(exercise, source, f"<planted answer of {exercise.exercise_id}>")
+
+
 @dataclass
 class Mutant:
     """One single-point change of a solution."""
