@@ -36,7 +36,7 @@ UNIT_TESTS ?= tests/test_reference.py tests/test_api.py tests/test_basics.py tes
 # `make notebook NB=03`: the notebook whose name starts with NB.
 NOTEBOOK = $(wildcard notebooks/$(NB)_*.ipynb)
 
-.PHONY: lab solutions fresh-copy test unit mutants notebook notebooks student install clean bench
+.PHONY: lab solutions fresh-copy test unit mutants notebook notebooks student book install clean bench
 
 # make lab's folder: your own copies of the notebooks (not committed).
 WORK ?= my-notebooks
@@ -103,6 +103,13 @@ notebooks: $(INSTALLED)
 # GRADED=1: the copies of a graded class, without the cells that reveal the library's version.
 student: $(INSTALLED)
 	$(BIN)/python scripts/student_copies.py$(if $(GRADED), --graded) release
+
+# The course as a static book in build/book/ (scripts/book.py): the committed notebooks as a student
+# meets them, without solutions; no notebook runs. BOOK_REPO: the repository on GitHub that the pages'
+# launch links open (default: the git remote origin; none, no launch links).
+BOOK_REPO ?=
+book: $(INSTALLED)
+	$(BIN)/python scripts/book.py --out build/book$(if $(BOOK_REPO), --repo $(BOOK_REPO))
 
 # Grading with nbgrader (nbgrader_config.py; course directory grading/), one assignment per
 # notebook: NB=00 (or several, NB="00 03"). release-assignment: the graded copy (no reveal cells,
