@@ -178,7 +178,8 @@ register(Exercise(
 # (kv_cache.chunk_grid: (n_chunks, n_head) blocks of KEYS_PER_CHUNK threads), with g = h's kv head,
 # n_keys the chunk's filled positions and three shared scratch arrays; it loads the chunk, scores it,
 # reduces, weighs and writes lse_part[h, c] = m + log l and o_part[h, c, :] = sum_t exp(s_t - m) v_t
-# / l, placing its own barriers (kv_cache.chunk_reduce, notebook 04's tree, may do the reductions).
+# / l, placing its own barriers (kv_cache.chunk_reduce, notebook 04's tree, may do the reductions: the
+# notebook states its contract, not its code, and the limits as bounds, their arithmetic in hint 2).
 # The check runs chunk_partial_kernel with the answer in chunk_partial's place, every launch traced,
 # at the simulator's KEYS_PER_CHUNK (8) and a GPU's (32), on chunks one short, exact and one past,
 # heads of 64 and 128, grouped heads, scores spread past exp's range inside a chunk, all below -760,
@@ -478,7 +479,10 @@ register(Exercise(
                 "one holds minus infinity; a reduction gives every thread the max, each thread turns its score "
                 "into a weight and keeps it in shared memory, and a second reduction sums the weights; then "
                 "each thread owns some output components, walks the positions reading each value straight "
-                "from the cache, and one thread writes the log-sum-exp",
+                "from the cache, and one thread writes the log-sum-exp; the limits count that plan: a barrier "
+                "after the staging, and for each reduction one barrier a round of its tree plus one before and "
+                "one after; a thread's shared reads are its key's row, one weight a position for each "
+                "component it owns, and two or three reads a round in each tree",
                 "where answers go wrong: m taken from the first score or from the thread's own score (right "
                 "until scores spread past 88), a max started from 0 (every weight underflows when all scores "
                 "lie below -104), a barrier inside a test on the thread index, a short last chunk whose missing "
@@ -507,6 +511,6 @@ register(Exercise(
                                      "owns, and two trees of log2(KEYS_PER_CHUNK) rounds; a max or a sum walked "
                                      "over all the chunk's scores by one thread (or by each) goes past it"),
             MostBarriers(lambda case: 2 * _log2_chunk() + 5,
-                         why="one after the staging, and two reductions of log2(KEYS_PER_CHUNK) rounds with a "
-                             "barrier each, one before and one after")),
+                         why="room for reductions of log2(KEYS_PER_CHUNK) rounds and a few barriers around them; "
+                             "the second hint counts them")),
 ))
