@@ -1,13 +1,241 @@
-"""Deep dive 04x's exercise, 04x_warps_per_sm: the solution passes as a student submits it, and
-each usual mistake, written as a student would, gets its name."""
+"""Deep dive 04x's exercises, 04x_warp_softmax and 04x_warps_per_sm: each solution passes as a student
+submits it, and each usual mistake, written as a student would, gets its name, in one line."""
 
 import math
 
+import numpy as np
 import pytest
+from numba import cuda
 
 from attention_lib.checks import EXERCISES, check, mutation
 from attention_lib.checks.ex04_softmax import OCCUPANCY_CASES, OCCUPANCY_MISTAKES, occupancy_without
 from attention_lib.measure import kernel_report
+from attention_lib.stages.softmax import FULL_MASK, WARP_SIZE, WARPS_PER_BLOCK, merge_stats, strided_write, strided_zeros
+
+
+def verdict(exercise_id, answer):
+    result = check(exercise_id, answer, verbose=False)
+    assert "\n" not in str(result)
+    return result
+
+
+# --- 04x_warp_softmax: one warp per row, shuffles ---------------------------------------------------
+
+@cuda.jit
+def warp_softmax_solution(s, out):
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    m, l = np.float32(-math.inf), np.float32(0.0)
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    for step in (16, 8, 4, 2, 1):
+        m_other = cuda.shfl_xor_sync(FULL_MASK, m, step)
+        l_other = cuda.shfl_xor_sync(FULL_MASK, l, step)
+        m, l = merge_stats(m, l, m_other, l_other)
+    if m == -math.inf:
+        strided_zeros(out, row, lane, WARP_SIZE)
+        return
+    strided_write(s, out, row, lane, WARP_SIZE, m, np.float32(1.0) / l)
+
+
+@cuda.jit
+def warp_lanes_without_a_column_leave(s, out):
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0] or lane >= s.shape[1]:
+        return                                         # the others wait for these lanes at a shuffle
+    m, l = np.float32(-math.inf), np.float32(0.0)
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    for step in (16, 8, 4, 2, 1):
+        m_other = cuda.shfl_xor_sync(FULL_MASK, m, step)
+        l_other = cuda.shfl_xor_sync(FULL_MASK, l, step)
+        m, l = merge_stats(m, l, m_other, l_other)
+    if m == -math.inf:
+        strided_zeros(out, row, lane, WARP_SIZE)
+        return
+    strided_write(s, out, row, lane, WARP_SIZE, m, np.float32(1.0) / l)
+
+
+@cuda.jit
+def warp_sums_added_as_they_are(s, out):
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    m, l = np.float32(-math.inf), np.float32(0.0)
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    for step in (16, 8, 4, 2, 1):
+        m_other = cuda.shfl_xor_sync(FULL_MASK, m, step)
+        l += cuda.shfl_xor_sync(FULL_MASK, l, step)    # each l still against its own lane's max
+        m = max(m, m_other)
+    if m == -math.inf:
+        strided_zeros(out, row, lane, WARP_SIZE)
+        return
+    strided_write(s, out, row, lane, WARP_SIZE, m, np.float32(1.0) / l)
+
+
+@cuda.jit
+def warp_shuffled_down(s, out):
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    m, l = np.float32(-math.inf), np.float32(0.0)
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    for step in (16, 8, 4, 2, 1):
+        m_other = cuda.shfl_down_sync(FULL_MASK, m, step)   # lane 0 alone ends with the whole row
+        l_other = cuda.shfl_down_sync(FULL_MASK, l, step)
+        m, l = merge_stats(m, l, m_other, l_other)
+    if m == -math.inf:
+        strided_zeros(out, row, lane, WARP_SIZE)
+        return
+    strided_write(s, out, row, lane, WARP_SIZE, m, np.float32(1.0) / l)
+
+
+@cuda.jit
+def warp_starting_from_zero(s, out):
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    m, l = np.float32(0.0), np.float32(0.0)            # 0 is not neutral for a maximum
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    for step in (16, 8, 4, 2, 1):
+        m_other = cuda.shfl_xor_sync(FULL_MASK, m, step)
+        l_other = cuda.shfl_xor_sync(FULL_MASK, l, step)
+        m, l = merge_stats(m, l, m_other, l_other)
+    if m == -math.inf:
+        strided_zeros(out, row, lane, WARP_SIZE)
+        return
+    strided_write(s, out, row, lane, WARP_SIZE, m, np.float32(1.0) / l)
+
+
+@cuda.jit(device=True)
+def lane_max_then_sum(s, row, lane):
+    """Kernel 2's two passes on a warp: the max by shuffles, then the sum: each score read twice here."""
+    m = np.float32(-math.inf)
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        m = max(m, s[row, j])
+    for step in (16, 8, 4, 2, 1):
+        m = max(m, cuda.shfl_xor_sync(FULL_MASK, m, step))
+    l = np.float32(0.0)
+    if m > -math.inf:
+        for j in range(lane, s.shape[1], WARP_SIZE):
+            l += math.exp(s[row, j] - m)
+    for step in (16, 8, 4, 2, 1):
+        l += cuda.shfl_xor_sync(FULL_MASK, l, step)
+    return m, l
+
+
+@cuda.jit
+def warp_three_passes(s, out):
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    m, l = lane_max_then_sum(s, row, lane)
+    if m == -math.inf:
+        strided_zeros(out, row, lane, WARP_SIZE)
+        return
+    strided_write(s, out, row, lane, WARP_SIZE, m, np.float32(1.0) / l)
+
+
+@cuda.jit
+def warp_raw_exponentials(s, out):
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    l = np.float32(0.0)
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        l += math.exp(s[row, j])                       # no shift: overflows near +1000
+    for step in (16, 8, 4, 2, 1):
+        l += cuda.shfl_xor_sync(FULL_MASK, l, step)
+    strided_write(s, out, row, lane, WARP_SIZE, np.float32(0.0), np.float32(1.0) / l)
+
+
+@cuda.jit
+def warp_nan_on_fully_masked_rows(s, out):
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    m, l = np.float32(-math.inf), np.float32(0.0)
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    for step in (16, 8, 4, 2, 1):
+        m_other = cuda.shfl_xor_sync(FULL_MASK, m, step)
+        l_other = cuda.shfl_xor_sync(FULL_MASK, l, step)
+        m, l = merge_stats(m, l, m_other, l_other)
+    strided_write(s, out, row, lane, WARP_SIZE, m, np.float32(1.0) / l)   # -inf - (-inf): NaN
+
+
+@cuda.jit
+def warp_softmax_stub(s, out):
+    raise NotImplementedError()
+
+
+@cuda.jit
+def warp_lanes_take_chunks(s, out):
+    """Right values, each score read twice, but lane i takes columns i * chunk to (i + 1) * chunk - 1:
+    a warp's load spreads over chunk times as many segments."""
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    chunk = (s.shape[1] + WARP_SIZE - 1) // WARP_SIZE
+    first, end = lane * chunk, min((lane + 1) * chunk, s.shape[1])
+    m, l = np.float32(-math.inf), np.float32(0.0)
+    for j in range(first, end):
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    for step in (16, 8, 4, 2, 1):
+        m_other = cuda.shfl_xor_sync(FULL_MASK, m, step)
+        l_other = cuda.shfl_xor_sync(FULL_MASK, l, step)
+        m, l = merge_stats(m, l, m_other, l_other)
+    for j in range(first, end):
+        out[row, j] = math.exp(s[row, j] - m) / l if m > -math.inf else np.float32(0.0)
+
+
+@pytest.mark.parametrize("answer", [lambda: mutation.solution_copy(EXERCISES["04x_warp_softmax"]),
+                                    lambda: warp_softmax_solution])
+def test_the_warp_softmax_solution_passes(answer):
+    result = verdict("04x_warp_softmax", answer())
+    assert result.passed and result.diagnosis == "ok", result
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("answer, diagnosis, says", [
+    (warp_lanes_without_a_column_leave, "divergent_barrier", "hangs the block"),
+    (warp_sums_added_as_they_are, "online_softmax_no_rescale", "rescaled by exp(m_lane - m)"),
+    (warp_shuffled_down, "result_not_broadcast", "lane 0's columns are right"),
+    (warp_starting_from_zero, "wrong_neutral_value", "(-inf, 0)"),
+    (warp_three_passes, "stats_not_in_one_pass", "read up to 3 times from global memory, where the limit is 2"),
+    (warp_lanes_take_chunks, "uncoalesced", "segments of 128 bytes on average, where the limit is 2"),
+    (warp_raw_exponentials, "unstable_softmax", "Subtract the row maximum"),
+    (warp_nan_on_fully_masked_rows, "fully_masked_row", "row 3 has every score -inf"),
+    (warp_softmax_stub, "not_implemented", "Hint"),
+])
+def test_warp_softmax_mistakes_get_their_diagnosis(answer, diagnosis, says):
+    result = verdict("04x_warp_softmax", answer)
+    assert (result.passed, result.diagnosis, says in result.message) == (False, diagnosis, True), result
+
+
+def test_the_warp_softmax_hints_give_the_idea_then_the_plan_then_the_pitfalls_and_name_no_code():
+    hints = EXERCISES["04x_warp_softmax"].hints
+    assert len(hints) == 3 and hints[1].startswith("where each step goes")
+    assert hints[2].startswith("where answers go wrong")
+    for text in hints:
+        assert not any(code in text for code in ("=", "[", "cuda.", "syncthreads")), text
+
+
+# --- 04x_warps_per_sm: the warps an SM holds ------------------------------------------------------------
+
 
 
 def occupancy(mistake=None):

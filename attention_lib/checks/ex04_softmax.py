@@ -1,5 +1,5 @@
-"""Notebook 04's exercises, the row softmax with a thread, a block and a warp per row, and the deep
-dive 04x's.
+"""Notebook 04's exercises, the row softmax with a thread and a block per row, and the deep dive
+04x's, the row softmax with a warp per row and the warps an SM holds.
 
 ``04_row_softmax`` (warm-up): a kernel with softmax_kernel_v1's signature ``(s, out)``, s and out
 (rows, T_k) float32, launched on v1's grid (one thread per row, ROWS_PER_BLOCK rows to a block).
@@ -18,12 +18,13 @@ v2's grid (one block of THREADS_PER_ROW threads per row, row = blockIdx.x), desi
 around the warm-up's block_reduce: which thread reads which columns, what each thread brings to each
 reduction, the fully masked row's guard, the write pass (softmax.block_softmax_kernel). Run at the
 simulator's 32 threads a row and a GPU's 128. Limits, counted per launch: each score read at most 3
-times (kernel 2's count); every block moving s and out with all its lanes side by side
-(``serial_copy``: one thread, or one lane a warp, walking the row); at most 2 segments a warp load of s and store of out; no thread reading
-shared memory more than two trees' 2 (2 log2(THREADS_PER_ROW) + 2) times or passing more than two
-trees' 2 (2 + log2(THREADS_PER_ROW)) barriers; no shared slot read before its block wrote it.
+times (kernel 2's count); no warp making more than twice its share of its block's loads of s or
+stores of out (``serial_copy``: one thread, or one lane a warp, walking the row); at most 2 segments
+a warp load of s and store of out; no thread reading shared memory more than two trees'
+2 (2 log2(THREADS_PER_ROW) + 2) times or passing more than two trees' 2 (2 + log2(THREADS_PER_ROW))
+barriers; no shared slot read before its block wrote it.
 
-``04_warp_softmax`` (follow-up): a kernel with softmax_kernel_v3's signature, launched on v3's grid
+``04x_warp_softmax`` (deep dive 04x): a kernel with softmax_kernel_v3's signature, launched on v3's grid
 (one warp per row): each lane folds its columns into one (m, l) pair with ``merge_stats``, the
 warp merges the pairs with shuffles, each lane writes its columns. Limits: every score read at most
 twice from global memory (``stats_not_in_one_pass``); a warp's load of s touches at most 2
@@ -499,8 +500,9 @@ register(Exercise(
     both_shapes=True,
     describe_case=lambda c: f"rows = {c[0]}, T_k = {c[1]} ({c[2]} scores)",
     hint=("the block shares its row: each thread first gathers what it can of the row alone, then "
-          "block_reduce gives every thread the whole row's figure, once for the max and once for the sum; "
-          "a warp reads best when its 32 threads read 32 neighbouring scores"),
+          "block_reduce gives every thread the whole row's figure, once for the max and once for the sum. "
+          "A warp's load takes one segment when its 32 threads read 32 neighbouring scores, so let the "
+          "whole block step along the row together, a block's width at a time, each thread at its own offset"),
     more_hints=("the plan: thread number t takes columns t, t plus the block size, t plus twice the block "
                 "size, and so on to the row's end, in each of three walks; the first walk keeps the "
                 "largest score (a thread with no column keeps minus infinity), and block_reduce makes it "
@@ -538,7 +540,7 @@ register(Exercise(
 ))
 
 
-# --- The follow-up: one warp per row, its (m, l) pairs merged by shuffles -------------------------
+# --- 04x_warp_softmax (deep dive 04x): one warp per row, its (m, l) pairs merged by shuffles --------
 
 def _lane_pairs(s):
     """(rows, 32) m and l of each lane's columns lane, lane + 32, ..., float64."""
@@ -583,7 +585,7 @@ def _diagnose_warp(got, expected, s, error):
 
 
 register(Exercise(
-    exercise_id="04_warp_softmax",
+    exercise_id="04x_warp_softmax",
     title="out[row] = softmax(s[row]), one warp per row: (m, l) pairs merged by warp shuffles",
     kind="kernel",
     run=_run_warp_softmax,

@@ -19,9 +19,10 @@ all-zero weights: the query attends to nothing, never NaN.
   max, then their partial sum, with a tree reduction in shared memory.
 - ``block_softmax_kernel``: kernel 2's design as one kernel, its three passes written out around two
   calls of ``block_reduce`` (notebook 04's main exercise).
-- ``merge_stats`` + ``softmax_kernel_v3``: one warp per row, WARPS_PER_BLOCK rows a block; each
-  lane folds its columns into one (max, sum) pair in a single pass, and the 32 lanes merge their
-  pairs with warp shuffles (shfl_xor_sync): no shared memory, no barrier, two reads per score.
+- ``merge_stats`` + ``softmax_kernel_v3`` (deep dive 04x's exercise): one warp per row,
+  WARPS_PER_BLOCK rows a block; each lane folds its columns into one (max, sum) pair in a single
+  pass, and the 32 lanes merge their pairs with warp shuffles (shfl_xor_sync): no shared memory, no
+  barrier, two reads per score.
 - Launcher ``softmax(s, version=2, kernel=None)``.
 """
 
