@@ -1,6 +1,6 @@
 """Notebook 10's exercises: each solution gets ok, each typical mistake its own diagnosis, in one line;
-and what the notebook builds on them: the registers kernels' report rows, the work formulas against
-the bench's, the launch counts and the lower bounds of the bench's entries.
+and what the notebook builds on them: the registers kernels' report rows. Deep dive 10x's exercise is
+in test_exercises_10x.py.
 
 The solutions below are the library's code (the notebook's solution cells), copied: the library's
 own code would be refused as given code.
@@ -18,7 +18,7 @@ from numba import cuda, float32
 
 from attention_lib.checks import EXERCISES, check
 from attention_lib.checks import mutation
-from attention_lib.measure import bench, bench_cases, gpus, kernel_report
+from attention_lib.measure import kernel_report
 from attention_lib.stages import registers
 from attention_lib.stages.registers import D
 
@@ -219,128 +219,12 @@ def test_the_library_kernels_are_refused_as_given_code():
     assert verdict("10_registers", registers.row_scores_kernel_v2).diagnosis == "calls_given_code"
 
 
-# --- 10_ideal_work (main): the FLOPs and ideal bytes of three kernels ----------------------------
-
-def ideal_work(kernel, s):                                            # the solution
-    if kernel == "softmax":
-        scores = s.BH * s.T * s.T
-        return 5 * scores, 4 * (scores + scores)
-    if kernel == "flash":
-        pairs = s.BH * s.T * (s.T + 1) // 2
-        rows = s.BH * s.T * s.d_k
-        return (4 * s.d_k + 5) * pairs, 4 * (4 * rows + s.BH * s.T)
-    cached = s.BH * s.T * s.d_k
-    return (4 * s.d_k + 5) * s.BH * s.T, 4 * (2 * cached + 2 * s.BH * s.d_k)
-
-
-def changed(kernel_changed, flops=None, nbytes=None):
-    """The solution with one kernel's FLOPs or bytes replaced by a function of the sizes."""
-    def answer(kernel, s):
-        right = ideal_work(kernel, s)
-        if kernel != kernel_changed:
-            return right
-        return (right[0] if flops is None else flops(s), right[1] if nbytes is None else nbytes(s))
-    return answer
-
-
-WORK_MISTAKES = {
-    "bytes_as_elements": (changed("softmax", nbytes=lambda s: 2 * s.BH * s.T * s.T), "each is 4 bytes"),
-    "every_access_counted": (changed("softmax", nbytes=lambda s: 4 * 4 * s.BH * s.T * s.T),
-                             "every load and store the kernel requests"),
-    "arrays_missed": (changed("flash", nbytes=lambda s: 4 * 4 * s.BH * s.T * s.d_k), "leaves out lse, which the "
-                      "kernel also writes"),
-    "multiply_adds_not_flops": (changed("decode", flops=lambda s: (2 * s.d_k + 5) * s.BH * s.T),
-                                "a multiply-add is 2 FLOPs"),
-    "softmax_not_counted": (changed("flash", flops=lambda s: 4 * s.d_k * s.BH * s.T * (s.T + 1) // 2),
-                            "the two products were counted, not the softmax"),
-    "mask_ignored": (changed("flash", flops=lambda s: (4 * s.d_k + 5) * s.BH * s.T * s.T), "every (query, key) pair"),
-    "diagonal_missed": (changed("flash", flops=lambda s: (4 * s.d_k + 5) * s.BH * s.T * (s.T - 1) // 2),
-                        "query i sees key i too"),
-    "visible_scores_only": (changed("softmax", flops=lambda s: 5 * s.BH * s.T * (s.T + 1) // 2),
-                            "the masked ones too"),
-    "wrong_values": (changed("decode", nbytes=lambda s: 4 * (2 * s.BH * s.T * s.d_k + 3 * s.BH * s.d_k)),
-                     "the sanitizer counted 960 (elements: q 10 read, k_cache 110 read"),
-}
-
-
-def test_the_ideal_work_solution_passes():
-    result = verdict("10_ideal_work", ideal_work)
-    assert result.passed and result.diagnosis == "ok", result
-    assert verdict("10_ideal_work", mutation.solution_copy(EXERCISES["10_ideal_work"])).passed
-
-
-@pytest.mark.parametrize("diagnosis", sorted(WORK_MISTAKES))
-def test_ideal_work_mistakes_get_their_diagnosis(diagnosis):
-    answer, says = WORK_MISTAKES[diagnosis]
-    result = verdict("10_ideal_work", answer)
-    assert (result.passed, result.diagnosis) == (False, diagnosis) and says in result.message, result.message
-
-
-def test_the_check_sizes_are_not_the_ones_the_notebook_runs_the_bench_at_above_the_exercise():
-    """The notebook runs the bench at bench.notebook_sizes() and at sizes it names (BenchSizes(B=..,
-    ...)) before 10_ideal_work's check: the check's cases must be other sizes, so that no figure above
-    the exercise can be copied into an answer."""
-    from attention_lib.checks import ex10_performance
-    code = [c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells if c.cell_type == "code"]
-    above = "\n".join(code[:next(i for i, c in enumerate(code) if 'check("10_ideal_work"' in c)])
-    run = {tuple(int(n) for n in found) for found in
-           re.findall(r"BenchSizes\(B=(\d+), H=(\d+), T=(\d+), d_k=(\d+)\)", above)}
-    printed = bench.notebook_sizes()
-    run.add((printed.B, printed.H, printed.T, printed.d_k))
-    assert "notebook_sizes()" in above and len(run) >= 2
-    assert not run & {(s.B, s.H, s.T, s.d_k) for s in ex10_performance.SIZES}
-
-
-def test_every_named_work_mistake_is_planted():
-    assert set(EXERCISES["10_ideal_work"].diagnoses) <= set(WORK_MISTAKES)
-
-
-def test_a_wrong_return_is_said_in_one_line():
-    result = verdict("10_ideal_work", lambda kernel, s: ideal_work(kernel, s)[0])
-    assert result.diagnosis == "raised_error" and "must return the tuple (flops, nbytes)" in result.message
-
-
-def test_the_library_ideal_work_is_refused_as_given_code():
-    assert verdict("10_ideal_work", registers.ideal_work).diagnosis == "calls_given_code"
-
-
-@pytest.mark.parametrize("sizes", [bench_cases.BenchSizes(8, 12, 1024, 64), bench_cases.BenchSizes(1, 2, 7, 5)])
-def test_the_ideal_work_is_the_benchs_formulas(sizes):
-    """The bench's FLOPs and ideal bytes, one rule for both (fused attention's bytes with its lse)."""
-    entries = {e.name: e for e in bench_cases.REGISTRY}
-    for kernel, entry in (("softmax", "softmax v1"), ("flash", "flash v2"), ("decode", "decode v1")):
-        flops, nbytes = registers.ideal_work(kernel, sizes)
-        assert (flops, nbytes) == (entries[entry].flops(sizes), entries[entry].ideal_bytes(sizes)), kernel
-    with pytest.raises(ValueError, match="kernel must be 'softmax', 'flash' or 'decode', got 'scores'"):
-        registers.ideal_work("scores", sizes)
-
-
-# --- What the notebook builds on them: the bench's lower bounds -----------------------------------
-
-def test_the_predictions_at_andrea_120m():
-    """Notebook 10's table: each kernel's bound from its own figures, its launches those a run
-    records; the regimes the text names."""
-    run = bench.run_bench(bench.BenchSizes(B=1, H=2, T=7, d_k=5), count=False, timed=False, write=False, verbose=False)
-    rows = {r["name"]: r for r in bench.predictions(bench.formula_results(), run)}
-    assert set(rows) == {k["name"] for k in run["kernels"]}
-    h200, recorded = gpus.REFERENCE_GPU, {k["name"]: len(k["launches"]) for k in run["kernels"]}
-    for r in rows.values():
-        assert r["launches"] == recorded[r["name"]]
-        assert r["ideal"] == bench.lower_bound(r["flops"], r["ideal_bytes"], r["launches"], h200)
-        assert r["measured_s"] is None
-    assert rows["projection v1"]["ideal"][1] == "compute" and rows["projection v1"]["counted"][1] == "memory"
-    assert rows["projection v4"]["counted"][1] == "compute"                 # right of the ridge even uncached
-    assert rows["softmax v2"]["ideal"][1] == "memory"
-    assert rows["decode v1"]["ideal"][1] == rows["decode v2"]["ideal"][1] == "launch"
-    assert rows["attention pipeline"]["launches"] == 3
-    assert "projection v4" in bench.format_predictions(list(rows.values()))
-
-
 # --- 10_tiled_k (main): the row in registers, k staged through shared memory --------------------
 
 KT = ROWS = registers.ROWS_PER_BLOCK          # the solution's tile: as many keys as the block has rows
 SMALL = 16                                  # the smallest tile the barrier limit allows
 TINY = 8
+PADDED = KT + 1                             # a row of the transposed tile, one word of padding
 
 
 @cuda.jit
@@ -447,6 +331,44 @@ def rows_in_local_memory_tiled(q, k, out):              # the tile right, q_row'
         cuda.syncthreads()
 
 
+@cuda.jit
+def tile_stored_transposed(q, k, out):                  # a key a column: a warp's 32 stores in one bank
+    k_tile = cuda.shared.array((D, KT), float32)
+    i = cuda.grid(1)
+    q_row = cuda.local.array(D, float32)
+    for c in range(D):
+        q_row[c] = q[i, c] if i < q.shape[0] else float32(0.0)
+    for j0 in range(0, k.shape[0], KT):
+        for e in range(cuda.threadIdx.x, min(KT, k.shape[0] - j0) * D, KT):
+            k_tile[e % D, e // D] = k[j0 + e // D, e % D]
+        cuda.syncthreads()
+        for j in range(j0, min(j0 + KT, k.shape[0]) if i < q.shape[0] else j0):
+            acc = float32(0.0)
+            for c in range(D):
+                acc += q_row[c] * k_tile[c, j - j0]
+            out[i, j] = acc
+        cuda.syncthreads()
+
+
+@cuda.jit
+def tile_transposed_and_padded(q, k, out):              # a key a column, rows of KT + 1 words: no conflict
+    k_tile = cuda.shared.array((D, PADDED), float32)
+    i = cuda.grid(1)
+    q_row = cuda.local.array(D, float32)
+    for c in range(D):
+        q_row[c] = q[i, c] if i < q.shape[0] else float32(0.0)
+    for j0 in range(0, k.shape[0], KT):
+        for e in range(cuda.threadIdx.x, min(KT, k.shape[0] - j0) * D, KT):
+            k_tile[e % D, e // D] = k[j0 + e // D, e % D]
+        cuda.syncthreads()
+        for j in range(j0, min(j0 + KT, k.shape[0]) if i < q.shape[0] else j0):
+            acc = float32(0.0)
+            for c in range(D):
+                acc += q_row[c] * k_tile[c, j - j0]
+            out[i, j] = acc
+        cuda.syncthreads()
+
+
 COPY = "for e in range(cuda.threadIdx.x, min(ROWS, k.shape[0] - j0) * D, ROWS):"
 SCORE = "for j in range(j0, min(j0 + ROWS, k.shape[0]) if i < q.shape[0] else j0):   # none past T_q"
 FIRST = "at T_q = 5, T_k = 31, D = 64: "
@@ -509,6 +431,9 @@ TILED_MISTAKES = {
     "float64_acc": (_tiled_variant(("acc = float32(0.0)", "acc = 0.0", None)), "float64_arithmetic",
                     "computes in float64"),
     "q_row_in_local_memory": (rows_in_local_memory_tiled, "local_memory", "-byte stack frame"),
+    "tile_stored_transposed": (tile_stored_transposed, "bank_conflict", FIRST + "the values are right, but a "
+                               "warp's store of k_tile at "),
+    "ok_tile_transposed_and_padded": (tile_transposed_and_padded, "ok", "correct at every size tried"),
     "library": (registers.row_scores_kernel_v3, "calls_given_code", "row_scores_kernel_v3"),
 }
 

@@ -1,5 +1,5 @@
-"""Notebook 10's exercises: a local array kept in registers (warm-up), the same kernel with k staged
-through shared memory (main), and the work three kernels cannot avoid.
+"""Notebook 10's exercises, a local array kept in registers (warm-up) and the same kernel with k staged
+through shared memory (main), and deep dive 10x's, the work three kernels cannot avoid.
 
 ``10_registers`` (warm-up): a kernel ``(q, k, out)`` computing out[i, j] = q[i] . k[j] for q (T_q, D),
 k (T_k, D), one thread per query row holding its row of q in a ``cuda.local.array``, written so that
@@ -14,20 +14,22 @@ bytes) and float32 arithmetic (``float64_arithmetic``).
 launched on the warm-up's grid (a thread per query row, blocks of 32), which keeps its row of q in
 registers and stages k through shared memory in tiles of the student's choosing
 (``registers.row_scores_kernel_v3``). Limits: q read once; each element of k read at most
-ceil(T_q / 32) times (once per block); a warp's load of k at most 2 segments, its lanes side by side
-(``NoSerialCopy``); at most 2 ceil(T_k / 16) barriers (two a step, tiles of at least 16 keys); every
-slot read written in its step; a 0-byte stack frame. Named: ``same_key_tile`` (every step copies the
+ceil(T_q / 32) times (once per block); a warp's load of k at most 2 segments, and at most 2 load
+instructions of k for every 32 elements the block loads (``NoSerialCopy``); a warp's read of a shared
+array at most one word a bank, its store at most two (``bank_conflict``: a tile stored transposed, a key
+a column, puts a warp's 32 words in one bank); at most 2 ceil(T_k / 16) barriers (two a step, tiles of
+at least 16 keys); every slot read written in its step; a 0-byte stack frame. Named: ``same_key_tile`` (every step copies the
 first keys), ``last_tile_dropped`` (the walk stops after the last whole tile), ``scores_not_placed``
 (a tile's scores written at their place in the tile, not in out).
 
-``10_ideal_work``: a function ``ideal_work(kernel, s)`` -> ``(flops, nbytes)`` for kernel
+``10x_ideal_work`` (deep dive 10x): a function ``ideal_work(kernel, s)`` -> ``(flops, nbytes)`` for kernel
 "softmax" (rows of causally masked scores), "flash" (causal attention writing out and the lse) or
 "decode" (one query per head against a cache), at sizes ``s`` (a ``BenchSizes``). The FLOPs are
 held to the bench's formulas (2 per multiply-add and 1 per other float operation, so 5 per score the
 softmax kernel processes; fused attention and decoding 4 d_k + 5 per visible pair); the bytes to what the
 sanitizer counts when the library's kernel runs at those sizes: every element of every array it
-reads or writes, once (``softmax v1``, ``flash v2``, ``decode v1``). Besides the engine's diagnoses:
-``bytes_as_elements``, ``every_access_counted`` (the counted bytes, every request, instead of the
+reads or writes, once (``softmax v1``, ``flash v2``, ``decode v1``). Both are counts: a float is refused
+(``counts_not_integers``, whatever its value). Besides the engine's diagnoses: ``bytes_as_elements``, ``every_access_counted`` (the counted bytes, every request, instead of the
 ideal ones), ``arrays_missed`` (an array the kernel reads or writes left out, named),
 ``multiply_adds_not_flops`` (a multiply-add counted as 1 FLOP), ``softmax_not_counted`` (attention's two
 products alone), ``mask_ignored`` (every pair of a causal head),
@@ -38,6 +40,7 @@ masked scores left out, which its kernel reads and writes too).
 import functools
 import importlib
 import itertools
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -45,10 +48,12 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register, unwritten
+from attention_lib.checks.ex02_scores import _bank_ways
 from attention_lib.checks.limits import (Coalesced, MostAccessesPerThread, MostBarriers, MostLoads, NoLocalMemory,
                                          NoSerialCopy, RefilledTiles)
-from attention_lib.measure import bench, recording
+from attention_lib.measure import bench, recording, sanitizer
 from attention_lib.measure.bench_cases import REGISTRY, BenchSizes, Inputs
+from attention_lib.platform import where
 from attention_lib.platform.launch import ceil_div
 from attention_lib.stages import registers
 
@@ -176,6 +181,35 @@ def _barriers_why(case):
             f"{LEAST_TILE} keys, two barriers each (the tile full before it is read, read before it is refilled)")
 
 
+# A warp's access to n different 4-byte words of one bank takes n rounds (one word read by many lanes is
+# broadcast: one round). Every row reads the tile D times a key, so its reads must take one round; the
+# copy stores each slot once a step, so two rounds are allowed (a lane storing two neighbouring words).
+MOST_WAYS = {"read": 1, "store": 2}
+
+
+@dataclass
+class SharedBanks:
+    """A warp's read of any shared array puts at most MOST_WAYS["read"] different words in one bank,
+    its store at most MOST_WAYS["store"] (the words counted as ex02's check counts them)."""
+
+    code: str = "bank_conflict"
+
+    def broken(self, traces, case, compiled):
+        for traced in traces:
+            for name in traced.arrays(sanitizer.SHARED):
+                itemsize = traced.launch.targets[name].dtype.itemsize
+                for access, kind in (("read", sanitizer.LOAD), ("store", sanitizer.STORE)):
+                    for (_, _, site, _), elements in traced._warp_requests(name, kind).items():
+                        ways = _bank_ways([element * itemsize // 4 for element in elements])
+                        if ways > MOST_WAYS[access]:
+                            return (f"the values are right, but a warp's {access} of {name} at "
+                                    f"{where.describe_with_code(*site)} puts {ways} different words in one bank "
+                                    f"of shared memory ({ways} rounds instead of 1), where the limit is "
+                                    f"{MOST_WAYS[access]}: choose the tile's layout so that the words a warp "
+                                    "touches at once fall in different banks")
+        return None
+
+
 register(Exercise(
     exercise_id="10_tiled_k",
     title="row scores with q's row in registers and k staged through shared memory in tiles",
@@ -196,7 +230,8 @@ register(Exercise(
         "where answers go wrong: a thread with no query row that returns early skips the copies and the "
         "barriers; a step that copies the first keys again instead of its own; a walk that stops after the "
         "last whole tile; a score written at the key's place in the tile instead of its column of out; "
-        "lanes that each copy a whole key touch a segment a lane; a loop over the row bounded by the "
+        "lanes that each copy a whole key touch a segment a lane; a tile stored a key a column puts a warp's "
+        "words in one bank; a loop over the row bounded by the "
         "array's shape puts the register array in local memory"),
     # float32 sums of 64 products of standard normals (values up to about 25) against float64.
     rtol=1e-5,
@@ -208,8 +243,8 @@ register(Exercise(
             MostAccessesPerThread("out", lambda case: case[1], access="store",
                                   why="a thread per query row writes its row's T_k scores"),
             MostBarriers(lambda case: 2 * ceil_div(case[1], LEAST_TILE), why=_barriers_why),
-            RefilledTiles(), NoLocalMemory()),
-    diagnoses=("same_key_tile", "last_tile_dropped", "scores_not_placed"),
+            RefilledTiles(), SharedBanks(), NoLocalMemory()),
+    diagnoses=("same_key_tile", "last_tile_dropped", "scores_not_placed", "bank_conflict"),
     solution=registers.row_scores_kernel_v3,
     forbidden=(registers.row_scores, registers.launch_row_scores, registers.row_scores_kernel_v2),
 ))
@@ -220,8 +255,8 @@ register(Exercise(
 # The library kernel whose launch the sanitizer counts for each name of the contract.
 ENTRIES = {"softmax": "softmax v1", "flash": "flash v2", "decode": "decode v1"}
 KERNELS = tuple(ENTRIES)
-# Sizes (B, H, T, d_k): awkward, no dimension a multiple of another, none the notebook runs the bench at
-# above the exercise; one position.
+# Sizes (B, H, T, d_k): awkward, no dimension a multiple of another, none deep dive 10x runs the bench
+# at above the exercise; one position.
 SIZES = (BenchSizes(1, 2, 11, 5), BenchSizes(2, 1, 16, 3), BenchSizes(1, 3, 1, 2))
 
 
@@ -278,6 +313,11 @@ def _run_work(answer, case, rng, _launch):              # plain Python: no kerne
     if not isinstance(result, tuple) or len(result) != 2:
         got = f"a tuple of {len(result)}" if isinstance(result, tuple) else type(result).__name__
         raise TypeError(f"ideal_work must return the tuple (flops, nbytes), got {got}")
+    for what, value in zip(("flops", "nbytes"), result):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise Diagnosed("counts_not_integers", (
+                f"{what} came back as {value!r}, a {type(value).__name__}. FLOPs and bytes are "
+                "counts, whole numbers: return ints (in Python, / gives a float even where it divides exactly)"))
     truth = counted(case.kernel, case.sizes)
     return (np.array([float(result[0]), float(result[1])]), np.array([float(truth.flops), float(truth.ideal_bytes)]),
             case, truth)
@@ -348,7 +388,7 @@ def _diagnose_work(got, expected, case, truth):
 
 
 register(Exercise(
-    exercise_id="10_ideal_work",
+    exercise_id="10x_ideal_work",
     title="ideal_work(kernel, s): the FLOPs and the ideal bytes of a softmax, fused attention and a decode step",
     kind="function",
     run=_run_work,
@@ -367,7 +407,7 @@ register(Exercise(
     rtol=0.0,
     atol=0.5,
     diagnose=_diagnose_work,
-    diagnoses=("bytes_as_elements", "every_access_counted", "arrays_missed", "multiply_adds_not_flops",
+    diagnoses=("counts_not_integers", "bytes_as_elements", "every_access_counted", "arrays_missed", "multiply_adds_not_flops",
                "softmax_not_counted", "mask_ignored", "diagonal_missed", "visible_scores_only"),
     solution=registers.ideal_work,
     forbidden=(bench.predictions, bench.formula_results),

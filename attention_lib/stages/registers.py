@@ -1,4 +1,4 @@
-"""Notebook 10's stage: registers or local memory, and the work a kernel cannot avoid.
+"""Notebook 10's stage: registers or local memory; and the work a kernel cannot avoid (deep dive 10x).
 
 Unscaled scores out[i, j] = q[i] . k[j], one thread per query row, its row of q kept in a
 ``cuda.local.array`` so that q is read from main memory once per row instead of once per key.
@@ -21,8 +21,8 @@ in local memory: per-thread device memory (DRAM, cached in L1 and L2), one load 
 - ``KERNELS``, ``row_scores_grid``, ``launch_row_scores``, ``row_scores(q, k, version=2)``;
   ``row_scores_traffic``: global loads and stores, as ``sanitizer.count_memory`` counts them.
 - ``ideal_work(kernel, s)``: the FLOPs and the ideal bytes (every element of every array read or
-  written once) of one launch of the softmax, fused attention or a decode step (an exercise of the
-  notebook; its check counts the bytes with the sanitizer).
+  written once) of one launch of the softmax, fused attention or a decode step (deep dive 10x's
+  exercise; its check counts the bytes with the sanitizer).
 """
 
 import numpy as np
@@ -142,7 +142,7 @@ def row_scores_flops(t_q, t_k):
 
 
 
-# --- The work a kernel cannot avoid (the main exercise) --------------------------------------
+# --- The work a kernel cannot avoid (deep dive 10x's exercise) -------------------------------
 
 def ideal_work(kernel, s):
     """(FLOPs, ideal bytes) of one launch of `kernel` at sizes `s` (B, H, T, d_k; BH = B * H).
