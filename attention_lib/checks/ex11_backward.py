@@ -21,14 +21,15 @@ answer is compared with the usual slips:
 ``11_dkdv_pass`` (main): a ``@cuda.jit(device=True)`` walk with ``backward.dkdv_walk``'s contract,
 ``(q, d_out, lse, d_rows, t_k, q_tile, do_tile, stats, k_row, v_row, dk_acc, dv_acc, scale)``, which
 every thread of block (x, h) of ``backward.dkdv_pass_kernel`` calls (the kernel loads each key's k and v
-rows and stores its sums): it walks the query tiles that see the block's keys, stages each tile's q, dO,
-lse and D in the given shared arrays, and folds the queries that see its key j into its sums, P_ij
-rebuilt from the lse. Causal, the queries the last T_q of T_k positions. The check compiles the kernel
-around the answer (``backward.pass_kernel_with``) at the simulator's tiles and a GPU's, and compares dK
-and dV (concatenated on the last axis) with the NumPy backward. Limits: each element of q, d_out, lse and
-d_rows read at most once by a block and from no query tile above its diagonal (measured in ``run``
-from the trace, block by block: ``no_reuse``, ``tile_above_diagonal``), coalesced loads with every lane
-side by side, two barriers a query tile, every slot read written in its step. Named besides the
+rows and stores its sums): it walks the query tiles that see the block's keys, copies each tile's q, dO,
+lse and D into the given shared arrays itself (no copy helper is given), and folds the queries that see
+its key j into its sums, P_ij rebuilt from the lse. Causal, the queries the last T_q of T_k positions.
+The check compiles the kernel around the answer (``backward.pass_kernel_with``) at the simulator's tiles
+and a GPU's, and compares dK and dV (concatenated on the last axis) with the NumPy backward. Limits:
+each element of q, d_out, lse and d_rows read at most once by a block and from no query tile above its
+diagonal (measured in ``run`` from the trace, block by block: ``no_reuse``, ``tile_above_diagonal``),
+coalesced loads with every lane side by side, two barriers a query tile (the contract states the budget
+the check counts; the hints give its arithmetic), every slot read written in its step. Named besides the
 engine's: the walk's and rows' slips (``diagonal_skipped``, ``last_query_row_skipped``,
 ``first_query_row_skipped``, ``first_query_tile_skipped``, ``last_query_tile_skipped``,
 ``offset_ignored``, ``masked_pairs_folded``, ``block_ignored``, ``head_ignored``), the recomputation's
@@ -382,16 +383,19 @@ register(Exercise(
           "its score and the query's log-sum-exp alone"),
     more_hints=("the plan: find the first query that sees the block's first key, and start at the tile that "
                 "holds it; walk to the last query, a tile at a time. Each step, the whole block copies the "
-                "tile's q and dO rows, lse and D to the shared tiles, neighbouring threads at neighbouring "
-                "addresses, then waits. Each thread then takes the tile's queries that see its key: the weight "
-                "(exp of the score times the scale, minus lse), dS (the weight times its v against the row's "
-                "dO, minus D), and adds the weight times dO to its dV sum and dS times q to its dK sum. A second "
-                "wait comes before the next copy",
+                "tile's q and dO rows, lse and D to the shared tiles: number the tile's elements row after row, "
+                "and let thread t take elements t, t plus the block's thread count, and so on, so that "
+                "neighbouring threads read neighbouring addresses; then it waits. Each thread then takes the "
+                "tile's queries that see its key: the weight (exp of the score times the scale, minus lse), dS "
+                "(the weight times its v against the row's dO, minus D), and adds the weight times dO to its dV "
+                "sum and dS times q to its dK sum. A second wait comes before the next copy. That is two "
+                "barriers a query tile, and the budget is two for each tile of T_q, as if a block walked them all",
                 "where answers go wrong: the walk's first tile (the queries are the last T_q of T_k positions), "
                 "the rows of a tile that see the key (the diagonal itself counts; the last tile may be short), "
-                "threads past T_k (they copy and wait like the others but fold nothing), a barrier inside a "
-                "branch that some threads skip, and the exponential of a raw score (past 88.7 a float32 "
-                "overflows)"),
+                "threads past T_k (they copy and wait like the others but fold nothing), a copy whose stride is "
+                "not the block's thread count (two threads write one slot, or a slot is left unwritten), a "
+                "barrier inside a branch that some threads skip, and the exponential of a raw score (past 88.7 "
+                "a float32 overflows)"),
     rtol=PASS_RTOL,
     atol=PASS_ATOL,
     diagnose=_diagnose_pass,
@@ -403,7 +407,8 @@ register(Exercise(
                                                              "after its copy, one before the next"),
             RefilledTiles()),
     solution=backward.dkdv_walk,
-    forbidden=(backward.dkdv_tile, backward.load_query_tiles, backward.query_ranges, backward.queries_seeing,
+    forbidden=(backward.dkdv_tile, backward.load_query_tiles, backward.load_rows, backward.load_entries,
+               backward.query_ranges, backward.queries_seeing,
                backward.dq_tile, backward.flash_backward_dkdv_kernel, backward.launch_fused_backward,
                backward.flash_attention_backward, backward.dkdv_pass),
 ))

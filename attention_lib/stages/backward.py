@@ -521,16 +521,17 @@ def dkdv_walk(q, d_out, lse, d_rows, t_k, q_tile, do_tile, stats, k_row, v_row, 
     seen_from = cuda.blockIdx.x * BLOCK_K - (t_k - t_q)         # key j0 + x is seen from query seen_from + x on
     for i0 in range(max(0, seen_from) // BLOCK_Q * BLOCK_Q, t_q, BLOCK_Q):   # no tile above the diagonal
         n = min(BLOCK_Q, t_q - i0)
-        load_rows(q, h, i0, n, d_k, q_tile, BLOCK_K)            # neighbouring threads, neighbouring addresses
-        load_rows(d_out, h, i0, n, d_v, do_tile, BLOCK_K)
+        for e in range(tid, n * d_k, BLOCK_K):                  # element e of the rows, a lane each: coalesced
+            q_tile[e // d_k, e % d_k] = q[h, i0 + e // d_k, e % d_k]
+        for e in range(tid, n * d_v, BLOCK_K):
+            do_tile[e // d_v, e % d_v] = d_out[h, i0 + e // d_v, e % d_v]
         for r in range(tid, n, BLOCK_K):
             stats[0, r], stats[1, r] = lse[h, i0 + r], d_rows[h, i0 + r]
         cuda.syncthreads()                                      # wait: the step's tiles are complete
         for r in range(max(0, seen_from + tid - i0), n):        # its queries that see key j (none past T_k)
             p = math.exp(row_dot(k_row, q_tile, r, d_k) * scale - stats[0, r])   # P_ij = exp(S_ij - lse_i)
-            ds = p * (row_dot(v_row, do_tile, r, d_v) - stats[1, r])            # dS_ij = P_ij (dP_ij - D_i)
             add_row(dv_acc, p, do_tile, r, d_v)                 # dV_j += P_ij dO_i
-            add_row(dk_acc, ds, q_tile, r, d_k)                 # dK_j += dS_ij Q_i
+            add_row(dk_acc, p * (row_dot(v_row, do_tile, r, d_v) - stats[1, r]), q_tile, r, d_k)   # dK_j += dS_ij Q_i
         cuda.syncthreads()                                      # wait: all are done with them before the next copy
 
 
