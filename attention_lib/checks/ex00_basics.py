@@ -1,5 +1,6 @@
 """Notebook 00's exercises: a first element-wise kernel with its bounds guard, the grid of a 2-D
-launch and a 2-D kernel, the warps of a 2-D launch, and a prediction of what one warp's load moves.
+launch, a 2-D kernel and the same through a shared tile; and deep dive 00x's: the warps of a 2-D
+launch, and a prediction of what one warp's load moves.
 
 ``00_scale_add`` (warm-up): out = alpha * x + y, one thread per element (basics.scale_add_kernel);
 limits: each element of x and y read once, every warp's load of them one 128-byte segment.
@@ -8,19 +9,20 @@ columns (basics.grid_2d). Named mistakes: ``grid_axes_swapped``, ``grid_too_smal
 ``grid_too_large``.
 ``00_transpose`` (warm-up): out = a^T, one thread per element of a, launched on the library's grid
 (basics.transpose_kernel); limits: each element of a read once, every warp moving a and out with
-its lanes side by side, a warp's load of a at most 4 segments. Named mistakes: ``row_is_x`` (the kernel takes the row from the grid's x: part of the
-matrix is never written) and ``not_transposed`` (a copy).
+its lanes side by side, a warp's load of a at most 4 segments. Named mistakes: ``row_is_x`` (the
+kernel takes the row from the grid's x: part of the matrix is never written) and ``not_transposed``
+(a copy).
 ``00_tiled_transpose`` (main): out = a^T through a tile in shared memory, so that a warp's stores run
 along a row of out as its loads run along a row of a (basics.transpose_tiled_kernel); limits: a read
 once, every warp moving a and out with its lanes side by side, a warp's load of a and store of out at
-most 4 segments, one barrier. Named mistakes: ``tile_not_transposed`` (the tile written back as it was
-read) and ``tile_not_moved`` (each tile transposed where it stands).
-``00_warp_divergence``: which warps of a 2-D launch split at the bounds guard
+most 4 segments, at most one barrier passed by each thread. Named mistakes: ``tile_not_transposed``
+(the tile written back as it was read) and ``tile_not_moved`` (each tile transposed where it stands).
+``00x_warp_divergence`` (deep dive 00x): which warps of a 2-D launch split at the bounds guard
 (basics.divergent_warps). Named mistakes: ``lanes_y_fastest`` (a block's threads dealt out to
 warps down y first) and ``idle_warp_counted`` (a warp with no thread inside counted as split).
-``00_predict_segments``: the 128-byte segments and 32-byte sectors one warp's strided load touches
-(basics.warp_load_footprint), predicted before the sanitizer counts them. Named mistakes:
-``pair_swapped``, ``elements_not_bytes``, ``span_counted``.
+``00x_predict_segments`` (deep dive 00x): the 128-byte segments and 32-byte sectors one warp's
+strided load touches (basics.warp_load_footprint), predicted before the sanitizer counts them.
+Named mistakes: ``pair_swapped``, ``elements_not_bytes``, ``span_counted``.
 """
 
 import numpy as np
@@ -133,7 +135,7 @@ register(Exercise(
 ))
 
 
-# --- The main exercise: a 2-D kernel ------------------------------------------------------------
+# --- The warm-up: a 2-D kernel -------------------------------------------------------------------
 
 def _transpose_cases(block=TRANSPOSE_BLOCK):
     """(rows, cols): one element; square under one block (a copy is seen); more rows than a block's
@@ -272,7 +274,10 @@ register(Exercise(
                 "threads of a warp side by side along a row of a; the block waits until the tile is full; "
                 "then every thread writes one element of out's square, threads of a warp side by side along "
                 "a row of out, reading the tile across its diagonal. The square of out sits where the "
-                "transpose puts the square of a: the block's x and y exchange roles",
+                "transpose puts the square of a: the block's x and y exchange roles. Reading across the "
+                "diagonal walks down a column of the tile: with rows of 16 words its 16 words fall in 2 "
+                "banks, served in 8 rounds; a row one word longer (TRANSPOSE_TILE_PADDED, 17, since a "
+                "shared array's shape must be a constant) puts them in 16",
                 "where answers go wrong: the two guards differ (the load is bounded by a's rows and columns, "
                 "the store by out's), and the barrier must be reached by every thread of the block, so it "
                 "stands outside both guards"),
@@ -294,7 +299,7 @@ register(Exercise(
 ))
 
 
-# --- Which warps split at the guard ----------------------------------------------------------
+# --- Deep dive 00x: which warps split at the guard --------------------------------------------
 
 def _split(inside, warps):
     """(..., warps) bool: the warps (groups of lanes along the last axis) some of whose lanes are inside."""
@@ -351,7 +356,7 @@ def _warp_cases(warp=WARP_SIZE):
 
 
 register(Exercise(
-    exercise_id="00_warp_divergence",
+    exercise_id="00x_warp_divergence",
     title="divergent_warps(rows, cols, block): the warps of a 2-D launch that split at the bounds guard",
     kind="function",
     run=_run_warps,
@@ -370,7 +375,7 @@ register(Exercise(
 ))
 
 
-# --- Predict, then measure: what one warp's load moves --------------------------------------------
+# --- Deep dive 00x: predict, then measure what one warp's load moves ---------------------------
 
 def _footprints(stride, segment, sector):
     """(segments, sectors) of lane l reading element l * stride, with segments and sectors of the
@@ -411,7 +416,7 @@ def _run_footprint(warp_load_footprint, stride, rng, launch):
 
 
 register(Exercise(
-    exercise_id="00_predict_segments",
+    exercise_id="00x_predict_segments",
     title="(segments, sectors) one warp's load touches when lane l reads element l * stride",
     kind="function",
     run=_run_footprint,

@@ -1,4 +1,5 @@
-"""GPU basics (notebook 00): threads, blocks, the grid, and a first kernel with its bounds guard.
+"""GPU basics (notebook 00, deep dive 00x): threads, blocks, the grid, and a first kernel with its
+bounds guard.
 
 Element-wise kernels on vectors of length n, one CUDA thread per element:
 - NumPy reference: ``x + y`` and ``alpha * x + y``.
@@ -10,8 +11,9 @@ Element-wise kernels on vectors of length n, one CUDA thread per element:
 - ``transpose_tiled_kernel``: the same through a tile in shared memory, so that a warp's writes run
   along a row of out too.
 - ``grid_2d``: the smallest 2-D grid covering a (rows, cols) matrix, x across the columns.
-- ``divergent_warps``: which warps of a 2-D launch have threads on both sides of the bounds guard.
-- ``warp_load_footprint``: the 128-byte segments and 32-byte sectors one warp's strided load touches.
+- ``divergent_warps`` (00x): which warps of a 2-D launch have threads on both sides of the bounds guard.
+- ``warp_load_footprint`` (00x): the 128-byte segments and 32-byte sectors one warp's strided load
+  touches.
 - Launchers ``add``, ``scale_add``, ``whoami``, ``whoami_2d``, ``transpose``: validate, copy, pick
   the grid, return NumPy. ``add``, ``scale_add`` and ``transpose`` take a ``kernel=`` argument so
   that the exercise checks can launch a student's kernel exactly as the library launches its own.
