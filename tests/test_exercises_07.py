@@ -121,7 +121,7 @@ def planted_walk(mistake):
         band_end = min(t_k, last + shift + 1) if causal else t_k
         my_first = max(0, q0 + tid + shift - window + 1) if window > 0 else 0
         my_end = min(t_k, q0 + tid + shift + 1) if causal else t_k
-        if tid >= n_rows:
+        if tid >= n_rows and mistake != "folds_past_queries":   # that mistake: threads without a query fold too
             my_end = 0
         if mistake == "own_tiles":                         # each thread walks the tiles of its own keys
             band_start, band_end = my_first // BLOCK_K * BLOCK_K, my_end
@@ -314,6 +314,7 @@ def test_the_planted_walk_without_a_mistake_and_another_style_pass():
     ("stages_by_rows", "serial_copy", "a few lanes copy in a loop"),     # the last tile's one row, by one lane
     ("serial_stage", "serial_copy", "a few lanes copy in a loop"),
     ("threads_16", "race", "k_tile"),
+    ("folds_past_queries", "folds_without_query", "own none"),
     ("float64", "float64_arithmetic", "float64"),
     ("no_rescale", "online_softmax_no_rescale", "neither l nor acc was rescaled"),
     ("l_only", "rescale_l_only", "acc was not"),
@@ -339,8 +340,7 @@ def test_the_walk_stub_is_not_implemented():
 
 @cuda.jit(device=True)
 def borrows_the_walk(k_tile, v_tile, p_row, q_row, acc, k, v, kv, q0, n_rows, t_q, causal, window):
-    return flash.v2_walk_keys(k_tile, v_tile, p_row, q_row, acc, NEG_INF, float32(0.0), k, v, kv, q0, n_rows, t_q,
-                              causal, window)
+    return flash.v2_walk_keys(k_tile, v_tile, p_row, q_row, acc, k, v, kv, q0, n_rows, t_q, causal, window)
 
 
 @cuda.jit(device=True)

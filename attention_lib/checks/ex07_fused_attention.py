@@ -26,8 +26,8 @@ differs, or saying that l or acc came out inf or NaN.
 The answer is a ``@cuda.jit(device=True)`` function with the contract of ``flash.walk_key_tiles``
 (its solution): kernel 2's walk over its block's band of key tiles, by every thread of the block,
 with everything but the fold the student's: the band's bounds, the thread's keys, the staging of
-each K and V tile in shared memory, both barriers, the guard, and where (m, l) start; it returns
-(m, l). The one helper given is ``v2_fold_tile`` (notebook 02's score and the warm-up's update, in
+each K and V tile in shared memory, both barriers, the guard, and where (m, l) start: the walk
+starts them itself (kernel 2 passes it none) and returns them. The one helper given is ``v2_fold_tile`` (notebook 02's score and the warm-up's update, in
 float32); ``block_band``, ``first_key``, ``visible_keys``, ``v2_stage_rows`` and ``v2_walk_keys``
 are refused. The check builds flash_attention_kernel_v2 with the answer in its walk's place
 (``flash.kernel_v2_with``), launches it through the engine's race finder (so the kernel is
@@ -40,7 +40,9 @@ heads and d_v != d_k; heads of width 64 and 128; scores in the hundreds, spread 
 tile; every score below -104. Limits: each element of k and v is read from global memory only by
 the blocks whose band holds its key, once each, and no key past the last one the block's queries
 see is read, even inside the band's last tile (``skips_too_few``, ``loads_past_band``,
-``no_reuse``; ``OnlyTheBand``); no thread passes more barriers than one for the queries and two
+``no_reuse``; ``OnlyTheBand``); no thread without a query (from the block's n_rows on) reads the
+staged tiles, which only this count sees, its row being never written (``folds_without_query``;
+``OnlyQueriesFold``); no thread passes more barriers than one for the queries and two
 for each tile of the widest band (``extra_barriers``); every warp load of k and v coalesced
 (``uncoalesced``) and made by all lanes side by side (``serial_copy``); every tile slot read was
 written in its step (``stale_tile``). Besides the engine's diagnoses:
@@ -77,6 +79,7 @@ from attention_lib.checks import shapes
 from attention_lib.checks.engine import Diagnosed, Exercise, host_output, race_finding_launch, register
 from attention_lib.checks.limits import Coalesced, MostBarriers, NoSerialCopy, RefilledTiles
 from attention_lib.measure import sanitizer
+from attention_lib.platform import where
 from attention_lib.stages import flash, mask
 
 
@@ -389,6 +392,30 @@ class OnlyTheBand:
         return None
 
 
+@dataclass
+class OnlyQueriesFold:
+    """No thread without a query (threadIdx.x from the block's n_rows on, in the last block of
+    queries) reads the staged k_tile or v_tile: such a thread helps stage the tiles and passes the
+    barriers, but folds nothing (``folds_without_query``). Its fold would change no output, since its
+    row is never written, so only this count sees it."""
+
+    code: str = "folds_without_query"
+
+    def broken(self, traces, case, compiled):
+        for traced in traces:
+            for name in ("k_tile", "v_tile"):
+                target = traced.launch.targets.get(name)
+                for _, kind, (block, thread), _, site, _ in (target.trace if target is not None else ()):
+                    rows = min(flash.BLOCK_Q, case.T_q - block[0] * flash.BLOCK_Q)
+                    if kind == sanitizer.LOAD and thread[0] >= rows:
+                        q0 = block[0] * flash.BLOCK_Q
+                        return (f"the values are right, but thread {thread[0]} of the block of queries {q0}-"
+                                f"{q0 + rows - 1} read {name} at {where.describe_with_code(*site)}: that block "
+                                f"has {rows} queries, so threads {rows} to {flash.BLOCK_Q - 1} own none. They "
+                                "help stage the tiles and reach every barrier, but they have no keys to fold")
+        return None
+
+
 def _widest_band(case):
     """The key tiles of the widest band of 07_walk_keys's case (mask.band_key_tiles)."""
     bands = mask.band_key_tiles(case.T_q, case.T_k, case.causal, case.window or None, flash.BLOCK_Q, flash.BLOCK_K)
@@ -522,18 +549,23 @@ register(Exercise(
     hint=("every thread of the block must reach every barrier, so the whole block walks the same key tiles: "
           "those that hold a key one of its queries sees. Each tile is copied once by all threads together; each "
           "thread then folds the keys of it that its own query sees"),
-    more_hints=("the plan: from the block's first and last query, the band's first tile and its last key; from the "
-                "thread's own query, its first and last key, and none for a thread past the block's queries. Then, "
-                "tile after tile of the band: its K and V rows (the last tile may be partial, and no key past the "
-                "band's last is read), copied by all threads, neighbouring threads on neighbouring elements; a "
-                "barrier; the thread's keys in this tile, counted from the tile's start, folded with v2_fold_tile "
-                "only when there is at least one; a second barrier, before the next copy overwrites the tiles. The "
-                "running max starts at minus infinity and the sum at 0",
+    more_hints=("the plan: query i of t_q stands at position i plus t_k minus t_q, the queries being the last "
+                "positions; causal, it sees the keys up to that position, its own included, and with a window w only "
+                "the last w of them, from that position minus w plus 1 (never below key 0, never past key t_k minus "
+                "1). The band runs from the tile holding the first key the block's first query sees (that key rounded "
+                "down to a multiple of BLOCK_K) to one past the last key its last query sees. A thread from n_rows on "
+                "has no query and no keys. Then, tile after tile of the band: its K and V rows (the last tile may be "
+                "partial, and no key past the band's last is read), copied by all threads, neighbouring threads on "
+                "neighbouring elements; a barrier; the thread's keys in this tile, counted from the tile's start, "
+                "folded with v2_fold_tile only when there is at least one; a second barrier, before the next copy "
+                "overwrites the tiles. Before the first tile nothing is seen: the running max starts below every "
+                "score, at minus infinity, and the sum at 0",
                 "where answers go wrong: a loop over the thread's own keys instead of the block's band (threads "
                 "stop at different barriers); every tile walked, not only the band's; a whole last tile staged past "
-                "the band's last key; a barrier inside the branch only some threads take; a tile folded while the "
-                "query has seen no key, its max still minus infinity; the max started at 0, which scores far below "
-                "0 never pass; a fold of your own that does not rescale the sum and the output when the max grows"),
+                "the band's last key; a barrier inside the branch only some threads take; a thread without a query "
+                "folding keys anyway; a tile folded while the query has seen no key, its max still minus infinity; "
+                "the max started at 0, which scores far below 0 never pass; a fold of your own that does not "
+                "rescale the sum and the output when the max grows"),
     # float32 scores, exp and sums of up to 65 terms against float64: errors around 1e-6.
     rtol=1e-5,
     atol=1e-5,
@@ -541,8 +573,8 @@ register(Exercise(
     diagnoses=("online_softmax_no_rescale", "rescale_l_only", "rescale_o_only", "max_not_updated",
                "max_started_at_zero", "nan_before_first_key", "mask_not_applied", "mask_includes_diagonal",
                "mask_off_by_one", "mask_ignores_window", "window_off_by_one", "unstable_softmax", "skips_too_few",
-               "loads_past_band"),
-    limits=(OnlyTheBand(), MostBarriers(lambda case: 1 + 2 * _widest_band(case), why=_band_why),
+               "loads_past_band", "folds_without_query"),
+    limits=(OnlyTheBand(), OnlyQueriesFold(), MostBarriers(lambda case: 1 + 2 * _widest_band(case), why=_band_why),
             Coalesced("k", 2), Coalesced("v", 2), NoSerialCopy("k"), NoSerialCopy("v"), RefilledTiles()),
     solution=flash.walk_key_tiles,
     # Given: v2_fold_tile (notebook 02's scores and the warm-up's update, in float32). The band, the

@@ -295,13 +295,14 @@ def v2_fold_tile(p_row, q_row, k_tile, v_tile, acc, m, l, first, mine, d_k, d_v)
 
 
 @cuda.jit(device=True)
-def v2_walk_keys(k_tile, v_tile, p_row, q_row, acc, m, l, k, v, kv, q0, n_rows, t_q, causal, window):
+def v2_walk_keys(k_tile, v_tile, p_row, q_row, acc, k, v, kv, q0, n_rows, t_q, causal, window):
     """The block's walk over its band of key tiles (block_band), by every thread: each tile's keys of
     key/value head kv and their values staged in the shared k_tile and v_tile ((BLOCK_K, MAX_D)
     float32), then the keys of it that this thread's query q0 + threadIdx.x sees (none past the
     block's n_rows queries) folded into its running (m, l, acc) (v2_fold_tile); returns (m, l).
-    q_row: (d_k,) the query, scaled; acc: (d_v,), unnormalised; p_row: (BLOCK_K,) scratch."""
+    q_row: (d_k,) the query, scaled; acc: (d_v,), zeros on entry, unnormalised; p_row: (BLOCK_K,) scratch."""
     t_k, i = k.shape[1], q0 + cuda.threadIdx.x
+    m, l = NEG_INF, np.float32(0.0)                  # nothing seen yet: the first fold rescales by exp(-inf) = 0
     my_first = first_key(i, t_q, t_k, window)        # my query sees keys my_first .. my_keys - 1
     my_keys = visible_keys(i, t_q, t_k, causal) if cuda.threadIdx.x < n_rows else 0
     start, end, _, _ = block_band(q0, q0 + n_rows - 1, t_q, t_k, causal, window, BLOCK_K)
@@ -329,9 +330,9 @@ def flash_attention_kernel_v2(q, k, v, scale, causal, window, group, out, lse):
     q0, i = cuda.blockIdx.x * BLOCK_Q, cuda.grid(1)           # the block's first query, mine
     h0 = cuda.blockIdx.y * cuda.blockDim.y                    # the block's first query head
     n_rows = min(BLOCK_Q, q.shape[1] - q0)                    # the last block may have fewer
-    m, l = v2_stage_queries(q_tile, q_row, acc, q, q0, n_rows, scale, v.shape[2], h0)
-    m, l = v2_walk_keys(k_tile, v_tile, p_row, q_row, acc, m, l, k, v, h0 // group, q0, n_rows, q.shape[1],
-                        causal, window)
+    v2_stage_queries(q_tile, q_row, acc, q, q0, n_rows, scale, v.shape[2], h0)   # q_row, and acc zeroed
+    m, l = v2_walk_keys(k_tile, v_tile, p_row, q_row, acc, k, v, h0 // group, q0, n_rows, q.shape[1], causal,
+                        window)
     if i < q0 + n_rows:
         write_row(out, lse, h0 + cuda.threadIdx.y, i, acc, m, l)
 
@@ -366,17 +367,9 @@ def walk_key_tiles(k_tile, v_tile, p_row, q_row, acc, k, v, kv, q0, n_rows, t_q,
     return m, l
 
 
-def _walk_in_kernel_v2(k_tile, v_tile, p_row, q_row, acc, m, l, k, v, kv, q0, n_rows, t_q, causal, window):
-    """v2_walk_keys's call handed to a walk with walk_key_tiles's contract: compiled by _kernel_v2_with
-    only, with WALK among its names."""
-    return WALK(k_tile, v_tile, p_row, q_row, acc, k, v, kv, q0, n_rows, t_q, causal, window)
-
-
 @functools.lru_cache(maxsize=None)
 def _kernel_v2_with(walk, block_q):
-    names = {**globals(), "WALK": walk, "BLOCK_Q": block_q}      # the kernel's own names, two replaced
-    adapter = _walk_in_kernel_v2
-    names["v2_walk_keys"] = cuda.jit(device=True)(types.FunctionType(adapter.__code__, names, adapter.__name__))
+    names = {**globals(), "v2_walk_keys": walk, "BLOCK_Q": block_q}   # the kernel's own names, two replaced
     kernel = flash_attention_kernel_v2.py_func
     return cuda.jit(types.FunctionType(kernel.__code__, names, kernel.__name__))
 
