@@ -232,8 +232,7 @@ def v2_stage_rows(tile, src, h, r0, n, scale):
 def v2_stage_queries(q_tile, q_row, acc, q, q0, n_rows, scale, d_v, h0):
     """The block's n_rows queries from q0 of each of its blockDim.y query heads h0, h0 + 1, ...,
     scaled, into q_tile (shared), one head after another; each thread copies its own row (query
-    q0 + threadIdx.x of head h0 + threadIdx.y) into q_row and zeroes acc ((d_v,)). Returns the
-    empty running state (m, l)."""
+    q0 + threadIdx.x of head h0 + threadIdx.y) into q_row and zeroes acc ((d_v,))."""
     tid = cuda.threadIdx.x
     for g in range(cuda.blockDim.y):             # one head's tile at a time: the tile holds BLOCK_Q rows
         v2_stage_rows(q_tile, q, h0 + g, q0, n_rows, scale)
@@ -245,7 +244,6 @@ def v2_stage_queries(q_tile, q_row, acc, q, q0, n_rows, scale, d_v, h0):
             cuda.syncthreads()                   # wait: head g's rows are copied before head g + 1's overwrite them
     for c in range(d_v):
         acc[c] = 0.0
-    return NEG_INF, np.float32(0.0)
 
 
 @cuda.jit(device=True)
