@@ -397,20 +397,20 @@ def _first_difference(got, expected, rtol, atol):
 
 
 def _where_in(mask):
-    """Where the True entries of a bool array lie, in words: 'all of them', 'rows 16-31',
-    'rows 0-7, columns 16-20' (the last two axes; leading ones when they are the only ones)."""
+    """Where the True entries of a bool array lie, in words: 'everywhere', 'in rows 16-31',
+    'in rows 0-7, columns 16-20' (the last two axes; leading ones when they are the only ones)."""
+    if mask.ndim == 0 or mask.size == 1:
+        return "at the one entry"
     if mask.all():
         return "everywhere"
-    if mask.ndim == 0:
-        return "at the one entry"
     ranges = []
     names = ["rows", "columns"] if mask.ndim >= 2 else ["entries"]
     for name, axis in zip(names, range(mask.ndim - len(names), mask.ndim)):
         others = tuple(a for a in range(mask.ndim) if a != axis)
         hit = np.flatnonzero(mask.any(axis=others))
         if hit.size and hit.size < mask.shape[axis]:
-            ranges.append(f"{name} {hit[0]}" if hit[0] == hit[-1] else f"{name} {hit[0]}-{hit[-1]}")
-    return ", ".join(ranges) if ranges else "spread over the whole output"
+            ranges.append(f"{name[:-1]} {hit[0]}" if hit[0] == hit[-1] else f"{name} {hit[0]}-{hit[-1]}")
+    return "in " + ", ".join(ranges) if ranges else "spread over the whole output"
 
 
 def _first_hint(exercise):
@@ -463,7 +463,7 @@ def _values_verdict(exercise, where, got, expected, inputs, traces):
     if never.any():
         return "wrong_values", (f"at {where}: {int(never.sum())} of {got.size} entries were never written "
                                 f"(first at index {tuple(int(i) for i in np.argwhere(never)[0])}; "
-                                f"they lie {_where_in(never) if got.ndim else 'at the one entry'})")
+                                f"they lie {_where_in(never)})")
     if np.allclose(got, expected, rtol=exercise.rtol, atol=exercise.atol):
         return None
     garbage = next((read for read in (t.unwritten_read() for t in traces) if read is not None), None)
@@ -477,7 +477,7 @@ def _values_verdict(exercise, where, got, expected, inputs, traces):
     index, value, want, count = _first_difference(got, expected, exercise.rtol, exercise.atol)
     bad = ~np.isclose(got, expected, rtol=exercise.rtol, atol=exercise.atol)
     return "wrong_values", (f"at {where}: {count} of {got.size} entries differ, "
-                            f"{_where_in(bad) if got.ndim else 'at the one entry'}; "
+                            f"{_where_in(bad)}; "
                             f"first at [{index}]: got {value:.6g}, expected {want:.6g}")
 
 
