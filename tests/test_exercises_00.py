@@ -204,6 +204,28 @@ def copies(a, out):
 
 
 @cuda.jit
+def row_guard_one_short(a, out):
+    c, r = cuda.grid(2)
+    if r < a.shape[0] - 1 and c < a.shape[1]:
+        out[c, r] = a[r, c]
+
+
+@cuda.jit
+def column_guard_one_short(a, out):
+    c, r = cuda.grid(2)
+    if r < a.shape[0] and c < a.shape[1] - 1:
+        out[c, r] = a[r, c]
+
+
+@cuda.jit
+def writes_nothing(a, out):
+    """Reads its element but never stores it: a 1 x 1 out unwritten, which is no guard one short."""
+    c, r = cuda.grid(2)
+    if r < a.shape[0] and c < a.shape[1] and a[r, c] != a[r, c]:
+        out[c, r] = a[r, c]
+
+
+@cuda.jit
 def no_guard(a, out):
     c, r = cuda.grid(2)
     out[c, r] = a[r, c]
@@ -256,6 +278,12 @@ def transpose_of_library(a, out):
                                        "(y)): 160 entries of out were never written: those of a's columns 8 to 39, "
                                        "exactly"),
     (copies, "not_transposed", "at a of 7 rows and 7 columns"),
+    (row_guard_one_short, "guard_one_short", "at a of 1 rows and 1 columns (blocks of 16 threads across (x) and 8 "
+                                             "down (y)): nothing of out was written; at a of 9 rows and 17 columns, "
+                                             "17 entries of out were never written, exactly out's last column "
+                                             "(column 8, a's last row)"),
+    (column_guard_one_short, "guard_one_short", "exactly out's last row (row 16, a's last column)"),
+    (writes_nothing, "wrong_values", "at a of 1 rows and 1 columns"),
     (no_guard, "out_of_bounds", "out-of-bounds "),
     (guard_on_out, "out_of_bounds", "global array 'a' has shape (19, 7)"),
     (lanes_down_the_columns, "uncoalesced", "at a of 5 rows and 40 columns (blocks of 16 threads across (x) and 8 down (y)): the values are right, but a warp's load of a"),
@@ -412,6 +440,15 @@ SIXTEEN = "at a of 16 rows and 16 columns (blocks of 16 x 16 threads): "
     (_tiled("    if c0 + ty < out.shape[0] and r0 + tx < out.shape[1]:\n        out[c0 + ty, r0 + tx] = tile[tx, ty]\n"
             "    cuda.syncthreads()\n"), "extra_barriers", "a thread passed 2 barriers, where the limit is 1"),
     (barrier_inside_the_load_guard, "divergent_barrier", "at a of 15 rows and 17 columns"),
+    (barrier_inside_the_load_guard, "divergent_barrier", "keep every barrier out of guards, early returns and loops "
+                                                         "that differ between threads, and guard only the work"),
+    (_tiled("    if c0 + ty < out.shape[0] - 1 and r0 + tx < out.shape[1]:\n"
+            "        out[c0 + ty, r0 + tx] = tile[tx, ty]\n"),
+     "guard_one_short", SIXTEEN + "16 entries of out were never written, exactly out's last row (row 15, a's last "
+                                  "column): a guard that stops one short"),
+    (_tiled("    if c0 + ty < out.shape[0] and r0 + tx < out.shape[1] - 1:\n"
+            "        out[c0 + ty, r0 + tx] = tile[tx, ty]\n"),
+     "guard_one_short", "exactly out's last column (column 15, a's last row)"),
     (no_barrier, "race", SIXTEEN + "race on shared 'tile'"),
     (tile_loaded_down_columns, "uncoalesced", "a warp's load of a at"),
     (padded_shape_as_an_expression, "not_gpu_code", "cuda.shared.array's shape must be a constant the compiler knows"),

@@ -10,13 +10,14 @@ columns (basics.grid_2d). Named mistakes: ``grid_axes_swapped``, ``grid_too_smal
 ``00_transpose`` (warm-up): out = a^T, one thread per element of a, launched on the library's grid
 (basics.transpose_kernel); limits: each element of a read once, every warp moving a and out with
 its lanes side by side, a warp's load of a at most 4 segments. Named mistakes: ``row_is_x`` (the
-kernel takes the row from the grid's x: part of the matrix is never written) and ``not_transposed``
-(a copy).
+kernel takes the row from the grid's x: part of the matrix is never written), ``guard_one_short``
+(out's last row or last column never written, and nothing else wrong) and ``not_transposed`` (a copy).
 ``00_tiled_transpose`` (main): out = a^T through a tile in shared memory, so that a warp's stores run
 along a row of out as its loads run along a row of a (basics.transpose_tiled_kernel); limits: a read
 once, every warp moving a and out with its lanes side by side, a warp's load of a and store of out at
 most 4 segments, at most one barrier passed by each thread. Named mistakes: ``tile_not_transposed``
-(the tile written back as it was read) and ``tile_not_moved`` (each tile transposed where it stands).
+(the tile written back as it was read), ``tile_not_moved`` (each tile transposed where it stands) and
+``guard_one_short`` (the store's guard leaves out's last row or last column unwritten).
 ``00x_warp_divergence`` (deep dive 00x): which warps of a 2-D launch split at the bounds guard
 (basics.divergent_warps). Named mistakes: ``lanes_y_fastest`` (a block's threads dealt out to
 warps down y first) and ``idle_warp_counted`` (a warp with no thread inside counted as split).
@@ -154,6 +155,7 @@ def _run_transpose(transpose_kernel, shape, rng, launch):
     launch(transpose_kernel, grid, TRANSPOSE_BLOCK, cuda.to_device(a), out)
     got = read_output(full, out)
     _diagnose_transpose(got, a, grid)
+    _diagnose_one_short(transpose_kernel, launch, got, a.T, TRANSPOSE_BLOCK, (TRANSPOSE_BLOCK[1] + 1, TRANSPOSE_BLOCK[0] + 1))
     return got, np.ascontiguousarray(a.T)
 
 
@@ -162,6 +164,60 @@ def _index_range(name, first, count):
     if first >= count:
         return ""
     return f"{name} {first}" if first == count - 1 else f"{name}s {first} to {count - 1}"
+
+
+def _last_line_unwritten(never, wrong):
+    """'row' or 'column' when the entries of out never written are exactly its last row, or its last
+    column, and every wrong entry is one of them: what a guard one short leaves. Else None."""
+    if not never.any() or (wrong & ~never).any():
+        return None
+    rows, cols = never.shape
+    if rows > 1 and never[-1].all() and not never[:-1].any():
+        return "row"
+    if cols > 1 and never[:, -1].all() and not never[:, :-1].any():
+        return "column"
+    return None
+
+
+def _one_short_message(never, line):
+    index = never.shape[0 if line == "row" else 1] - 1
+    of_a = "column" if line == "row" else "row"
+    return (f"{int(never.sum())} entries of out were never written, exactly out's last {line} ({line} {index}, "
+            f"a's last {of_a}): a guard that stops one short. An index is inside while it is less than the "
+            "size, not the size less one")
+
+
+def _probe_one_short(kernel, launch, shape, block):
+    """Where one launch of `kernel` on a (rows, cols) matrix leaves out's last row or column alone
+    unwritten: ('row' or 'column', never), else None. For a case whose out has one row or one column,
+    where writing nothing and a guard one short look the same."""
+    rows, cols = shape
+    a = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    full, out = output_array((cols, rows), guard=block[0] * block[1] * (rows + cols))
+    try:
+        launch(kernel, basics.grid_2d(rows, cols, block), block, cuda.to_device(a), out)
+        got = read_output(full, out)
+    except Exception:  # noqa: BLE001  (the probe only names a mistake; the case's own verdict stands)
+        return None
+    never = unwritten(got)
+    line = _last_line_unwritten(never, got != a.T)
+    return (line, never) if line else None
+
+
+def _diagnose_one_short(kernel, launch, got, expected, block, probe_shape):
+    """Diagnosed guard_one_short when out's last row or column alone is unwritten; when out has one row
+    or one column and nothing of it was written, the same asked of a launch at probe_shape."""
+    never = unwritten(got)
+    line = _last_line_unwritten(never, got != expected)
+    if line:
+        raise Diagnosed("guard_one_short", _one_short_message(never, line))
+    if never.all() and min(got.shape) == 1:
+        probed = _probe_one_short(kernel, launch, probe_shape, block)
+        if probed:
+            rows, cols = probe_shape
+            raise Diagnosed("guard_one_short", (
+                f"nothing of out was written; at a of {rows} rows and {cols} columns, "
+                + _one_short_message(probed[1], probed[0])))
 
 
 def _diagnose_transpose(got, a, grid):
@@ -202,7 +258,7 @@ register(Exercise(
             # A warp is two rows of 16 threads: two runs of 64 bytes, each within one segment
             # or across two (a row of a starts anywhere); lanes down a column touch 8 or more.
             Coalesced("a", 4)),
-    diagnoses=("row_is_x", "not_transposed"),
+    diagnoses=("row_is_x", "guard_one_short", "not_transposed"),
     solution=basics.transpose_kernel,
     forbidden=(basics.transpose,),
 ))
@@ -256,6 +312,8 @@ def _run_tiled_transpose(kernel, shape, rng, launch):
                     "tile_not_moved": "each tile of a was transposed where it stands: block (x, y) must write its "
                                       "tile at block (y, x) of out, so the block's corner changes too, not only "
                                       "the thread's place in the tile"}[code])
+        tile = basics.TRANSPOSE_TILE
+        _diagnose_one_short(kernel, launch, got, expected, TILED_TRANSPOSE_BLOCK, (tile + 1, tile - 1))
     return got, expected
 
 
@@ -273,9 +331,10 @@ register(Exercise(
     more_hints=("the plan: every thread copies one element of the block's square of a into a shared tile, "
                 "threads of a warp side by side along a row of a; the block waits until the tile is full; "
                 "then every thread writes one element of out's square, threads of a warp side by side along "
-                "a row of out, reading the tile across its diagonal. The square of out sits where the "
-                "transpose puts the square of a: the block's x and y exchange roles. Reading across the "
-                "diagonal walks down a column of the tile: with rows of 16 words its 16 words fall in 2 "
+                "a row of out. It takes from the tile not the slot it filled but the one mirrored across "
+                "the diagonal: the tile's row is the thread's x, its column the thread's y. The square of "
+                "out sits where the transpose puts the square of a: the block's x and y exchange roles. "
+                "Those reads walk down a column of the tile: with rows of 16 words its 16 words fall in 2 "
                 "banks, served in 8 rounds; a row one word longer (TRANSPOSE_TILE_PADDED, 17, since a "
                 "shared array's shape must be a constant) puts them in 16",
                 "where answers go wrong: the two guards differ (the load is bounded by a's rows and columns, "
@@ -293,7 +352,7 @@ register(Exercise(
                           "writes down a column of out touches a segment a lane. Go through the shared tile "
                           "so that the block writes rows of out"),
             MostBarriers(1, why="one barrier between filling the tile and reading it")),
-    diagnoses=("tile_not_transposed", "tile_not_moved"),
+    diagnoses=("tile_not_transposed", "tile_not_moved", "guard_one_short"),
     solution=basics.transpose_tiled_kernel,
     forbidden=(basics.transpose,),
 ))

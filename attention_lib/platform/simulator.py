@@ -296,8 +296,9 @@ class _Block:
         if returned:
             raise BarrierError(f"block {block}: {_threads(returned)} returned while {_threads(live)} wait at "
                                f"the barrier at {_where(live[0].waiting.site)}: a syncthreads() that not "
-                               "every thread of the block reaches is undefined on a GPU (return after the "
-                               "last barrier, or keep every thread in the loop and guard its work instead)")
+                               "every thread of the block reaches is undefined on a GPU (keep every barrier "
+                               "out of guards, early returns and loops that differ between threads, and "
+                               "guard only the work around it)")
 
     def _deadlocked_warp(self, thread):
         call, lanes = thread.waiting, self.warps[thread.warp]
