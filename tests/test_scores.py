@@ -46,7 +46,7 @@ def test_scores_from_k_transposed_match_the_reference(rng, q_shape, t_k):
 def test_the_kt_kernel_reads_each_element_once_per_tile_coalesced(rng):
     """q and kt are read once per tile of s that needs them, as v2 reads q and k; a warp's load of kt
     (two rows of 16 neighbouring keys) touches at most 4 segments of 128 bytes."""
-    from attention_lib.checks.engine import Traced
+    from attention_lib.measure.trace import Traced
     t_q, t_k, d_k = 7, 20, 21                # one row of tiles, two columns of tiles, two steps
     q = rng.standard_normal((1, t_q, d_k)).astype(np.float32)
     kt = rng.standard_normal((1, d_k, t_k)).astype(np.float32)

@@ -47,13 +47,10 @@ check has passed in this process (``give_up=True`` shows it anyway).
 
 Each exercise is defined in a module ``checks/exNN_<topic>.py`` beside this one and registered
 in ``EXERCISES`` under its id, such as ``"00_scale_add"``. Its ``run`` launches the answer with
-the launch function the judge hands it (``plain_launch``, or ``race_finding_launch``, which traces):
-every launch goes through them, so the judge can trace it and compile it. Every output a kernel
-must write comes from ``output_array`` (or ``host_output`` for a launch on NumPy arrays),
-prefilled with ``UNWRITTEN``; the judge reports entries still holding it as never written.
+the launch the judge hands it (``launch``: traced or not), and takes its outputs from
+``launch.output_array``; the verdict and its display are ``result``'s.
 """
 
-import html
 import inspect
 import os
 import re
@@ -62,86 +59,16 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
-from numba import cuda
 
-from attention_lib.checks import answer_code, budget, given_code, record, session, shapes
-from attention_lib.measure import sanitizer
-from attention_lib.measure.trace import Traced
-from attention_lib.platform import runtime
+from attention_lib.checks import answer_code, budget, given_code, session, shapes
+from attention_lib.checks.launch import (UNWRITTEN, OutOfBoundsWrite, RaceFound, host_output,  # noqa: F401
+                                         output_array, plain_launch, race_finding_launch, read_output,
+                                         traced_launch, unwritten)
+from attention_lib.checks.result import CheckResult, Diagnosed, show
 from attention_lib.platform.where import describe_file
 
 
 SEED = 2024
-
-
-@dataclass
-class CheckResult:
-    """The verdict on one answer: passed or not, a diagnosis code and a message for the student."""
-
-    exercise_id: str
-    passed: bool
-    diagnosis: str
-    message: str
-
-    def __post_init__(self):
-        self._just_shown = False
-
-    def __str__(self):
-        mark = "✔" if self.passed else "✘"
-        return f"{mark} {self.exercise_id} [{self.diagnosis}]: {self.message}"
-
-    def _repr_html_(self):
-        """The verdict for front ends that render HTML (JupyterLab): the mark, id and diagnosis in
-        green or red, the message as it is; the text/plain beside it stays the plain line."""
-        colour = "#1a7f37" if self.passed else "#cf222e"
-        head = html.escape(str(self).split(": ", 1)[0])
-        return (f'<div class="attention-lib-verdict"><span style="color: {colour}; font-weight: bold">{head}</span>: '
-                f'{html.escape(self.message)}</div>')
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        """The verdict as a front end gets it: the plain line, the coloured HTML, and the record the
-        grader reads (checks.record)."""
-        return {"text/plain": str(self), "text/html": self._repr_html_(),
-                record.MIME: record.record(self.exercise_id, self.diagnosis, self.passed)}
-
-    def _ipython_display_(self):
-        """IPython's display of the verdict, once: check() shows it as it returns it, so a check cell
-        whose last line is check(...) shows it once, not twice."""
-        if self._just_shown:
-            self._just_shown = False
-            return
-        from IPython.display import display
-        display(self._repr_mimebundle_(), raw=True)
-
-
-def _show(result):
-    """Display a verdict in a Jupyter kernel (text/plain and coloured HTML, so a front end picks
-    what it can render); print it anywhere else (a terminal, a script, pytest)."""
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
-    if getattr(shell, "kernel", None) is not None:
-        result._ipython_display_()
-        result._just_shown = True            # the cell's own display of the returned value is skipped,
-
-        def forget(*_):                      # and only that one: shown again when asked in a later cell
-            result._just_shown = False
-            shell.events.unregister("post_run_cell", forget)
-        shell.events.register("post_run_cell", forget)
-    else:
-        print(result)
-
-
-class Diagnosed(Exception):
-    """Raised by an exercise's run to name a mistake the values alone do not show."""
-
-    def __init__(self, code, message):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-class OutOfBoundsWrite(IndexError):
-    """A kernel wrote into the guard zone past the end of an output array."""
 
 
 @dataclass
@@ -225,119 +152,6 @@ class Exercise:
 
 def _is_kernel(answer):
     return hasattr(answer, "py_func") or type(answer).__name__ in ("FakeCUDAKernel", "CUDADispatcher")
-
-
-class RaceFound(Exception):
-    """The race finder saw two threads touch the same element without a barrier between them.
-    ``race``: the first sanitizer.Race, its message the exception's."""
-
-    def __init__(self, race):
-        super().__init__(str(race))
-        self.race = race
-
-    def advice(self):
-        """What to do about it, in one sentence: blocks never wait for each other, threads of a
-        block wait at a barrier."""
-        race = self.race
-        if getattr(race, "block_a", None) is not None and race.block_a != race.block_b:
-            return ("Two blocks touch one element of global memory, and blocks never wait for each other: no "
-                    "barrier orders them. Give each block its own elements to write (or combine with atomics).")
-        if race.space == sanitizer.GLOBAL:
-            return ("Two threads of one block touch one element of global memory: a barrier would order them, "
-                    "but one element needs one writer (and its readers after a barrier).")
-        return ("Threads of one block touch one slot of shared memory with no barrier (cuda.syncthreads()) between "
-                "them: every thread must finish writing a slot before any reads it, and finish reading before it is "
-                "overwritten.")
-
-
-def _launched(kernel, args):
-    """Report a launch to the check being judged (its first launch of a kernel is compiled)."""
-    judging = session.current()
-    if judging is not None:
-        judging.launched(kernel, args)
-    return judging
-
-
-def plain_launch(kernel, griddim, blockdim, *args, sharedmem=0):
-    """Launch a student's kernel as the library would, with out-of-bounds indices caught.
-
-    On the simulator every index is checked by the sanitizer, which names the thread, the array
-    and the index in one line; on a GPU the kernel runs for real (outputs made with
-    output_array catch writes past the end there), except in the other configuration of a
-    check (``shapes``), whose constants only a simulated launch sees.
-    """
-    judging = _launched(kernel, args)
-    if runtime.ON_SIMULATOR or (judging is not None and judging.simulate):
-        sanitizer.run(kernel, griddim, blockdim, *args, sharedmem=sharedmem)
-    else:
-        kernel[griddim, blockdim, 0, sharedmem](*args)
-
-
-def race_finding_launch(kernel, griddim, blockdim, *args, sharedmem=0):
-    """Launch a student's kernel once on the simulator (on either backend), every access traced;
-    RaceFound with the first race, in one line. Out-of-bounds indices raise IndexError, as in
-    plain_launch. Returns the Traced launch, which the judge also keeps for the case's limits.
-    sharedmem: bytes of dynamic shared memory, as in ``kernel[grid, block, 0, sharedmem]``."""
-    judging = _launched(kernel, args)
-    traced = Traced(kernel, griddim, blockdim, *args, sharedmem=sharedmem)
-    if judging is not None:
-        judging.traces.append(traced)
-    races = traced.races()
-    if races:
-        raise RaceFound(races[0])
-    return traced
-
-
-# An exercise's run that needs the trace itself (its counts, its tile slots) calls this name.
-traced_launch = race_finding_launch
-
-
-# The convention for an output the kernel must write: output_array prefills it, and its guard zone,
-# with UNWRITTEN, a NaN of its own (the payload 0xFFEE). Arithmetic on numbers never makes it: 0 / 0
-# and inf - inf give the default NaN, whose payload is another; only a kernel that reads the
-# unwritten entry itself can pass it on. So after the launch an entry still holding UNWRITTEN was
-# never written, any other NaN was computed, and the judge tells the two apart (unwritten) without
-# the exercise converting anything.
-UNWRITTEN = np.array(0x7FC0FFEE, np.uint32).view(np.float32)[()]
-
-
-def output_array(shape, guard):
-    """(full, out): a device float32 vector of prod(shape) + guard entries, all UNWRITTEN, and out,
-    the view of its first prod(shape) entries as `shape` (an int or a tuple).
-
-    The guard zone behind out catches writes past its end on a real GPU, where they would
-    otherwise land silently; read_output checks it.
-    """
-    n = int(np.prod(shape))
-    full = cuda.to_device(np.full(n + guard, UNWRITTEN, np.float32))
-    return full, full[:n].reshape(shape)
-
-
-def host_output(shape):
-    """A NumPy float32 array of `shape`, all UNWRITTEN: output_array's convention for a launch on
-    NumPy arrays (a traced launch; or one whose arrays the launch copies back), without a guard
-    zone: the simulator's sanitizer checks every index."""
-    return np.full(shape, UNWRITTEN, np.float32)
-
-
-def unwritten(values):
-    """Where `values` (any float array) still hold UNWRITTEN, bit for bit: a bool array of its shape."""
-    values = np.asarray(values)
-    if values.dtype.kind != "f":
-        return np.zeros(values.shape, bool)
-    with np.errstate(over="ignore"):        # float64 beyond float32's range: inf, not UNWRITTEN
-        return np.asarray(values, np.float32).view(np.uint32) == UNWRITTEN.view(np.uint32)
-
-
-def read_output(full, out):
-    """The host copy of out (output_array's view), once the guard zone behind it is found intact:
-    OutOfBoundsWrite names the first entry written past the end."""
-    n = out.size
-    tail = full.copy_to_host()[n:]
-    if not unwritten(tail).all():
-        first = n + int(np.argmax(~unwritten(tail)))
-        raise OutOfBoundsWrite(f"out[{first}] was written but out has only {n} elements")
-    return out.copy_to_host()
 
 
 # Filled by the exercise modules (attention_lib/checks/ex*.py) through register().
@@ -668,5 +482,5 @@ def check(exercise_id, answer, verbose=True, seed=None, hidden=False):
     if result.passed:
         _passed.add(exercise_id)
     if verbose:
-        _show(result)
+        show(result)
     return result

@@ -61,12 +61,11 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.measure import sanitizer
-from attention_lib.measure.trace import Traced
-from attention_lib.platform import runtime, where
+from attention_lib.platform import where
 from attention_lib.stages import flash, mask
-from attention_lib.checks import session
-from attention_lib.checks.engine import (Diagnosed, Exercise, RaceFound, host_output, output_array, plain_launch,
-                                         read_output, register, traced_launch)
+from attention_lib.checks.engine import Exercise, register
+from attention_lib.checks.launch import RaceFound, host_output, launch, output_array, plain_launch, read_output
+from attention_lib.checks.result import Diagnosed
 from attention_lib.checks.limits import Coalesced, MostAccessesPerThread, MostBarriers, MostLoads, NoLocalMemory
 
 # The head width a GPU runs (ANDREA-120M): kernel 3 at this width is the one compiled for sm_90.
@@ -91,14 +90,10 @@ def _refuse_library_names(answer, names):
                             "exercise asks: write that part yourself")
 
 
-def _quiet_launch(kernel, griddim, blockdim, *args, sharedmem=0):
-    """A launch the judge neither traces nor compiles: kernel 3 at the head widths past the one
-    compiled, and the grouped kernel (its dynamic shared memory). Indices are checked on the
-    simulator as in the engine's plain_launch."""
-    if runtime.ON_SIMULATOR:
-        sanitizer.run(kernel, griddim, blockdim, *args, sharedmem=sharedmem)
-    else:
-        kernel[griddim, blockdim, 0, sharedmem](*args)
+# A launch the judge neither traces nor compiles: kernel 3 at the head widths past the one compiled
+# (each width is a kernel of its own, and compiling each would cost the check seconds), and the
+# grouped kernel (its dynamic shared memory).
+_quiet_launch = functools.partial(launch, compile=False)
 
 
 @functools.lru_cache(maxsize=64)
@@ -128,28 +123,15 @@ def _attention_v3(kernel, launch, q, k, v, causal, window):
 
 
 def _launch_for(d_k):
-    """Kernel 3's launch: the engine's plain launch (compiled for a GPU, not traced: kernel 3 traced
-    would cost the check seconds) at the head width a GPU runs, a quiet one at the others."""
+    """Kernel 3's launch: compiled for a GPU (not traced: kernel 3 traced would cost the check
+    seconds) at the head width a GPU runs, quiet at the others."""
     return plain_launch if d_k == COMPILED_D else _quiet_launch
 
 
-def _traced_uncompiled(kernel, griddim, blockdim, *args):
-    """The engine's traced launch (races found, the trace kept for the case's limits), but not
-    compiled: a probe at a head width past the one compiled (each width is a kernel of its own,
-    and compiling each would cost the check seconds)."""
-    traced = Traced(kernel, griddim, blockdim, *args)
-    judging = session.current()
-    if judging is not None:
-        judging.traces.append(traced)
-    races = traced.races()
-    if races:
-        raise RaceFound(races[0])
-    return traced
-
-
 def _traced_for(d_k):
-    """traced_launch (compiled) for the head width a GPU runs, _traced_uncompiled for the others."""
-    return traced_launch if d_k == COMPILED_D else _traced_uncompiled
+    """A traced launch (races found, the trace kept for the case's limits), compiled for a GPU only
+    at the head width a GPU runs."""
+    return functools.partial(launch, trace=True, compile=d_k == COMPILED_D)
 
 
 @dataclass

@@ -2,7 +2,7 @@
 of the current case, and whether its launches must be simulated.
 
 The judge opens a ``Session`` for each check; the launch functions it hands an exercise's run
-(``engine.plain_launch``, ``engine.race_finding_launch``) report every launch to it. The first
+(``launch.launch``, unless told ``compile=False``) report every launch to it. The first
 launch of each kernel that holds the answer's code (the answer itself, or a check's kernel built
 around the student's device function) is kept with the argument types of that launch; once every
 case is right, ``compiled()`` sends them to the GPU compiler and waits for what it made of them:
@@ -23,7 +23,7 @@ def current():
 
 
 class Session:
-    """One check's record: open it with ``with Session(exercise, answer):``."""
+    """One check's record: open it with ``with Session(gpu_code=...):`` (whether the answer is GPU code)."""
 
     def __init__(self, gpu_code=True):
         self.gpu_code = gpu_code
