@@ -1,14 +1,16 @@
 """What a grading run reads from a submission's own code: code that reaches into the checker, and
 answers that are the library's solution.
 
-The points come from the signed verdicts of the locked check cells (scripts/grade.py); code that
-patches the checker in the same process can still bend a verdict, so every code cell the student
-wrote or changed (any cell whose text is not one of the released copy's) is read, never run, for
-what no answer needs: a redefined `check`, the checker's modules or their private names, stderr
-or stdout swapped, the environment (where a grading run's key was), names reached by a computed
-string (getattr, vars, globals, exec, ...), modules that reach any object (importlib, builtins,
-ctypes, gc, inspect, sys.modules, frames), IPython's hooks, shell commands, files written. Each is
-a finding, and a finding makes the notebook `tampered`: a net for the tricks known, not a proof.
+What runs when grading is the course's own cells and the answers that parse against the
+allowlist (scripts/grader/), in a sandbox of each submission's own, so nothing here decides a
+point. This read is a report for the instructor: every code cell the student wrote or changed (any
+cell whose text is not one of the released copy's) is read, never run, for what no answer needs: a
+redefined `check`, the checker's modules or their private names, stderr or stdout swapped, the
+environment, names reached by a computed string (getattr, vars, globals, exec, ...), modules that
+reach any object (importlib, builtins, ctypes, gc, inspect, sys.modules, frames), IPython's hooks,
+shell commands, files written. Names are matched as identifiers, and a string only where it starts
+with a path of the process's own (/proc/) or the checker's module: never the words of a docstring
+or a comment.
 
 A copy of the library's solution (it is installed with the course, and `reveal(id, give_up=True)`
 prints it) is found by comparing an answer with the solution after normalising both: comments,
@@ -46,7 +48,7 @@ ATTRIBUTES = {"checks", "_judge", "_key", "_graded", "_passed", "_signature", "_
 # Names that reach the environment or swap the output streams, imported bare.
 ENVIRONMENT = {"environ", "environb", "getenv", "putenv", "unsetenv", "redirect_stderr", "redirect_stdout"}
 # Text that names the environment of the grading run or the process's own files.
-STRINGS = re.compile(r"environ|/proc/|GRADING_KEY|attention_lib\.checks")
+STRINGS = re.compile(r"^/proc/|^attention_lib\.checks\b")
 # IPython's magics that change the environment, run files or run shell commands.
 MAGICS = re.compile(r"^\s*(!|%+\s*(env|set_env|run|load|load_ext|system|sx|bash|sh|script|writefile|capture)\b)",
                     re.M)
@@ -116,7 +118,18 @@ def _import_findings(node):
     return found
 
 
-def _node_findings(node, raw):
+def _docstrings(tree):
+    """The ids of the docstring nodes of a tree (a docstring is prose, never read for findings)."""
+    found = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+            found.add(id(body[0].value))
+    return found
+
+
+def _node_findings(node, raw, docstrings=frozenset()):
     """What one AST node does that no answer needs (a list of short phrases)."""
     found = _import_findings(node)
     if not (isinstance(node, ast.ImportFrom) and node.module == CHECKER):
@@ -135,7 +148,8 @@ def _node_findings(node, raw):
             found.append(f"assigns {dotted}")
         elif node.attr in ("redirect_stderr", "redirect_stdout"):
             found.append(f"uses {node.attr}")
-    elif isinstance(node, ast.Constant) and isinstance(node.value, str) and STRINGS.search(node.value):
+    elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and STRINGS.search(node.value)
+          and id(node) not in docstrings):
         found.append(f"names {STRINGS.search(node.value).group(0)!r}")
     elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
         modes = [a for a in node.args[1:2]] + [k.value for k in node.keywords if k.arg == "mode"]
@@ -149,8 +163,9 @@ def findings(source):
     found = [f"runs the magic or shell command {m.group(0).strip()!r}" for m in MAGICS.finditer(source)]
     tree = _python(source)
     if tree is not None:
+        docstrings = _docstrings(tree)
         for node in ast.walk(tree):
-            found += _node_findings(node, source)
+            found += _node_findings(node, source, docstrings)
     return list(dict.fromkeys(found))
 
 

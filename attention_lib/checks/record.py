@@ -1,21 +1,19 @@
-"""A verdict as the grader reads it: a record displayed with the verdict, signed during a grading run.
+"""A verdict as the grader reads it: a record displayed with the verdict.
 
-nbgrader scores a test cell from what the cell leaves behind (no error, nothing on stderr), which an
-answer cell can arrange without a right answer (swallowing stderr, redefining ``check``). So a check
-cell also displays its verdict as data of its own type (``MIME``): the exercise, the diagnosis and
-whether it passed. During a grading run, ``make grade`` puts a fresh key in ``KEY_VARIABLE`` for the
-notebooks it executes; this module takes the key out of the environment when it is imported (before
-any answer cell runs) and signs each record with it (HMAC-SHA256), so a record a check did not make
-(an answer that displays one of its own) fails ``verify`` with that run's key, and a record of an
-earlier run fails with this one's. The grader reads records only from the graded check cells, which
-nbgrader restores as released.
+nbgrader scores a test cell from what the cell leaves behind (no error, nothing on stderr). So a
+check cell also displays its verdict as data of its own type (``MIME``): the exercise, the
+diagnosis and whether it passed. A grading run (scripts/grade.py) reads it from the check cells of
+a notebook it rebuilt from the course's own cells and the answers that parse against its allowlist,
+and ran in a sandbox of the submission's own: no code of the student's can reach the checker that
+makes the record, so the record carries no signature (a key in that process would prove nothing
+that the rebuilt notebook does not).
 
 A graded check cell (scripts/student_copies.py writes it) imports ``check`` itself, so a ``check``
 redefined in an answer cell is not the one that runs, and passes the verdict to ``graded``; its
 hidden part (nbgrader's hidden tests, in the graded version only) runs ``hidden_check``: the same
 cases on other random data, so an answer tuned to the visible check's data still loses the point.
 
-- ``record(exercise_id, diagnosis, passed, hidden=False) -> dict``; ``verify(data, key) -> bool``;
+- ``record(exercise_id, diagnosis, passed, hidden=False) -> dict``;
 - ``graded(result) -> result``: one line on stderr when the verdict is not ok (nbgrader's Validate
   names the exercise, and nbgrader's own score agrees with the verdict);
 - ``hidden_check(engine, exercise_id, answer, seed) -> HiddenResult``: the check of the exercise's hidden
@@ -23,40 +21,19 @@ cases on other random data, so an answer tuned to the visible check's data still
   with a record marked hidden; not run when this exercise's graded check did not pass.
 """
 
-import hashlib
-import hmac
-import json
-import os
 import sys
 
 MIME = "application/vnd.attention-lib.verdict+json"
-KEY_VARIABLE = "ATTENTION_LIB_GRADING_KEY"
-_key = os.environ.pop(KEY_VARIABLE, None)
 # The verdict each exercise's graded check cell gave in this process: hidden_check runs after a pass.
 _graded = {}
 
 
-def _signature(key, data):
-    text = json.dumps({k: v for k, v in data.items() if k != "signature"}, sort_keys=True)
-    return hmac.new(key.encode(), text.encode(), hashlib.sha256).hexdigest()
-
-
 def record(exercise_id, diagnosis, passed, hidden=False):
-    """The record of one verdict, signed when this process was started by a grading run."""
+    """The record of one verdict."""
     data = {"exercise_id": exercise_id, "diagnosis": diagnosis, "passed": bool(passed)}
     if hidden:
         data["hidden"] = True
-    if _key:
-        data["signature"] = _signature(_key, data)
     return data
-
-
-def verify(data, key):
-    """Whether `data` (a record read back from a notebook) was made by a check under `key`."""
-    try:
-        return hmac.compare_digest(str(data["signature"]), _signature(key, data))
-    except (KeyError, TypeError, AttributeError):
-        return False
 
 
 def _points(n):

@@ -1,0 +1,62 @@
+"""Inside a submission's sandbox: execute the graded notebook it is given on stdin, write it back
+executed on the file descriptor named by --out (never the standard output, which the notebook's
+kernel inherits).
+
+    python runner.py --out FD --check-seconds S --cell-seconds S  < graded.ipynb
+
+A check cell (nbgrader's grade: true) stops after --check-seconds of wall-clock time, any other
+cell after --cell-seconds: the kernel is interrupted, the cell shows a ``CellTimeoutError`` and the
+next cell runs. A kernel that dies leaves the cells after it unexecuted.
+"""
+
+import argparse
+import os
+import sys
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import DeadKernelError
+
+
+class _Client(NotebookClient):
+    """nbclient's client, marking the cell whose wall-clock limit ran out."""
+
+    async def _async_handle_timeout(self, timeout, cell=None):
+        if cell is not None:
+            cell.metadata["grading_timeout"] = timeout
+        return await super()._async_handle_timeout(timeout, cell)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=int, required=True)
+    parser.add_argument("--check-seconds", type=float, required=True)
+    parser.add_argument("--cell-seconds", type=float, required=True)
+    options = parser.parse_args()
+    out = os.fdopen(options.out, "w")
+    os.set_inheritable(options.out, False)
+    # The kernel inherits this process's standard output: make it the standard error.
+    os.dup2(2, 1)
+    notebook = nbformat.reads(sys.stdin.read(), as_version=4)
+    # An empty HOME of this user's own, and the working folder.
+    os.makedirs(os.environ["HOME"], mode=0o700, exist_ok=True)
+    os.chdir(os.environ["HOME"])
+
+    def limit(cell):
+        graded = cell.get("metadata", {}).get("nbgrader", {}).get("grade")
+        return int(options.check_seconds if graded else options.cell_seconds)
+
+    client = _Client(notebook, kernel_name="python3", timeout_func=limit, interrupt_on_timeout=True,
+                            error_on_timeout={"ename": "CellTimeoutError",
+                                              "evalue": "the cell ran past its wall-clock limit"},
+                            allow_errors=True, startup_timeout=60, record_timing=False)
+    try:
+        client.execute()
+    except DeadKernelError:
+        notebook.metadata["grading_kernel_died"] = True
+    out.write(nbformat.writes(notebook))
+    out.close()
+
+
+if __name__ == "__main__":
+    main()
