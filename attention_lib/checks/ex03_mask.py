@@ -28,13 +28,11 @@ are compared with the tiles that are wholly masked: ``skips_visible_tile``, ``sk
 behind the diagonal skipped).
 """
 
-import types
-
 import numpy as np
-from numba import cuda
 
 from attention_lib import reference
 from attention_lib.platform.launch import ceil_div
+from attention_lib.platform.rebuild import rebuilt
 from attention_lib.stages import mask, scores
 from attention_lib.stages.scores import TILE
 from attention_lib.checks import cases
@@ -286,17 +284,10 @@ register(Exercise(
 
 # --- The sliding-window tile test ---------------------------------------------------------------
 
-_KERNELS = {}
-
-
 def window_kernel(tile_is_masked):
     """mask.window_scores_kernel with `tile_is_masked` in the library's test's place, built once
     per device function: the same kernel text, calling the answer."""
-    if tile_is_masked not in _KERNELS:
-        fn = mask.window_scores_kernel.py_func
-        names = dict(fn.__globals__, tile_is_masked=tile_is_masked)
-        _KERNELS[tile_is_masked] = cuda.jit(types.FunctionType(fn.__code__, names, fn.__name__))
-    return _KERNELS[tile_is_masked]
+    return rebuilt(mask.window_scores_kernel, {"tile_is_masked": tile_is_masked})
 
 
 def _run_tile_skip(tile_is_masked, case, rng, launch):

@@ -62,6 +62,7 @@ from numba import cuda
 from attention_lib import reference
 from attention_lib.measure import sanitizer
 from attention_lib.platform import where
+from attention_lib.platform.rebuild import rebuilt
 from attention_lib.stages import flash, mask
 from attention_lib.checks.engine import Exercise, register
 from attention_lib.checks.launch import RaceFound, host_output, launch, output_array, plain_launch, read_output
@@ -75,9 +76,7 @@ COMPILED_D = 64
 def _rebound(answer, d_k):
     """The answer's code as a device function whose globals are flash's, with the compile-time
     sizes of head width d_k (as build_flash_v3 compiles the parts)."""
-    fn = getattr(answer, "py_func", answer)
-    names = {**vars(flash), **flash.v3_sizes(d_k)}
-    return cuda.jit(device=True)(types.FunctionType(fn.__code__, names, fn.__name__, None, fn.__closure__))
+    return rebuilt(answer, flash.v3_sizes(d_k), base=vars(flash), device=True)
 
 
 def _refuse_library_names(answer, names):
@@ -197,10 +196,9 @@ def _large_base2(rng, bh, t_q, t_k, d_k):
     return q, rng.integers(-1, 2, size=(bh, t_k, d_k)).astype(np.float32)
 
 
-@functools.lru_cache(maxsize=64)
 def _update_probe(answer, d_k):
-    names = {**vars(flash), **flash.v3_sizes(d_k), "update": _rebound(answer, d_k)}
-    return cuda.jit(types.FunctionType(_update_probe_source.__code__, names, "online_update_probe"))
+    return rebuilt(_update_probe_source, {**flash.v3_sizes(d_k), "update": _rebound(answer, d_k)}, base=vars(flash),
+                   name="online_update_probe")
 
 
 def _update_states(rng, z):
@@ -318,8 +316,7 @@ def _no_key_yet(update, d_k):
     """What the answer leaves for rows that have seen no key and get a tile with none (m, tile_max
     and every s -inf, l and o 0): (s, l, o) of one thread's first row, float32."""
     sizes = flash.v3_sizes(d_k)
-    names = {**vars(flash), **sizes, "update": _rebound(update, d_k)}
-    probe = cuda.jit(types.FunctionType(_update_probe_source.__code__, names, "update_probe"))
+    probe = _update_probe(update, d_k)
     width = sizes["S_SIZE"] + 3 * sizes["MICRO_M"] + sizes["O_SIZE"]
     state = np.zeros((32, width), np.float32)
     state[:, :sizes["S_SIZE"] + sizes["MICRO_M"]] = -np.inf                       # s and m
@@ -448,11 +445,10 @@ def _reduce_probe_source(x_in, x_out, take_max):
         x_out[t, a] = x[a]
 
 
-@functools.lru_cache(maxsize=64)
 def _reduce_probe(answer, d_k):
     """The probe kernel at head width d_k, the answer as its `reduce`."""
-    names = {**vars(flash), **flash.v3_sizes(d_k), "reduce": _rebound(answer, d_k)}
-    return cuda.jit(types.FunctionType(_reduce_probe_source.__code__, names, "row_reduce_probe"))
+    return rebuilt(_reduce_probe_source, {**flash.v3_sizes(d_k), "reduce": _rebound(answer, d_k)}, base=vars(flash),
+                   name="row_reduce_probe")
 
 
 def _lanes_expected(x, take_max, width=8):
@@ -589,10 +585,9 @@ def _scores_probe_source(q_in, k_in, out):
         out[e // TILE_N, e % TILE_N] = p_tile[e // TILE_N, e % TILE_N]   # noqa: F821
 
 
-@functools.lru_cache(maxsize=64)
 def _scores_probe(answer, d_k):
-    names = {**vars(flash), **flash.v3_sizes(d_k), "scores_to_p": _rebound(answer, d_k)}
-    return cuda.jit(types.FunctionType(_scores_probe_source.__code__, names, "scores_to_p_probe"))
+    return rebuilt(_scores_probe_source, {**flash.v3_sizes(d_k), "scores_to_p": _rebound(answer, d_k)},
+                   base=vars(flash), name="scores_to_p_probe")
 
 
 def _staged_tiles(rng, d_k):
@@ -814,11 +809,10 @@ def _packed_probe_source(src, out, h, r0, n, group, scale):
         out[e // HEAD_PAD, e % HEAD_PAD] = tile[e // HEAD_PAD, e % HEAD_PAD]   # noqa: F821
 
 
-@functools.lru_cache(maxsize=64)
 def _packed_probe(answer, d_k, slices):
     z = flash.v3_sizes(d_k)
-    names = {**vars(flash), **z, "ROWS": z["TILE_M"] * slices, "load": _rebound(answer, d_k)}
-    return cuda.jit(types.FunctionType(_packed_probe_source.__code__, names, "packed_rows_probe"))
+    return rebuilt(_packed_probe_source, {**z, "ROWS": z["TILE_M"] * slices, "load": _rebound(answer, d_k)},
+                   base=vars(flash), name="packed_rows_probe")
 
 
 def _packed_expected(src, h, r0, n, group, scale, rows, head_pad):
