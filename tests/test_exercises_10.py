@@ -428,6 +428,12 @@ TILED_MISTAKES = {
                                       (SCORE, "for j in range(j0, min(j0 + ROWS, 32) if i < q.shape[0] else j0):",
                                        None)),
                        "out_of_bounds", FIRST + "out-of-bounds read k[31, 0]"),
+    "summed_in_out": (_tiled_variant(("acc = float32(0.0)", "out[i, j] = float32(0.0)", None),
+                                     ("acc += q_row[c] * k_tile[j - j0, c]            # every lane reads one slot: "
+                                      "a broadcast", "out[i, j] += q_row[c] * k_tile[j - j0, c]", None),
+                                     ("out[i, j] = acc", "", None)),
+                      "output_rewritten", FIRST + "the values are right, but thread (0, 0, 0) of block (0, 0, 0) "
+                                                  "stored out[0, 0] 65 times, the second at "),
     "float64_acc": (_tiled_variant(("acc = float32(0.0)", "acc = 0.0", None)), "float64_arithmetic",
                     "computes in float64"),
     "q_row_in_local_memory": (rows_in_local_memory_tiled, "local_memory", "-byte stack frame"),

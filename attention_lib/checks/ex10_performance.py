@@ -17,17 +17,19 @@ registers and stages k through shared memory in tiles of the student's choosing
 ceil(T_q / 32) times (once per block); a warp's load of k at most 2 segments, and at most 2 load
 instructions of k for every 32 elements the block loads (``NoSerialCopy``); a warp's read of a shared
 array at most one word a bank, its store at most two (``bank_conflict``: a tile stored transposed, a key
-a column, puts a warp's 32 words in one bank); at most 2 ceil(T_k / 16) barriers (two a step, tiles of
-at least 16 keys); every slot read written in its step; a 0-byte stack frame. Named: ``same_key_tile`` (every step copies the
+a column, puts a warp's 32 words in one bank); at most T_k stores of out a thread, none of them to an
+element the thread stored already (``output_rewritten``: a score summed in out, a store at every
+multiply-add); at most 2 ceil(T_k / 16) barriers (two a step, tiles of at least 16 keys); every slot
+read written in its step; a 0-byte stack frame. Named: ``same_key_tile`` (every step copies the
 first keys), ``last_tile_dropped`` (the walk stops after the last whole tile), ``scores_not_placed``
 (a tile's scores written at their place in the tile, not in out).
 
 ``10x_ideal_work`` (deep dive 10x): a function ``ideal_work(kernel, s)`` -> ``(flops, nbytes)`` for kernel
 "softmax" (rows of causally masked scores), "flash" (causal attention writing out and the lse) or
 "decode" (one query per head against a cache), at sizes ``s`` (a ``BenchSizes``). The FLOPs are
-held to the bench's formulas (2 per multiply-add and 1 per other float operation, so 5 per score the
-softmax kernel processes; fused attention and decoding 4 d_k + 5 per visible pair); the bytes to what the
-sanitizer counts when the library's kernel runs at those sizes: every element of every array it
+held to the bench's formulas (2 per multiply-add and 1 per other float operation, so 5 per score of
+the softmax kernel's rows, masked or not; fused attention and decoding 4 d_k + 5 per visible pair);
+the bytes to what the sanitizer counts when the library's kernel runs at those sizes: every element of every array it
 reads or writes, once (``softmax v1``, ``flash v2``, ``decode v1``). Both are counts: a float is refused
 (``counts_not_integers``, whatever its value). Besides the engine's diagnoses: ``bytes_as_elements``, ``every_access_counted`` (the counted bytes, every request, instead of the
 ideal ones), ``arrays_missed`` (an array the kernel reads or writes left out, named),
@@ -210,6 +212,37 @@ class SharedBanks:
         return None
 
 
+@dataclass
+class StoredOnce:
+    """No thread stores an element of global array `array` more than once: each result is summed in a
+    register and stored when it is done, never summed in main memory."""
+
+    array: str
+    code: str = "output_rewritten"
+
+    def broken(self, traces, case, compiled):
+        for traced in traces:
+            if self.array not in traced.arrays():
+                continue
+            target = traced.launch.targets[self.array]
+            stores, per_thread, again = {}, {}, None
+            for element, access, who, _, site, _ in target.trace:
+                if access == sanitizer.STORE:
+                    stores[who, element] = stores.get((who, element), 0) + 1
+                    per_thread[who] = per_thread.get(who, 0) + 1
+                    if stores[who, element] == 2 and again is None:
+                        again = (who, element, site)
+            if again is None:
+                continue
+            (block, thread), element, site = again
+            index = ", ".join(str(int(i)) for i in np.unravel_index(element, target.shape))
+            return (f"the values are right, but thread {thread} of block {block} stored {self.array}[{index}] "
+                    f"{stores[(block, thread), element]} times, the second at {where.describe_with_code(*site)} "
+                    f"({per_thread[block, thread]} stores of {self.array} in all; the limit is {case[1]}, each element "
+                    "once): add up each score in a register and store it once, when its sum is done")
+        return None
+
+
 register(Exercise(
     exercise_id="10_tiled_k",
     title="row scores with q's row in registers and k staged through shared memory in tiles",
@@ -239,12 +272,12 @@ register(Exercise(
     limits=(MostLoads("q", 1, why="copy the thread's row into its register array once and read it from there"),
             MostLoads("k", lambda case: ceil_div(case[0], ROWS),
                       why="a block copies each key into shared memory once and all its rows read it there"),
-            Coalesced("k", 2), NoSerialCopy("k"),
+            Coalesced("k", 2), NoSerialCopy("k"), StoredOnce("out"),
             MostAccessesPerThread("out", lambda case: case[1], access="store",
                                   why="a thread per query row writes its row's T_k scores"),
             MostBarriers(lambda case: 2 * ceil_div(case[1], LEAST_TILE), why=_barriers_why),
             RefilledTiles(), SharedBanks(), NoLocalMemory()),
-    diagnoses=("same_key_tile", "last_tile_dropped", "scores_not_placed", "bank_conflict"),
+    diagnoses=("same_key_tile", "last_tile_dropped", "scores_not_placed", "bank_conflict", "output_rewritten"),
     solution=registers.row_scores_kernel_v3,
     forbidden=(registers.row_scores, registers.launch_row_scores, registers.row_scores_kernel_v2),
 ))
@@ -380,8 +413,8 @@ def _diagnose_work(got, expected, case, truth):
     if not np.isclose(got[0], expected[0], rtol=1e-12):
         return _flops_slip(got[0], expected[0], case) or (
             "wrong_values", f"the FLOPs: got {got[0]:,.0f}, the bench's formula (the softmax kernel: 5 per score "
-                            f"it processes; fused attention and decoding: 4 d_k + 5 per pair, two products of d_k "
-                            f"multiply-adds and the softmax of the score) gives {expected[0]:,.0f}")
+                            f"of its rows, masked or not; fused attention and decoding: 4 d_k + 5 per pair, "
+                            f"two products of d_k multiply-adds and the softmax of the score) gives {expected[0]:,.0f}")
     return _bytes_slip(got[1], expected[1], truth) or (
         "wrong_values", f"the bytes: got {got[1]:,.0f}, the sanitizer counted {expected[1]:,.0f} ({truth.describe()}, "
                         "4 bytes each)")
