@@ -256,6 +256,13 @@ GUARDED_A = "        tiles[0, ty, tx] = a[z, row, start + tx] if row < T and sta
                ("out[z // n_head, row, z % n_head * d_k", "out[z % 2, row, z // 2 * d_k"),
                ("z % n_head // (n_head // n_kv_head)", "z // 2 // (n_head // n_kv_head)")),
      "grid_layer_order", FIRST + "a's head z was split into sequence z % B and head z // B"),
+    (av_kernel((V0, "(2 * n_head + z % n_head // (n_head // n_kv_head)) * d_k")),
+     "v_offset_assumes_mha", FIRST + "query head 0 read V from column 2 n_head d_k = 40 on, as if qkv held 4 K "
+                             "heads and 4 V heads"),
+    (av_kernel((V0, "(2 * n_head + z % n_head) * d_k")),
+     "v_offset_assumes_mha", "so V starts at column (n_head + n_kv_head) d_k = 30"),
+    (av_kernel(("if start + ty < k_end and col < d_k else", "if start + ty < k_end and v0 + col < qkv.shape[2] else")),
+     "reads_next_head", FIRST + "the values are right, but block (0, 0, 0) loaded the columns of heads 6 and 7 of qkv"),
     (av_kernel(("min(T, row - ty + TILE)", "min(T, row - ty)")),
      "diagonal_tile_skipped", FIRST + "each block stopped before the key tile that holds its own queries"),
     # the usual wrong answers of the design: every tile walked, a size fixed at the simulator's, the
@@ -295,7 +302,8 @@ GUARDED_A = "        tiles[0, ty, tx] = a[z, row, start + tx] if row < T and sta
     (multihead.qkv_av_kernel, "calls_given_code", "qkv_av_kernel"),
     (multihead.qkv_weighted_sum_kernel, "calls_given_code", "qkv_weighted_sum_kernel"),
 ], ids=["solution", "heads_fastest", "interleaved", "kv_interleaved", "group_by_n_kv", "group_zero", "k_block",
-        "own_block", "head_width", "not_shared", "layer_order", "diagonal_skipped", "every_tile", "causal_ignored",
+        "own_block", "head_width", "not_shared", "layer_order", "mha_offset", "mha_offset_own_head",
+        "column_guard_on_width", "diagonal_skipped", "every_tile", "causal_ignored",
         "d_k_hard_coded",
         "block_dropped", "serial_load", "from_global", "extra_step", "barrier_in_guard", "no_second_barrier",
         "no_row_guard", "not_zeroed", "load_down_columns", "no_store_guard", "python_float", "stub",

@@ -41,6 +41,12 @@ Besides the engine's diagnoses:
 - ``view_past_the_end``: V read past qkv's last column: a view of V narrower than d_k (it starts too
   far right: a query head reading V head h, its own, when heads share; d_k fixed at a constant), or
   a read past qkv's width;
+- ``v_offset_assumes_mha``: V's start worked out as if there were n_head K heads and n_head V heads
+  (n_kv_head = n_head), so that query head 0 reads past K's and V's heads; told from a launch on qkv
+  with room past its last head, where such a kernel's reads land;
+- ``reads_next_head``: right values, but a block loaded the columns of two heads of qkv: its threads
+  past the head's d_k columns, guarded only on qkv's width, read the next head's values (named before
+  ``no_reuse``, which those loads break);
 - ``grid_layer_order``: a's head z split as (z % B, z // B), or a sequence past B.
 """
 
@@ -315,6 +321,26 @@ def _qkv_index_error(error, case):
     return None
 
 
+def _assumes_mha(kernel, launch):
+    """Whether the kernel's query head 0 reads its V from column 2 n_head d_k, where V would start if
+    there were n_head K heads. Probed at 2 query heads on 1 K/V head of width 1, with qkv 3 columns
+    wider than its 4 heads: the columns where such a kernel looks exist, and qkv's width // 4 is still
+    d_k = 1. False when the probe raises or reads elsewhere."""
+    T, n_head, n_kv_head = 7, 2, 1
+    rng = np.random.default_rng(6)
+    qkv = rng.standard_normal((1, T, 7)).astype(np.float32)
+    a = reference.softmax(rng.standard_normal((n_head, T, T))).astype(np.float32)
+    full, out = output_array((1, T, n_head), guard=TILE * (n_head + 1))
+    try:
+        launch(kernel, *multihead.qkv_av_grid(1, T, n_head, 1), cuda.to_device(a), cuda.to_device(qkv), n_head,
+               n_kv_head, False, out)
+        got = read_output(full, out)
+    except Exception:  # noqa: BLE001  (the probe only names a mistake; the case's own verdict stands)
+        return False
+    head_0 = got[0, :, 0].astype(np.float64)
+    return bool(np.allclose(head_0, a[0].astype(np.float64) @ qkv[0, :, 2 * n_head], rtol=1e-5, atol=1e-5))
+
+
 def _qkv_width(case):
     """qkv's last axis: n_head + 2 n_kv_head heads of d_k columns."""
     return (case.n_head + 2 * case.n_kv_head) * case.d_k
@@ -359,7 +385,15 @@ def _run_qkv_av(kernel, case, rng, launch):
             "a division by zero: a head count divided by a larger one is 0 in integer arithmetic; the group, "
             f"the query heads per V head, is n_head // n_kv_head = {n_head // n_kv_head}")) from None
     except IndexError as error:
-        raise _qkv_index_error(error, case) or error from None
+        named = _qkv_index_error(error, case)
+        if named is not None and named.code == "view_past_the_end" and n_kv_head < n_head \
+                and _assumes_mha(kernel, launch):
+            named = Diagnosed("v_offset_assumes_mha", (
+                f"query head 0 read V from column 2 n_head d_k = {2 * n_head * d_k} on, as if qkv held "
+                f"{n_head} K heads and {n_head} V heads; it holds Q's {n_head} heads, then K's {n_kv_head}, "
+                f"then V's {n_kv_head}, so V starts at column (n_head + n_kv_head) d_k = "
+                f"{(n_head + n_kv_head) * d_k}"))
+        raise named or error from None
     got = read_output(full, out)
     if not np.allclose(got, expected, rtol=1e-5, atol=1e-5):
         named = _named_mistake(got, expected, a, qkv, case)
@@ -387,6 +421,32 @@ class WholeTiles:
 
     def broken(self, traces, case, compiled):
         return self.limit.broken(traces, case, compiled) if case.d_k % TILE == 0 else None
+
+
+@dataclass
+class OneHeadOfV:
+    """A block's loads of qkv stay within one head's d_k columns. Checked where the reads of qkv break
+    their limit, so that a column guard on qkv's width alone is named before no_reuse."""
+
+    code: str = "reads_next_head"
+
+    def broken(self, traces, case, compiled):
+        if not MostLoads("qkv", _most_qkv_loads).broken(traces, case, compiled):
+            return None
+        width = _qkv_width(case)
+        for traced in (t for t in traces if "qkv" in t.arrays()):
+            heads = {}
+            for element, kind, (block, _), *_ in traced.launch.targets["qkv"].trace:
+                if kind == sanitizer.LOAD:
+                    heads.setdefault(block, set()).add(element % width // case.d_k)
+            for block, seen in sorted(heads.items()):
+                if len(seen) > 1:
+                    first = min(seen)
+                    return (f"the values are right, but block {block} loaded the columns of heads {first} and "
+                            f"{first + 1} of qkv: its threads whose column lies past the head's d_k = {case.d_k} "
+                            "columns read the next head's values, which no output of the block needs. Those loads "
+                            "repeat what the next head's blocks read, so qkv is read more often than its limit")
+        return None
 
 
 def _most_qkv_loads(case):
@@ -427,10 +487,11 @@ register(Exercise(
     rtol=1e-5,
     atol=1e-5,
     diagnoses=("no_tiles_skipped", "diagonal_tile_skipped", "heads_interleaved", "kv_head_interleaved", "wrong_group",
-               "wrong_v_block", "wrong_head_width", "view_past_the_end",
-               "grid_layer_order"),
+               "wrong_v_block", "wrong_head_width", "view_past_the_end", "v_offset_assumes_mha",
+               "reads_next_head", "grid_layer_order"),
     limits=(MostLoads("a", lambda case: ceil_div(case.d_k, TILE), why="a tile of weights in shared memory serves "
                       "all of a block's columns"),
+            OneHeadOfV(),
             MostLoads("qkv", _most_qkv_loads, why="a tile of values in shared memory serves all of a block's "
                       "queries, for each query head that reads that V head"),
             NoSerialCopy("a"), WholeTiles(NoSerialCopy("qkv")), NoSerialCopy("out", access="store"),
