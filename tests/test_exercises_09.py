@@ -9,6 +9,7 @@ from numba import cuda
 from attention_lib import reference
 from attention_lib.checks import EXERCISES, check, hint, mutation
 from attention_lib.stages import kv_cache
+from attention_lib.stages.kv_cache import KEYS_PER_CHUNK
 
 
 def variant(exercise_id, *changes):
@@ -188,29 +189,120 @@ def test_the_rounded_lse_diagnosis_says_why():
     assert "6.1e-05" in message and "exp(LSE_c - M)" in message
 
 
+# --- 09_chunk_stats (main, part 1): the chunk's (m, l) by one tree of pairs --------------------
+
+PAIR = "l_s[tid] = l_s[tid] * math.exp(m_a - m) + l_s[tid + stride] * math.exp(m_b - m)"
+
+STATS_MISTAKES = {
+    "sums_added": ([(PAIR, "l_s[tid] = l_s[tid] + l_s[tid + stride]")], "sums_not_rescaled", "the number of positions"),
+    "one_sum_rescaled": ([(PAIR, "l_s[tid] = l_s[tid] + l_s[tid + stride] * math.exp(m_b - m)")],
+                         "sums_not_rescaled", "m is right but l is not"),
+    "no_empty_guard": ([("if m > -math.inf:", "if True:")], "empty_pairs_nan", "two empty pairs"),
+    "max_from_zero": ([("m_s[tid], l_s[tid] = s,", "m_s[tid], l_s[tid] = max(s, np.float32(0.0)),")],
+                      "max_from_zero", "not from 0"),
+    "own_slot_read": ([("m, l = m_s[0], l_s[0]", "m, l = m_s[tid], l_s[tid]")], "result_not_broadcast",
+                      "every thread reads slot 0"),
+    "no_barrier_before_the_read": ([("    cuda.syncthreads()                       # wait: slot 0 holds", "    # slot 0")],
+                                   "race", "race on shared"),
+    "no_barrier_after_the_read": ([("    cuda.syncthreads()                       # wait: every thread has read", "    #")],
+                                  "race", "race on shared"),
+    "barrier_in_the_test": ([("        if tid < stride:                     # slot tid takes in slot tid + stride\n",
+                              "        if tid < stride:\n            cuda.syncthreads()\n")],
+                            "divergent_barrier", "On a GPU that hangs the block"),
+    "stride_8": ([("stride = KEYS_PER_CHUNK // 2", "stride = 4")], "wrong_values", "with a GPU's launch"),
+}
+
+
+@cuda.jit(device=True)
+def stats_walked_by_thread_0(s, m_s, l_s):
+    """Thread 0 merges every pair alone, then hands the result over."""
+    tid = cuda.threadIdx.x
+    m_s[tid], l_s[tid] = s, (np.float32(1.0) if s > -math.inf else np.float32(0.0))
+    cuda.syncthreads()
+    if tid == 0:
+        m, l = m_s[0], l_s[0]
+        for t in range(1, KEYS_PER_CHUNK):
+            big = max(m, m_s[t])
+            if big > -math.inf:
+                l = l * math.exp(m - big) + l_s[t] * math.exp(m_s[t] - big)
+                m = big
+        m_s[0], l_s[0] = m, l
+    cuda.syncthreads()
+    m, l = m_s[0], l_s[0]
+    cuda.syncthreads()
+    return m, l
+
+
+@cuda.jit(device=True)
+def stats_in_two_trees(s, m_s, l_s):
+    """A right answer: a tree for the max, then one for the sum of the weights."""
+    tid = cuda.threadIdx.x
+    m_s[tid] = s
+    stride = KEYS_PER_CHUNK // 2
+    while stride > 0:
+        cuda.syncthreads()
+        if tid < stride:
+            m_s[tid] = max(m_s[tid], m_s[tid + stride])
+        stride //= 2
+    cuda.syncthreads()
+    m = m_s[0]
+    l_s[tid] = math.exp(s - m)
+    stride = KEYS_PER_CHUNK // 2
+    while stride > 0:
+        cuda.syncthreads()
+        if tid < stride:
+            l_s[tid] += l_s[tid + stride]
+        stride //= 2
+    cuda.syncthreads()
+    l = l_s[0]
+    cuda.syncthreads()
+    return m, l
+
+
+def test_the_chunk_stats_solution_and_two_trees_pass_at_both_launches():
+    for answer in (mutation.solution_copy(EXERCISES["09_chunk_stats"]), stats_in_two_trees):
+        result = check("09_chunk_stats", answer, verbose=False)
+        assert result.passed and result.diagnosis == "ok" and "a GPU's" in result.message, result
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("mistake", sorted(STATS_MISTAKES))
+def test_chunk_stats_mistakes_get_their_diagnosis(mistake):
+    changes, diagnosis, says = STATS_MISTAKES[mistake]
+    result = check("09_chunk_stats", variant("09_chunk_stats", *changes), verbose=False)
+    assert (result.passed, result.diagnosis, says in result.message) == (False, diagnosis, True), result
+    assert "\n" not in str(result)
+
+
+def test_chunk_stats_walked_by_one_thread_is_serial():
+    result = check("09_chunk_stats", stats_walked_by_thread_0, verbose=False)
+    assert (result.passed, result.diagnosis) == (False, "serial_reduction"), result
+
+
 # --- 09_chunk_partial (main): a chunk's partial, a block per (chunk, query head) -------------------
 
-from attention_lib.stages.kv_cache import KEYS_PER_CHUNK, chunk_reduce, row_dot  # noqa: E402,F401  (planted answers' names)
+from attention_lib.stages.kv_cache import chunk_stats, row_dot  # noqa: E402,F401  (planted answers' names)
 
 STAGED = "    cuda.syncthreads()                                      # wait: the chunk's keys are staged\n"
 STAGE = "tile[i // d_k, i % d_k] = k_cache[g, start + i // d_k, i % d_k]"
 SCORE = "s = scale * row_dot(q[h], tile, tid, d_k) if tid < n_keys else np.float32(-math.inf)"
-MAX = "m = chunk_reduce(b_s, s, True)"
-WEIGHTS = ("a_s[tid] = math.exp(s - m)                              # the weights, <= 1, exactly 1 at the max\n"
-           "    l = chunk_reduce(b_s, a_s[tid], False)")
+STATS = "m, l = chunk_stats(s, a_s, b_s)"
+WEIGHTED = "    cuda.syncthreads()                                      # wait: every weight is in\n"
 V_LOOP = "for e in range(tid, d_k, KEYS_PER_CHUNK):"
 LSE = "lse_part[h, c] = m + math.log(l)"
 
 CHUNK_MISTAKES = {
     # the scores' max, as readers wrote it
-    "m_first_score": ([(MAX, "a_s[tid] = s\n    cuda.syncthreads()\n    m = a_s[0]\n    cuda.syncthreads()")],
+    # m the first score, l rescaled to it: right until a score lies 88 above the first
+    "m_first_score": ([(STATS, "big, total = chunk_stats(s, a_s, b_s)\n    if tid == 0:\n        b_s[0] = s\n"
+                               "    cuda.syncthreads()\n    m = b_s[0]\n    l = total * math.exp(big - m)")],
                       "m_is_first_score", "right when the largest comes first"),
-    "max_from_zero": ([(MAX, "m = chunk_reduce(b_s, max(s, np.float32(0.0)), True)")], "max_from_zero",
-                      "start the max from -inf"),
-    "no_max": ([("a_s[tid] = math.exp(s - m)", "a_s[tid] = math.exp(s)"), (LSE, "lse_part[h, c] = math.log(l)")],
+    "max_from_zero": ([(STATS, "big, total = chunk_stats(s, a_s, b_s)\n    m = max(big, np.float32(0.0))\n"
+                               "    l = total * math.exp(big - m)")], "max_from_zero", "start the max from -inf"),
+    "no_max": ([(STATS, "big, total = chunk_stats(s, a_s, b_s)\n    m, l = np.float32(0.0), total * math.exp(big)")],
                "unstable_softmax", "every score of the chunk is 760"),
-    "zero_in_the_max": ([(MAX, "m = chunk_reduce(b_s, s if tid < n_keys else np.float32(0.0), True)")],
-                        "partial_chunk", "gave the max a 0"),
+    "zero_in_the_max": ([(STATS, "m, l = chunk_stats(s if tid < n_keys else np.float32(0.0), a_s, b_s)")],
+                        "partial_chunk", "right in every full chunk, wrong in the last one"),
     "zero_score_counted": ([("else np.float32(-math.inf)", "else np.float32(0.0)")], "partial_chunk",
                            "right in every full chunk, wrong in the last one"),
     # who writes what
@@ -236,12 +328,11 @@ CHUNK_MISTAKES = {
     "no_stage_barrier": ([(STAGED, "")], "race", "race on shared"),
     "barrier_in_the_loop": ([(STAGE + "\n" + STAGED, STAGE + "\n    " + STAGED)], "divergent_barrier",
                             "On a GPU that hangs the block"),
-    "weights_unsynced": ([(WEIGHTS, "l = chunk_reduce(b_s, math.exp(s - m), False)\n    a_s[tid] = math.exp(s - m)")],
-                         "race", "race on shared"),
+    "weights_unsynced": ([(WEIGHTED, "")], "race", "race on shared"),
     "scored_past_n_keys": ([("if tid < n_keys else", "if tid < KEYS_PER_CHUNK else")], "stale_tile",
                            "which no thread of its block had written"),
-    "extra_barrier": ([("    if tid == 0:", "    cuda.syncthreads()\n    if tid == 0:")], "extra_barriers",
-                      "barriers, where the limit is"),
+    "barrier_a_position": ([("    if tid == 0:", "    for t in range(n_keys):\n        cuda.syncthreads()\n    if tid == 0:")],
+                           "extra_barriers", "barriers, where the limit is"),
     # the formula
     "not_normalised": ([("o_part[h, c, e] = acc / l", "o_part[h, c, e] = acc")], "output_not_normalised",
                        "divide it by l"),
@@ -394,7 +485,7 @@ def test_a_merge_whose_max_misses_the_last_chunk_fails():
 
 
 def test_the_hints_of_09_give_no_code(capsys):
-    for exercise_id in ("09_lse_merge", "09_chunk_partial"):
+    for exercise_id in ("09_lse_merge", "09_chunk_stats", "09_chunk_partial"):
         hints = EXERCISES[exercise_id].hints
         assert [h.split(":")[0] for h in hints[1:]] == ["the plan", "where answers go wrong"], exercise_id
         hint(exercise_id, 2)

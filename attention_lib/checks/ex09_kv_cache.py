@@ -172,14 +172,179 @@ register(Exercise(
 ))
 
 
+# --- Main, part 1: the chunk's (m, l) by one tree of pairs -----------------------------------
+# The answer has chunk_stats's signature ``(s, m_s, l_s)``: every thread of a block of KEYS_PER_CHUNK
+# calls it with its score s (-inf for a thread without a position) and two (KEYS_PER_CHUNK,) shared
+# float32 scratch arrays; it returns (m, l) to every thread, m the block's largest score and l the sum
+# of exp(s - m), and every thread may write the scratch again once it returns. The check runs
+# kv_cache.chunk_stats_kernel with the answer in chunk_stats's place, every launch traced, at the
+# simulator's KEYS_PER_CHUNK (8) and a GPU's (32), on blocks whose n_keys is full, one short, half and
+# 1 (runs of empty threads: two empty pairs merge), with scores all below -760, random, and spread past
+# exp's range (the first the lowest); the kernel calls the answer twice in a row (the second call's
+# writes race with a late read of the first's result). Limits, for the two calls: shared reads per
+# thread within 2 (4 log2 n + 4) (a pair tree reads 4 slots a round, two trees 2 each;
+# ``serial_reduction`` for one thread walking the n pairs), barriers within 2 (2 log2 n + 5) (room for
+# a max tree then a sum tree; ``extra_barriers``), no unwritten slot read. Named mistakes, besides the
+# engine's:
+#
+# - ``sums_not_rescaled``: l the plain sum of the pairs' sums (each score counted as 1), or rescaled
+#   to the wrong max;
+# - ``empty_pairs_nan``: NaN where two threads without a position merge: exp(-inf - (-inf));
+# - ``max_from_zero``: m = 0 where every score lies below 0 (the max started from 0);
+# - ``result_not_broadcast``: thread 0 right, the others not.
+
+class StatsCase(NamedTuple):
+    """One size tried: two blocks of KEYS_PER_CHUNK threads, every thread of the first holding a score
+    and the first n_keys of the second; scores "random" (N(0, 3)), "spread" (-700 .. 760, the first
+    the lowest) or "low" (-800 .. -760)."""
+
+    n_keys: int
+    scores: str = "random"
+
+    def filled(self):
+        """Positions of each block, (KEYS_PER_CHUNK, n_keys)."""
+        return (kv_cache.KEYS_PER_CHUNK, self.n_keys)
+
+    def __str__(self):
+        return f"(blocks of {kv_cache.KEYS_PER_CHUNK} and {self.n_keys} positions, {self.scores} scores)"
+
+
+def _stats_cases(configuration):
+    """Beside a full block of the configuration's chunk n (8 or 32), one of 3 positions with every score
+    below -760 (first: a max started from 0 shows there); then one short, half plus one and 1, and 1
+    and one short with scores spread past exp's range."""
+    n = kv_cache.SHAPE_CONSTANTS["KEYS_PER_CHUNK"][0 if configuration == shapes.SIMULATOR else 1]
+    return [StatsCase(3, "low"), StatsCase(n - 1), StatsCase(n // 2 + 1), StatsCase(1), StatsCase(1, "spread"),
+            StatsCase(n - 1, "spread")]
+
+
+@functools.lru_cache(maxsize=64)
+def _stats_kernel_around(answer, size):
+    """chunk_stats_kernel with the answer in chunk_stats's place (KEYS_PER_CHUNK = size when built)."""
+    names = {**vars(kv_cache), "chunk_stats": answer}
+    return cuda.jit(types.FunctionType(kv_cache.chunk_stats_kernel.py_func.__code__, names, "chunk_stats_kernel"))
+
+
+def _stats_scores(case, rng):
+    """(blocks, KEYS_PER_CHUNK) float32 scores, exact integers where they lie past exp's range."""
+    n = kv_cache.KEYS_PER_CHUNK
+    blocks = len(case.filled())
+    if case.scores == "random":
+        return (3.0 * rng.standard_normal((blocks, n))).astype(np.float32)
+    if case.scores == "low":
+        return rng.integers(-800, -760, (blocks, n)).astype(np.float32)
+    scores = rng.integers(-700, 761, (blocks, n)).astype(np.float32)
+    scores[:, 0] = -700.0                            # the first the lowest
+    for b, filled in enumerate(case.filled()):
+        scores[b, filled - 1] = 760.0                # the largest, last of the filled
+    return scores
+
+
+def _stats_reference(scores, n_keys):
+    """(blocks, KEYS_PER_CHUNK, 2) float64: each block's (m, l), in every thread."""
+    out = np.zeros(scores.shape + (2,))
+    for b, filled in enumerate(n_keys):
+        s = scores[b, :filled].astype(np.float64)
+        out[b, :, 0], out[b, :, 1] = s.max(), np.exp(s - s.max()).sum()
+    return out
+
+
+def _run_chunk_stats(answer, case, rng, launch):
+    kernel = _stats_kernel_around(answer, kv_cache.KEYS_PER_CHUNK)
+    scores, n_keys = _stats_scores(case, rng), np.array(case.filled(), np.int32)
+    expected = _stats_reference(scores, n_keys)
+    blocks, n = scores.shape
+    full_m, m_out = output_array((blocks, n), guard=n)
+    full_l, l_out = output_array((blocks, n), guard=n)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            launch(kernel, blocks, n, cuda.to_device(scores), cuda.to_device(n_keys), m_out, l_out)
+    except _FLOAT_ERRORS:
+        # The simulator's math.exp raises past float64's range; a GPU's float32 exp returns inf.
+        if case.scores == "random":
+            raise
+        return np.full(expected.shape, np.nan), expected, scores, n_keys
+    got = np.stack([read_output(full_m, m_out), read_output(full_l, l_out)], axis=-1)
+    return got, expected, scores, n_keys
+
+
+def _diagnose_chunk_stats(got, expected, scores, n_keys):
+    close = dict(rtol=1e-5, atol=1e-5)
+    with np.errstate(all="ignore"):
+        broken = np.isnan(got).any(axis=(1, 2))                       # per block
+        if broken[n_keys < kv_cache.KEYS_PER_CHUNK - 1].any() and not broken[n_keys == kv_cache.KEYS_PER_CHUNK].any():
+            return "empty_pairs_nan", (
+                "NaN in a block with several threads without a position: two empty pairs (-inf, 0) merged "
+                "give exp(-inf - (-inf)), NaN; when both maxima are -inf, leave the pair as it is")
+        if np.allclose(got[:, 0], expected[:, 0], **close):
+            return "result_not_broadcast", (
+                "thread 0 got the chunk's (m, l) but the other threads did not: once the last round is "
+                "over, every thread reads slot 0")
+        if np.allclose(got[..., 0], expected[..., 0], **close):
+            if np.allclose(got[..., 1], n_keys[:, None], **close):
+                return "sums_not_rescaled", (
+                    "l is the number of positions: each pair's sum counts exp(s - its own max), so before two "
+                    "sums are added each is rescaled to the larger max, multiplied by exp(its max - m)")
+            return "sums_not_rescaled", (
+                "m is right but l is not: before two pairs' sums are added, each is rescaled to the larger "
+                "of the two maxima, multiplied by exp(its own max - the larger)")
+        if (expected[..., 0] < 0).all() and np.allclose(got[..., 0], 0.0):
+            return "max_from_zero", ("m came out 0 where every score lies below 0: start from the thread's "
+                                     "score (-inf without one), not from 0")
+    return None
+
+
+def _stats_reads(case):
+    """Two calls of 4 slots a round (both pairs), log2 n rounds, the result's 2 and 2 to spare each;
+    n = KEYS_PER_CHUNK."""
+    return 2 * (4 * _log2_chunk() + 4)
+
+
+register(Exercise(
+    exercise_id="09_chunk_stats",
+    title="the chunk's (m, l) in every thread: one tree of (max, sum) pairs over the block",
+    kind="device function",
+    both_shapes=True,
+    run=_run_chunk_stats,
+    cases=_stats_cases,
+    hint=("a thread's score is a pair of its own: its max is the score and its sum 1, or minus infinity and 0 "
+          "without a position; two pairs merge as the online softmax merges, the sum of the smaller max "
+          "rescaled to the larger; a tree merges the block's pairs in log2 of its size rounds"),
+    more_hints=("the plan: every thread writes its pair to its slots; each round, after a barrier, the threads "
+                "below the stride merge the pair a stride above into their own, and the stride halves from "
+                "half the block down to 1; after a last barrier every thread reads slot 0, and waits once "
+                "more before returning, so that no thread writes the slots while another still reads them",
+                "where answers go wrong: sums added without rescaling, two empty pairs merged (minus infinity "
+                "minus minus infinity is not a number), a max started from 0, only thread 0 reading the "
+                "result, a barrier inside the test that picks a round's threads, a first stride written as a "
+                "number"),
+    # float32 exp and sums of up to 32 terms against float64
+    rtol=1e-5,
+    atol=1e-5,
+    diagnose=_diagnose_chunk_stats,
+    diagnoses=("empty_pairs_nan", "result_not_broadcast", "sums_not_rescaled", "max_from_zero"),
+    solution=kv_cache.chunk_stats,
+    forbidden=(kv_cache.chunk_stats_kernel, kv_cache.chunk_partial, kv_cache.chunk_partial_kernel,
+               kv_cache.decode_kernel_v2, kv_cache.attend_chunk, kv_cache.online_step),
+    limits=(NoUnwrittenReads(why="read only the slots of this round's pairs"),
+            SharedLoadsPerThread(_stats_reads,
+                                 why="the check calls it twice; a tree of pairs reads 4 slots a round for "
+                                     "log2(KEYS_PER_CHUNK) rounds, two trees 2 a round each; one thread walking "
+                                     "all the pairs goes past it"),
+            MostBarriers(lambda case: 2 * (2 * _log2_chunk() + 5),
+                         why="the check calls it twice, each call with room for two trees of log2(KEYS_PER_CHUNK) "
+                             "rounds and a few barriers around them")),
+))
+
+
 # --- Main: a chunk's partial, a block per (chunk, query head) --------------------------------
 # The answer has chunk_partial's signature ``(q, k_cache, v_cache, h, g, c, n_keys, scale, lse_part,
 # o_part, tile, a_s, b_s)``: every thread of block (c, h) of chunk_partial_kernel calls it once
 # (kv_cache.chunk_grid: (n_chunks, n_head) blocks of KEYS_PER_CHUNK threads), with g = h's kv head,
 # n_keys the chunk's filled positions and three shared scratch arrays; it loads the chunk, scores it,
 # reduces, weighs and writes lse_part[h, c] = m + log l and o_part[h, c, :] = sum_t exp(s_t - m) v_t
-# / l, placing its own barriers (kv_cache.chunk_reduce, notebook 04's tree, may do the reductions: the
-# notebook states its contract, not its code, and the limits as bounds, their arithmetic in hint 2).
+# / l, placing its own barriers (part 1's chunk_stats, the student's own, may give it m and l).
 # The check runs chunk_partial_kernel with the answer in chunk_partial's place, every launch traced,
 # at the simulator's KEYS_PER_CHUNK (8) and a GPU's (32), on chunks one short, exact and one past,
 # heads of 64 and 128, grouped heads, scores spread past exp's range inside a chunk, all below -760,
@@ -189,7 +354,8 @@ register(Exercise(
 # 128 bytes (``uncoalesced``), with its lanes side by side (``serial_copy``); no shared slot read that
 # no thread wrote (``stale_tile``); shared reads per thread within d_k + n ceil(d_k / n) + 5 log2 n
 # + 4, n = KEYS_PER_CHUNK (``serial_reduction``: the max or the sum walked over all n scores by one
-# thread, or by every thread); barriers within 2 log2 n + 5 (``extra_barriers``). Named mistakes,
+# thread, or by every thread); barriers within 2 log2 n + 7 (``extra_barriers``: part 1's limit, one
+# after the staging and one after the weights). Named mistakes,
 # besides the engine's:
 #
 # - ``m_is_first_score``: inf or NaN once a chunk's largest score lies past 88 above its first,
@@ -472,17 +638,16 @@ register(Exercise(
     run=_run_chunk_partial,
     cases=_chunk_cases,
     hint=("every score of the chunk is needed by every output component, so the block computes each score "
-          "once and shares it; the chunk's max and sum are reductions over the block's threads, as in "
-          "notebook 04, halving the active threads each round"),
+          "once and shares it; part 1 gives every thread the chunk's max and sum, and each weight is then "
+          "one exponential, shared in turn"),
     more_hints=("the plan: the block first copies the chunk's keys into shared memory, its threads side by "
                 "side along the cache; after a barrier each thread scores one position, and a thread without "
-                "one holds minus infinity; a reduction gives every thread the max, each thread turns its score "
-                "into a weight and keeps it in shared memory, and a second reduction sums the weights; then "
-                "each thread owns some output components, walks the positions reading each value straight "
-                "from the cache, and one thread writes the log-sum-exp; the limits count that plan: a barrier "
-                "after the staging, and for each reduction one barrier a round of its tree plus one before and "
-                "one after; a thread's shared reads are its key's row, one weight a position for each "
-                "component it owns, and two or three reads a round in each tree",
+                "one holds minus infinity; part 1 gives every thread m and l, each thread turns its score into "
+                "a weight and keeps it in shared memory, and after a barrier each thread owns some output "
+                "components, walks the positions reading each value straight from the cache, and one thread "
+                "writes the log-sum-exp; the limits count that plan: a barrier after the staging, those of "
+                "part 1, and one after the weights; a thread's shared reads are its key's row, one weight a "
+                "position for each component it owns, and those of part 1",
                 "where answers go wrong: m taken from the first score or from the thread's own score (right "
                 "until scores spread past 88), a max started from 0 (every weight underflows when all scores "
                 "lie below -104), a barrier inside a test on the thread index, a short last chunk whose missing "
@@ -510,7 +675,7 @@ register(Exercise(
                                  why="the limit is a key's row, one weight a position for each component a thread "
                                      "owns, and two trees of log2(KEYS_PER_CHUNK) rounds; a max or a sum walked "
                                      "over all the chunk's scores by one thread (or by each) goes past it"),
-            MostBarriers(lambda case: 2 * _log2_chunk() + 5,
+            MostBarriers(lambda case: 2 * _log2_chunk() + 7,
                          why="room for reductions of log2(KEYS_PER_CHUNK) rounds and a few barriers around them; "
                              "the second hint counts them")),
 ))

@@ -14,9 +14,9 @@
   writing each chunk's log-sum-exp and normalised output) + ``decode_merge_kernel`` (their
   log-sum-exp merge); their device functions (``row_dot``, which the backward reuses,
   ``online_step``, ``attend_chunk``, ``weighted_value``, ...). ``chunk_partial_kernel`` writes the
-  same partials with a block per (chunk, query head); its ``chunk_partial``, with the tree
-  reductions of ``chunk_reduce``, is notebook 09's main exercise (``chunk_grid``,
-  ``chunk_partials_device``).
+  same partials with a block per (chunk, query head); its ``chunk_partial``, with the chunk's
+  (max, sum) from the pair tree of ``chunk_stats``, is notebook 09's main exercise, in two parts
+  (``chunk_stats_kernel`` runs the first alone; ``chunk_grid``, ``chunk_partials_device``).
 - ``KERNELS``, ``decode_grid``; the launcher ``decode_step(q, cache, version=2, kernel=None,
   merge_kernel=None)``.
 - A layer with a cache on the device: ``qkv_heads``, ``prefill``, ``decode_layer_step``,
@@ -363,24 +363,45 @@ def decode_kernel_v2(q, k_cache, v_cache, length, scale, lse_part, o_part):
 
 
 @cuda.jit(device=True)
-def chunk_reduce(partial, value, take_max):
-    """The max (take_max) or the sum of `value` over the block's KEYS_PER_CHUNK threads, returned to
-    every thread: notebook 04's tree (softmax.block_reduce) for a block of one chunk. partial:
-    (KEYS_PER_CHUNK,) float32 shared array, overwritten. Every thread of the block must call it: it
-    waits at 2 + log2(KEYS_PER_CHUNK) barriers."""
+def chunk_stats(s, m_s, l_s):
+    """The chunk's (m, l), returned to every thread: m the largest of the block's scores s (-inf from a
+    thread without a position), l the sum of exp(s - m). One tree of (max, sum) pairs: merging two
+    rescales each sum to the larger max, as the online softmax does (notebook 07). m_s, l_s:
+    (KEYS_PER_CHUNK,) float32 shared arrays, overwritten. Every thread of the block must call it: it
+    waits at log2(KEYS_PER_CHUNK) + 2 barriers, the last once every thread has read the result."""
     tid = cuda.threadIdx.x
-    partial[tid] = value
-    cuda.syncthreads()                     # wait: every thread's value is in `partial`
+    m_s[tid], l_s[tid] = s, (np.float32(0.0) if s == -math.inf else np.float32(1.0))   # no score, or one
     stride = KEYS_PER_CHUNK // 2
-    while stride > 0:                      # log2(KEYS_PER_CHUNK) rounds, halving the active threads
-        if tid < stride:
-            other = partial[tid + stride]
-            partial[tid] = max(partial[tid], other) if take_max else partial[tid] + other
-        cuda.syncthreads()                 # wait: this round is written before the next reads it
+    while stride > 0:                        # log2(KEYS_PER_CHUNK) rounds, halving the active threads
+        cuda.syncthreads()                   # wait: the last round's pairs are written
+        if tid < stride:                     # slot tid takes in slot tid + stride
+            m_a, m_b = m_s[tid], m_s[tid + stride]
+            m = max(m_a, m_b)
+            if m > -math.inf:                # two empty pairs stay (-inf, 0): exp(-inf + inf) is NaN
+                l_s[tid] = l_s[tid] * math.exp(m_a - m) + l_s[tid + stride] * math.exp(m_b - m)
+                m_s[tid] = m
         stride //= 2
-    result = partial[0]
-    cuda.syncthreads()                     # wait: all have read partial[0] before it is reused
-    return result
+    cuda.syncthreads()                       # wait: slot 0 holds the whole chunk's pair
+    m, l = m_s[0], l_s[0]
+    cuda.syncthreads()                       # wait: every thread has read it before the slots are reused
+    return m, l
+
+
+@cuda.jit
+def chunk_stats_kernel(scores, n_keys, m_out, l_out):
+    """chunk_stats over each block's row of scores: thread t of block b holds scores[b, t] when
+    t < n_keys[b], -inf otherwise; m_out[b, t], l_out[b, t] receive the (m, l) thread t got. scores,
+    m_out, l_out: (blocks, KEYS_PER_CHUNK) float32; n_keys: (blocks,) int. Blocks of KEYS_PER_CHUNK.
+    It calls chunk_stats twice in a row, as chunk_partial writes the scratch right after the call: a
+    thread still reading the first result when another writes the second's pairs is a race."""
+    m_s = cuda.shared.array(KEYS_PER_CHUNK, np.float32)
+    l_s = cuda.shared.array(KEYS_PER_CHUNK, np.float32)
+    b, t = cuda.blockIdx.x, cuda.threadIdx.x
+    s = scores[b, t] if t < n_keys[b] else np.float32(-math.inf)
+    chunk_stats(s, m_s, l_s)
+    m, l = chunk_stats(s, m_s, l_s)                 # the same pairs again, in the same slots
+    m_out[b, t] = m
+    l_out[b, t] = l
 
 
 @cuda.jit(device=True)
@@ -394,9 +415,9 @@ def chunk_partial(q, k_cache, v_cache, h, g, c, n_keys, scale, lse_part, o_part,
         tile[i // d_k, i % d_k] = k_cache[g, start + i // d_k, i % d_k]
     cuda.syncthreads()                                      # wait: the chunk's keys are staged
     s = scale * row_dot(q[h], tile, tid, d_k) if tid < n_keys else np.float32(-math.inf)   # weight 0
-    m = chunk_reduce(b_s, s, True)                          # the chunk's largest score, in every thread
+    m, l = chunk_stats(s, a_s, b_s)                         # the chunk's max and sum, in every thread
     a_s[tid] = math.exp(s - m)                              # the weights, <= 1, exactly 1 at the max
-    l = chunk_reduce(b_s, a_s[tid], False)                  # its barriers also wait for every weight
+    cuda.syncthreads()                                      # wait: every weight is in
     for e in range(tid, d_k, KEYS_PER_CHUNK):               # neighbouring lanes, neighbouring addresses
         acc = np.float32(0.0)
         for t in range(n_keys):
