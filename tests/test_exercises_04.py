@@ -583,6 +583,13 @@ WHOLE_ROW_EACH = (PROLOGUE +
                   "    for j in range(s.shape[1]):\n"
                   "        total += math.exp(s[row, j] - shift)\n" + WRITE)
 
+# The max's walk loads a score twice when it beats the running max: 4 reads, 2 on that line.
+MAX_LOADED_TWICE = (PROLOGUE +
+                    "    row_max = np.float32(-math.inf)\n"
+                    "    for j in range(tid, s.shape[1], THREADS_PER_ROW):\n"
+                    "        if s[row, j] > row_max: row_max = s[row, j]\n" + REDUCE_MAX + SHIFT + SUM_WALK +
+                    REDUCE_SUM + WRITE)
+
 # The tree by hand, thread 0 walking every slot: right values, a serial reduction.
 SERIAL_TREE = (PROLOGUE + MAX_WALK +
                "    partial[tid] = row_max\n"
@@ -640,7 +647,9 @@ AT_31 = "at rows = 3, T_k = 31 (normal scores): "
 @pytest.mark.parametrize("answer, diagnosis, says", [
     # the named mistakes
     (SOLUTION.replace("row_max = np.float32(-math.inf)", "row_max = np.float32(0.0)"), "wrong_neutral_value",
-     "at rows = 2, T_k = 69 (large scores): rows around +1000 are right but rows around -1000 are not"),
+     "at rows = 2, T_k = 69 (large scores): rows around +1000 are right but rows around -1000 came out all 0"),
+    (SOLUTION.replace(SHIFT, "    shift = max(row_max, np.float32(0.0))\n"), "wrong_neutral_value",
+     "or a max clamped at 0 after the reduction all give this"),
     (SOLUTION.replace(REDUCE_MAX, "    row_max = block_reduce(partial, row_max if tid < s.shape[1] else "
                                   "np.float32(0.0), True)\n"), "wrong_neutral_value",
      "at rows = 2, T_k = 31 (deep scores): every score of these rows lies below -90"),
@@ -664,6 +673,9 @@ AT_31 = "at rows = 3, T_k = 31 (normal scores): "
                       "partial = cuda.shared.array(32, np.float32)"), "out_of_bounds", GPU),
     (SOLUTION.replace("range(tid, s.shape[1], THREADS_PER_ROW)", "range(tid, s.shape[1], 32)"), "race", GPU),
     (WHOLE_ROW_EACH, "no_reuse", AT_31 + "the values are right, but an element of s was read up to 65 times"),
+    (MAX_LOADED_TWICE, "no_reuse", "read up to 4 times from global memory, where the limit is 3: kernel 2 reads "
+     "each score three times, in the max's walk, the sum's and the weights': a thread gathers its part of the row "
+     "as it walks, and the block shares the parts. The line that read s[0, 0] most, 2 of its 4 reads, is "),
     # the limits
     (CHUNKS, "uncoalesced", "the values are right, but a warp's load of s"),
     (CHUNKED_WRITE, "uncoalesced", "a warp's store of out"),

@@ -18,7 +18,8 @@ v2's grid (one block of THREADS_PER_ROW threads per row, row = blockIdx.x), desi
 around the warm-up's block_reduce: which thread reads which columns, what each thread brings to each
 reduction, the fully masked row's guard, the write pass (softmax.block_softmax_kernel). Run at the
 simulator's 32 threads a row and a GPU's 128. Limits, counted per launch: each score read at most 3
-times (kernel 2's count); no warp making more than twice its share of its block's loads of s or
+times (kernel 2's count; ``no_reuse`` names the line that read the most-read score most, from the
+traced launch's record of each access's line); no warp making more than twice its share of its block's loads of s or
 stores of out (``serial_copy``: one thread, or one lane a warp, walking the row); at most 2 segments
 a warp load of s and store of out; no thread reading shared memory more than two trees'
 2 (2 log2(THREADS_PER_ROW) + 2) times or passing more than two trees' 2 (2 + log2(THREADS_PER_ROW))
@@ -54,8 +55,10 @@ not every thread reaches, ``out_of_bounds``, ``float64_arithmetic``):
   simulator's 32 threads, where a GPU's block has 128): slot 0 holds only the first threads' values;
 - ``result_not_broadcast``: only thread (lane) 0 got the row's result, the others kept a part;
 - ``wrong_neutral_value``: a lane started its pair from m = 0, not -inf (or, in the block kernel, a
-  thread's max started from 0, or a thread with no column brought 0 to the max's reduction): rows
-  around -1000, or below -90, underflow while rows around +1000 come out right;
+  shift above the row's max on negative rows: a thread's max started from 0, a thread with no column
+  bringing 0 to the max's reduction, or the reduced max clamped at 0; they give the same weights, so
+  the message names all three): rows around -1000, or below -90, underflow while rows around +1000
+  come out right;
 - ``online_softmax_no_rescale``: the lanes' sums l were added without rescaling each to the
   common maximum;
 - ``stats_not_in_one_pass``: right weights, but a score read three times (counted by the
@@ -85,6 +88,7 @@ Its named mistakes, each found by recomputing the case with one rule left out:
 
 import math
 import warnings
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -97,8 +101,9 @@ from attention_lib.stages.softmax import (THREADS_PER_ROW, WARP_SIZE, strided_ma
 from attention_lib.checks.engine import Exercise, output_array, race_finding_launch, read_output, register
 from attention_lib.checks.limits import (Coalesced, MostBarriers, MostLoads, NoSerialCopy, NoUnwrittenReads,
                                          SharedLoadsPerThread)
-from attention_lib.measure import kernel_report
+from attention_lib.measure import kernel_report, sanitizer
 from attention_lib.measure.kernel_report import H200, T4
+from attention_lib.platform import where
 
 LARGE = 1000.0           # scores of the large case: exp(1000) overflows float32 (max about 88.7)
 SPREAD = 500.0           # half the span of a "spread" row's scores
@@ -421,6 +426,33 @@ def _barriers_per_reduction():
     return 2 + int(math.log2(softmax.THREADS_PER_ROW))
 
 
+@dataclass
+class MostLoadsNamingTheLine(MostLoads):
+    """MostLoads whose verdict also names the source line that read the most-read element most often,
+    from the same traced launch (each access is recorded with its line): a walk that loads a score
+    twice in one step (a max written `if s[row, j] > m: m = s[row, j]`) shows there."""
+
+    def broken(self, traces, case, compiled):
+        message = super().broken(traces, case, compiled)
+        if message is None:
+            return None
+        traced = max(_traces_with_array(traces, self.array), key=lambda t: int(t.loads(self.array).max()))
+        target = traced.launch.targets[self.array]
+        element = int(np.argmax(traced.loads(self.array)))
+        by_line = {}
+        for index, kind, _who, _interval, site, *_ in target.trace:
+            if kind == sanitizer.LOAD and index == element:
+                by_line[site] = by_line.get(site, 0) + 1
+        site, reads = max(by_line.items(), key=lambda item: (item[1], -item[0][1]))
+        name = f"{self.array}[{', '.join(str(int(i)) for i in np.unravel_index(element, target.shape))}]"
+        return (f"{message}. The line that read {name} most, {reads} of its {sum(by_line.values())} reads, "
+                f"is {where.describe_with_code(*site)}")
+
+
+def _traces_with_array(traces, name):
+    return [t for t in traces if name in t.arrays()]
+
+
 def _block_softmax_cases(configuration):
     """(rows, T_k, kind), from the block's THREADS_PER_ROW n (32 on the simulator, 128 on a GPU): a row
     one short of the block (the last thread has no column; 3 rows, so a row taken from anything but
@@ -463,17 +495,21 @@ def _diagnose_block_softmax(got, expected, s, error):
             "from column 0 to the last")
     if finite.size and finite.max() < -90:
         return "wrong_neutral_value", (
-            "every score of these rows lies below -90 and the weights came out wrong: exp(s - m) "
-            "underflowed, so m was not the row's max. A thread with no column, or a max started from 0, "
-            "brings 0 to the max's reduction, above every score; a thread's max starts from -inf")
+            "every score of these rows lies below -90 and the weights came out wrong, as they do when "
+            "exp(s - m) underflows because m lies above the row's max. The shift must be the row's max "
+            "whatever its sign: a max started from 0, 0 brought by a thread with no column, or a max "
+            "clamped at 0 after the reduction all give this")
     if error is None and np.abs(finite).max() > 100:
         high = s.max(axis=-1) > 0                                          # the rows around +1000
         if np.allclose(got[high], expected[high], rtol=1e-5, atol=1e-6) and \
                 not np.allclose(got[~high], expected[~high], rtol=1e-5, atol=1e-6):
+            low = got[~high]
+            seen = "all 0 or NaN" if np.all((low == 0) | np.isnan(low)) else "wrong"
             return "wrong_neutral_value", (
-                "rows around +1000 are right but rows around -1000 are not: a thread's max started from 0 "
-                "(or a thread with no column brought 0 to the max's reduction), which stays above every "
-                "negative score, so every exp(s - 0) underflows to 0; start from -inf")
+                f"rows around +1000 are right but rows around -1000 came out {seen}, as when exp(s - m) "
+                "underflows because m lies far above the row's max (0, say). The shift must be the row's max "
+                "whatever its sign: a max started from 0, 0 brought by a thread with no column, or a max "
+                "clamped at 0 after the reduction all give this")
     named = _unstable(got, s, error) or _fully_masked(got, s)
     if named:
         return named
@@ -519,7 +555,7 @@ register(Exercise(
     # float32 exp and sums of up to 261 terms against float64: relative errors around 1e-6.
     rtol=1e-5,
     atol=1e-6,
-    limits=(MostLoads("s", 3, why=(
+    limits=(MostLoadsNamingTheLine("s", 3, why=(
                 "kernel 2 reads each score three times, in the max's walk, the sum's and the weights': a "
                 "thread gathers its part of the row as it walks, and the block shares the parts")),
             NoSerialCopy("s"), NoSerialCopy("out", access="store"),

@@ -13,12 +13,13 @@ all-zero weights: the query attends to nothing, never NaN.
   and a running sum, in NumPy; the idea notebook 07's fused attention kernel is built on.
 - ``softmax_kernel_v1``: one thread per row, three passes over the row (max, sum, normalise).
 - ``strided_*``: the passes of one thread over columns start, start + step, ... of a row, for
-  kernels 2 and 3.
+  kernel 2.
 - ``block_reduce`` (``block_max``, ``block_sum``) + ``softmax_kernel_v2``: one block of
   THREADS_PER_ROW threads per row; the threads stride over the row and combine their partial
   max, then their partial sum, with a tree reduction in shared memory.
-- ``block_softmax_kernel``: kernel 2's design as one kernel, its three passes written out around two
-  calls of ``block_reduce`` (notebook 04's main exercise).
+- ``block_softmax_kernel``: kernel 2's walks and trees as one kernel, its three passes written out around
+  two calls of ``block_reduce`` (notebook 04's main exercise); where kernel 2 leaves early on a fully
+  masked row, the whole block together, it computes through to zeros.
 - ``merge_stats`` + ``softmax_kernel_v3`` (deep dive 04x's exercise): one warp per row,
   WARPS_PER_BLOCK rows a block; each lane folds its columns into one (max, sum) pair in a single
   pass, and the 32 lanes merge their pairs with warp shuffles (shfl_xor_sync): no shared memory, no
@@ -108,8 +109,8 @@ def softmax_kernel_v1(s, out):
 def strided_max(s, row, start, step):
     """Largest of s[row, start], s[row, start + step], ... (float32); -inf if there are none.
 
-    Kernel 2's thread tid walks every THREADS_PER_ROW-th column from tid, kernel 3's lane every
-    32nd from its lane: neighbouring threads read neighbouring scores.
+    Kernel 2's thread tid walks every THREADS_PER_ROW-th column from tid: neighbouring threads read
+    neighbouring scores.
     """
     largest = np.float32(-math.inf)        # float32 throughout, as on the GPU
     for j in range(start, s.shape[1], step):
@@ -194,8 +195,8 @@ def softmax_kernel_v2(s, out):
 @cuda.jit
 def block_softmax_kernel(s, out):
     """Row softmax with one block of THREADS_PER_ROW threads per row, written as one kernel around
-    two calls of block_reduce (notebook 04's main exercise; kernel 2 is the same design split into
-    the strided_* helpers that kernel 3 shares).
+    two calls of block_reduce (notebook 04's main exercise; kernel 2 makes the same walks through the
+    strided_* helpers, and leaves early on a fully masked row).
 
     s: (rows, T_k) float32, -inf for masked scores; out: (rows, T_k) float32, written. Launch on
     softmax_grid(rows, 2): block `row` owns s[row, :], thread tid its columns tid,
@@ -239,7 +240,8 @@ def softmax_kernel_v3(s, out):
 
     s: (rows, T_k) float32, -inf for masked scores; out: (rows, T_k) float32, written.
     Lane `lane` of the row's warp folds columns lane, lane + 32, ... into one pair (m, l) in a
-    single pass; the lanes merge their pairs with shuffles, then each writes its columns.
+    single pass; the lanes merge their pairs with shuffles, then each writes its columns (zeros in a
+    fully masked row, computed through: a warp past the last row is the only one that leaves early).
     """
     row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
     lane = cuda.threadIdx.x % WARP_SIZE
@@ -252,10 +254,10 @@ def softmax_kernel_v3(s, out):
         m_other = cuda.shfl_xor_sync(FULL_MASK, m, step)
         l_other = cuda.shfl_xor_sync(FULL_MASK, l, step)
         m, l = merge_stats(m, l, m_other, l_other)
-    if m == -math.inf:                     # the same in every lane: the warp leaves together
-        strided_zeros(out, row, lane, WARP_SIZE)
-        return
-    strided_write(s, out, row, lane, WARP_SIZE, m, np.float32(1.0) / l)   # pass 2
+    shift = m if m > -math.inf else np.float32(0.0)        # fully masked: every exp is 0, so is l
+    inv_total = np.float32(1.0) / l if l > 0 else np.float32(0.0)     # one division a row
+    for j in range(lane, s.shape[1], WARP_SIZE):           # pass 2: the weights
+        out[row, j] = math.exp(s[row, j] - shift) * inv_total
 
 
 # --- Launcher ----------------------------------------------------------------------------
