@@ -114,10 +114,12 @@ book: $(INSTALLED)
 # Grading with nbgrader (nbgrader_config.py; course directory grading/), one assignment per
 # notebook: NB=00 (or several, NB="00 03"). release-assignment: the graded copy (no reveal cells,
 # hidden tests) generated and released into the exchange, DUE="2026-12-20 17:00 UTC" its due date;
-# collect: the submissions from the exchange; grade: on the simulator, autograde of what changed
-# since the last run (FORCE=1: all), points from the checks' signed verdicts (grading/grades.csv,
-# grading/exercises.csv with each diagnosis and flag), of the collected submissions or of
-# SUBMITTED=folder (STUDENT/ASSIGNMENT/NOTEBOOK.ipynb); feedback: generate and release it.
+# collect: the submissions from the exchange; grade: what changed since the last run (FORCE=1: all),
+# each submission rebuilt from the course's cells and its allowed answers and run on the simulator
+# in a bubblewrap sandbox of its own (Debian's bubblewrap: grade.py names it when it is missing),
+# points from its checks' verdicts (grading/grades.csv, grading/exercises.csv with each diagnosis,
+# flag and report), of the collected submissions or of SUBMITTED=folder
+# (STUDENT/ASSIGNMENT/NOTEBOOK.ipynb); feedback: generate and release it.
 .PHONY: release-assignment collect grade feedback hub
 release-assignment collect grade feedback: $(INSTALLED)
 	@test -n "$(NB)" || { echo "usage: make $@ NB=00 (a notebook's number, or several: NB=\"00 03\")"; exit 2; }

@@ -694,6 +694,11 @@ GIVEN = allowlist.given_names([SETUP, 'from attention_lib.checks import check, r
     ("check = print", "rebinds check"),
     ("@np.vectorize\ndef f(x):\n    return x", "decorates f with np.vectorize"),
     ("from helper import answer", "imports from helper"),
+    ("def f():\n    return np.testing.assert_allclose", "reaches the module numpy.testing"),
+    ("from attention_lib.stages import basics\n\n\ndef f():\n    basics.scale_add_kernel.targetoptions.clear()",
+     "reads basics.scale_add_kernel.targetoptions: of a name the library gives, an answer reads no attribute"),
+    ("from attention_lib.stages.basics import TRANSPOSE_BLOCK\nn = TRANSPOSE_BLOCK.count(1)",
+     "reads TRANSPOSE_BLOCK.count: of a name the library gives"),
 ])
 def test_the_allowlist_refuses_each_way_out_naming_its_line_and_construct(source, construct):
     problems = allowlist.parse(source, GIVEN).problems
@@ -703,6 +708,7 @@ def test_the_allowlist_refuses_each_way_out_naming_its_line_and_construct(source
 @pytest.mark.parametrize("source", [
     SCALE_ADD.format(body=SCALE_ADD_BODY), WARPS.format(body=WARPS_BODY), STYLE_WARPS,
     WARPS.format(body=GUARD_BODY), WARPS.format(body=DOCSTRING_BODY),
+    "from attention_lib.stages import basics\n\n\ndef f(rows, cols):\n    return basics.grid_2d(rows, cols), basics.WARP_SIZE",
     "from numba import float32\nfrom attention_lib.stages.basics import WARP_SIZE\nHALF = WARP_SIZE // 2\n\n\n"
     "@cuda.jit(device=True)\ndef twice(v):\n    return v * float32(2)\n",
     "def f(a, rows=3, shape=(2, -1), name=None):\n    out = np.empty_like(a)\n    out[0] += 1\n    out.shape = shape\n"

@@ -158,3 +158,10 @@ def test_a_limit_that_is_not_a_number_of_seconds_is_named(option, value, capsys)
     with pytest.raises(SystemExit):
         grade.main(["grade", "00", option, value])
     assert option in capsys.readouterr().err
+
+
+def test_outputs_past_the_limit_stop_the_sandbox_and_say_so(monkeypatch):
+    monkeypatch.setattr(sandbox, "MOST_BYTES", 1 << 20)
+    text, note = sandbox.run(nbformat.writes(_probe("for i in range(40):\n    print('x' * 100_000)")),
+                             check_seconds=3, cell_seconds=30, total_seconds=60)
+    assert text is None and note == "the notebook's outputs grew past 1 MB and the sandbox was stopped"

@@ -39,6 +39,7 @@ ANSWER_MODULES = ("numpy", "math", "cmath", "numba", "numba.cuda", "attention_li
 RESTRICTED_PYTHON_ALLOWS = ("Augmented assignment of object items and slices",)
 REFUSED_MODULES = ("numpy.ctypeslib", "numpy.f2py", "numpy.testing", "numpy.distutils", "numba.core", "numba.misc",
                    "numba.cuda.cudadrv")
+STAGES = "attention_lib.stages"
 # The checker's names: never readable from an answer, whatever the notebook binds.
 CHECKER_NAMES = {"check", "hint", "reveal", "record", "engine", "EXERCISES", "attention_lib", "get_ipython",
                  "display", "In", "Out", "exit", "quit"}
@@ -231,18 +232,29 @@ class _Reader:
             self.problem(node, f"reads {name}, which neither the answer nor the notebook defines")
 
     def chain_problem(self, node, local):
-        """A chain a.b.c rooted at a module of the notebook's: each module it reaches allowed."""
+        """A chain a.b.c: no refused attribute; from a module of the notebook's or the answer's, each
+        module it reaches allowed; from the library's stage modules, a name and nothing of it (an
+        answer calls the helpers and reads the constants the notebook gives, it never reaches into
+        them: a method that changes the library's data is a way to bend a check)."""
         root, attributes = _chain(node)
-        module = None if root in local or root in self.defined else self.given.modules.get(root)
         for attribute in attributes:
             if attribute in REFUSED_ATTRIBUTES:
                 self.problem(node, f"reads the attribute {attribute}, which an answer may not use")
                 return
-        if module is None:
+        if root is None or root in local:
             return
-        for attribute in attributes:
+        module, source = self.given.modules.get(root), self.given.sources.get(root) or ""
+        if module is None:
+            if source.startswith(STAGES) and attributes:
+                self.problem(node, f"reads {root}.{attributes[0]}: of a name the library gives, an answer "
+                                   "reads no attribute")
+            return
+        for depth, attribute in enumerate(attributes):
             reached = _resolve(module, attribute)
             if reached is None:
+                if module.startswith(STAGES) and depth + 1 < len(attributes):
+                    self.problem(node, f"reads {'.'.join([root] + attributes[:depth + 2])}: of a name the "
+                                       "library gives, an answer reads no attribute")
                 return
             if not _allowed_module(reached):
                 self.problem(node, f"reaches the module {reached}, which an answer may not use")
@@ -287,6 +299,8 @@ class _Reader:
                     self.defined.add(name)
                     if reached:
                         self.given.modules[name] = reached
+                    else:
+                        self.given.sources[name] = node.module
         else:
             for alias in node.names:
                 if not _allowed_module(alias.name):

@@ -11,7 +11,8 @@ a process a submission leaves behind does not outlive its grading.
 
 - ``available() -> str | None``: None, or the one line that says what is missing;
 - ``command(hidden) -> [str]``: the bubblewrap command around ``runner.py``;
-- ``run(notebook_json, check_seconds, cell_seconds, total_seconds, hidden) -> (json or None, note)``.
+- ``run(notebook_json, check_seconds, cell_seconds, total_seconds, hidden) -> (json or None, note)``:
+  the executed notebook, or why there is none (its time ran out, its output grew past MOST_BYTES).
 """
 
 import os
@@ -79,37 +80,62 @@ def command(hidden=()):
     return argv + [sys.executable, str(HERE / "runner.py")]
 
 
+# The most a sandbox may hand back: an executed notebook past it is stopped (its outputs are the
+# student's to make as large as they like).
+MOST_BYTES = 64 << 20
+
+
 def run(notebook_json, check_seconds, cell_seconds, total_seconds, hidden=()):
     """Execute a graded notebook (its JSON text) in a fresh sandbox: (executed JSON or None, note),
-    the note saying why there is none (the sandbox's time ran out, it failed)."""
+    the note saying why there is none (its time ran out, its output grew past MOST_BYTES, it failed)."""
     read, write = os.pipe()
     argv = command(hidden) + ["--out", str(write), "--check-seconds", str(check_seconds),
                               "--cell-seconds", str(cell_seconds)]
     process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                pass_fds=(write,), start_new_session=True)
     os.close(write)
-    chunks = []
+    chunks, tail, size = [], [b""], [0]
+
+    def stop():
+        try:
+            os.killpg(process.pid, 9)
+        except ProcessLookupError:
+            pass
 
     def drain():
         with os.fdopen(read, "rb") as handle:
-            while True:
-                chunk = handle.read(1 << 16)
-                if not chunk:
+            while chunk := handle.read(1 << 16):
+                size[0] += len(chunk)
+                if size[0] > MOST_BYTES:
+                    stop()
                     return
                 chunks.append(chunk)
 
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
+    def drain_errors():
+        while chunk := process.stderr.read(1 << 14):
+            tail[0] = (tail[0] + chunk)[-4096:]
+
+    readers = [threading.Thread(target=f, daemon=True) for f in (drain, drain_errors)]
+    for reader in readers:
+        reader.start()
     try:
-        _, errors = process.communicate(notebook_json.encode(), timeout=total_seconds)
+        process.stdin.write(notebook_json.encode())
+        process.stdin.close()
+    except BrokenPipeError:
+        pass
+    try:
+        process.wait(timeout=total_seconds)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, 9)
+        stop()
         process.wait()
-        reader.join(5)
         return None, f"the sandbox ran past its limit of {total_seconds:g} s and was stopped"
-    reader.join(30)
+    finally:
+        for reader in readers:
+            reader.join(30)
+    if size[0] > MOST_BYTES:
+        return None, f"the notebook's outputs grew past {MOST_BYTES >> 20} MB and the sandbox was stopped"
     text = b"".join(chunks).decode("utf-8", "replace")
     if process.returncode != 0 or not text:
-        last = errors.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
+        last = tail[0].decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
         return None, f"the sandbox ended with status {process.returncode}: {last[0][:300]}"
     return text, ""
