@@ -112,9 +112,12 @@ def planted_walk(mistake):
     @cuda.jit(device=True)
     def walk(k_tile, v_tile, p_row, q_row, acc, k, v, kv, q0, n_rows, t_q, causal, window):
         t_k, d_k, d_v = k.shape[1], k.shape[2], v.shape[2]
-        tid, threads = cuda.threadIdx.x, cuda.blockDim.x
+        tid, me, threads = cuda.threadIdx.x, cuda.threadIdx.x + cuda.threadIdx.y * cuda.blockDim.x, \
+            cuda.blockDim.x * cuda.blockDim.y              # the block's rows of threads (one per query head) copy together
         if mistake == "threads_16":
             threads = 16                                   # the simulator's BLOCK_Q, hard-coded
+        if mistake == "rows_copy_alike":                   # each row of threads copies the whole tile
+            me, threads = tid, cuda.blockDim.x
         shift = t_k - t_q
         last = q0 + n_rows - 1
         band_start = max(0, q0 + shift - window + 1) // BLOCK_K * BLOCK_K if window > 0 else 0
@@ -135,25 +138,25 @@ def planted_walk(mistake):
         for k0 in range(band_start, band_end + BLOCK_K if mistake == "extra_step" else band_end, BLOCK_K):
             n = BLOCK_K if mistake == "stages_whole_tile" else min(BLOCK_K, band_end - k0)
             if mistake == "stages_by_rows":                # each thread whole rows: a warp's load spans rows
-                for r in range(tid, n, threads):
+                for r in range(me, n, threads):
                     for c in range(d_k):
                         k_tile[r, c] = k[kv, k0 + r, c]
             elif mistake == "stages_down_columns":         # neighbouring lanes down a column: rows apart
-                for e in range(tid, n * d_k, threads):
+                for e in range(me, n * d_k, threads):
                     k_tile[e % n, e // n] = k[kv, k0 + e % n, e // n]
             elif mistake == "serial_stage":                # thread 0 copies the tile alone
-                if tid == 0:
+                if me == 0:
                     for e in range(n * d_k):
                         k_tile[e // d_k, e % d_k] = k[kv, k0 + e // d_k, e % d_k]
             else:
-                for e in range(tid, n * d_k, threads):
+                for e in range(me, n * d_k, threads):
                     r = e // d_k
                     k_tile[r, e - r * d_k] = k[kv, k0 + r, e - r * d_k]
             if mistake == "stages_twice":
-                for e in range(tid, n * d_k, threads):
+                for e in range(me, n * d_k, threads):
                     r = e // d_k
                     k_tile[r, e - r * d_k] = k[kv, k0 + r, e - r * d_k]
-            for e in range(tid, n * d_v, threads):
+            for e in range(me, n * d_v, threads):
                 r = e // d_v
                 v_tile[r, e - r * d_v] = v[kv, k0 + r, e - r * d_v]
             if mistake != "no_first_barrier":
@@ -167,6 +170,8 @@ def planted_walk(mistake):
                 first = max(my_first + 1, k0) - k0
             if mistake == "key_before_window":
                 first = max(my_first - 1, k0) - k0
+            if mistake == "ignores_offset":             # query i stops at key i, as if T_k were T_q
+                stop = min(my_end - shift, k0 + n) - k0
             if mistake == "misses_own_key":
                 stop = min(my_end - 1, k0 + n) - k0
             if mistake == "key_after_own":
@@ -209,6 +214,7 @@ def masked_by_scores(k_tile, v_tile, p_row, q_row, acc, k, v, kv, q0, n_rows, t_
     bounds by ceil division, the staging with whole tiles zeroed past the band's end."""
     t_k, d_k, d_v = k.shape[1], k.shape[2], v.shape[2]
     tid = cuda.threadIdx.x
+    me, threads = tid + cuda.blockDim.x * cuda.threadIdx.y, cuda.blockDim.x * cuda.blockDim.y
     i = q0 + tid
     own = i + t_k - t_q                                        # the query's own key
     lo = q0 + t_k - t_q - window + 1 if window > 0 else 0
@@ -220,10 +226,10 @@ def masked_by_scores(k_tile, v_tile, p_row, q_row, acc, k, v, kv, q0, n_rows, t_
     m = float32(m)
     for t in range(tiles):
         k0 = lo // BLOCK_K * BLOCK_K + t * BLOCK_K
-        for e in range(tid, BLOCK_K * d_k, cuda.blockDim.x):    # the whole tile, zeros past the band's end
+        for e in range(me, BLOCK_K * d_k, threads):             # the whole tile, zeros past the band's end
             r, c = e // d_k, e % d_k
             k_tile[r, c] = k[kv, k0 + r, c] if k0 + r < hi else float32(0.0)
-        for e in range(tid, BLOCK_K * d_v, cuda.blockDim.x):
+        for e in range(me, BLOCK_K * d_v, threads):
             r, c = e // d_v, e % d_v
             v_tile[r, c] = v[kv, k0 + r, c] if k0 + r < hi else float32(0.0)
         cuda.syncthreads()
@@ -313,7 +319,8 @@ def test_the_planted_walk_without_a_mistake_and_another_style_pass():
     ("stages_down_columns", "uncoalesced", "segments of 128 bytes"),
     ("stages_by_rows", "serial_copy", "a few lanes copy in a loop"),     # the last tile's one row, by one lane
     ("serial_stage", "serial_copy", "a few lanes copy in a loop"),
-    ("threads_16", "race", "k_tile"),
+    ("threads_16", "stride_written_as_number", "stride written as a number"),
+    ("rows_copy_alike", "staging_repeats_per_head", "not once by each row"),
     ("folds_past_queries", "folds_without_query", "own none"),
     ("float64", "float64_arithmetic", "float64"),
     ("no_rescale", "online_softmax_no_rescale", "neither l nor acc was rescaled"),
@@ -323,7 +330,8 @@ def test_the_planted_walk_without_a_mistake_and_another_style_pass():
     ("max_at_zero", "max_started_at_zero", "started at 0"),
     ("no_guard", "nan_before_first_key", "exp(-inf - (-inf)) is NaN"),
     ("no_mask", "mask_not_applied", "past its own"),
-    ("misses_own_key", "mask_includes_diagonal", "missed its own key"),
+    ("misses_own_key", "diagonal_misplaced", "its own key was left out"),
+    ("ignores_offset", "diagonal_misplaced", "the offset T_k - T_q (here 1) was ignored"),
     ("key_after_own", "mask_off_by_one", "the key just after its own"),
     ("ignores_window", "mask_ignores_window", "keys before it"),
     ("first_key_missed", "mask_off_by_one", "missed the first key it sees"),

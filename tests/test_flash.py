@@ -296,6 +296,17 @@ def test_walk_key_tiles_in_kernel_2_matches_the_reference(rng, t_q, t_k, d_k, d_
     assert_close_float32(got, reference.attention(q, k, v, causal, window).astype(np.float32))
 
 
+def test_walk_key_tiles_serves_query_heads_that_share_a_key_value_head(rng):
+    """With 2 query heads to a key/value head kernel 2's block is (BLOCK_Q, 2): the written-out walk
+    stages each tile with both rows of threads, without a race, and each row folds its own head."""
+    q = rng.standard_normal((4, 21, 5)).astype(np.float32)
+    k, v = rng.standard_normal((2, 2, 23, 5)).astype(np.float32)
+    kernel = flash.kernel_v2_with(flash.walk_key_tiles)
+    got = flash.flash_attention(q, k, v, True, version=2, kernel=kernel)
+    assert_close_float32(got, reference.attention(q, np.repeat(k, 2, axis=0), np.repeat(v, 2, axis=0)).astype(np.float32))
+    assert races_of(kernel, 2, 33, group=2)[0] == []
+
+
 def test_walk_key_tiles_loads_and_waits_as_kernel_2s_own_walk(rng):
     """The same band, each element of k and v loaded once by each block whose band holds its key, the
     same barriers: the written-out walk and v2_walk_keys differ in how they are split, not in what they do."""

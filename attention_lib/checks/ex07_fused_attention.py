@@ -36,13 +36,14 @@ made from the tile constants: first T_k = T_q + 1 (a thread's own keys span more
 another's) and T = 2 BLOCK_Q (the first block's band ends a tile before the last key); the causal
 offsets around BLOCK_Q (``cases.offsets``); one query; window edges around BLOCK_K
 (``cases.window_edges``: a query's first tiles in its block's band wholly masked); no mask with two
-heads and d_v != d_k; heads of width 64 and 128; scores in the hundreds, spread past 88 inside one
+heads and d_v != d_k; two query heads to a key/value head (flash_grid's block (BLOCK_Q, 2): the
+walk's staging spans both rows of threads, each row folds its own head); heads of width 64 and 128; scores in the hundreds, spread past 88 inside one
 tile; every score below -104. Limits: each element of k and v is read from global memory only by
 the blocks whose band holds its key, once each, and no key past the last one the block's queries
 see is read, even inside the band's last tile (``skips_too_few``, ``loads_past_band``,
 ``no_reuse``; ``OnlyTheBand``); no thread without a query (from the block's n_rows on) reads the
 staged tiles, which only this count sees, its row being never written (``folds_without_query``;
-``OnlyQueriesFold``); no thread passes more barriers than one for the queries and two
+``OnlyQueriesFold``); no thread passes more barriers than the queries' staging's (2 G - 1) and two
 for each tile of the widest band (``extra_barriers``); every warp load of k and v coalesced
 (``uncoalesced``) and made by all lanes side by side (``serial_copy``); every tile slot read was
 written in its step (``stale_tile``). Besides the engine's diagnoses:
@@ -56,12 +57,18 @@ written in its step (``stale_tile``). Besides the engine's diagnoses:
 - ``nan_before_first_key``: the NaN of the output are those of a walk that folds a tile the query
   sees no key of while its max is still -inf (exp(-inf - (-inf)) is NaN);
 - ``mask_not_applied``: every key of the loaded tiles was folded in, past the query's own;
-- ``mask_includes_diagonal``: the query's own key was left out;
+- ``diagonal_misplaced``: each query stopped one key short of its own (its own key left out, or, at
+  T_k - T_q = 1, the offset ignored), or, at another offset, ended at key i (the offset T_k - T_q ignored);
 - ``mask_off_by_one``: the key just after the query's own folded in too, or the first key it sees
   (0, or the window's first) left out;
 - ``mask_ignores_window``: with a window, the keys before it (in the loaded tiles) were folded in;
 - ``window_off_by_one``: with a window, the key just before it folded in too;
-- ``unstable_softmax``: exp of a score without the max subtracted overflowed.
+- ``unstable_softmax``: exp of a score without the max subtracted overflowed;
+- ``staging_repeats_per_head``: a race in the staging where the block's rows of threads (threadIdx.y,
+  one per query head, at G > 1) copied the same elements of a tile;
+- ``stride_written_as_number``: a race in the staging whose first copier strides by the simulator's
+  BLOCK_Q (16) in a block of more threads (a GPU's BLOCK_Q, or G > 1): a number, or BLOCK_K, where the
+  block's size is meant.
 A walk whose threads loop over their own keys' tiles stops at different barriers
 (``divergent_barrier``, the simulator's own check, at the first case).
 """
@@ -75,8 +82,8 @@ import numpy as np
 
 from attention_lib import reference
 from attention_lib.checks import cases as sizes
-from attention_lib.checks import shapes
-from attention_lib.checks.engine import Diagnosed, Exercise, host_output, race_finding_launch, register
+from attention_lib.checks import session, shapes
+from attention_lib.checks.engine import Diagnosed, Exercise, RaceFound, host_output, race_finding_launch, register
 from attention_lib.checks.limits import Coalesced, MostBarriers, NoSerialCopy, RefilledTiles
 from attention_lib.measure import sanitizer
 from attention_lib.platform import where
@@ -253,12 +260,14 @@ class WalkCase(NamedTuple):
     causal: bool = True
     window: int = 0
     scores: str = "normal"
+    group: int = 1      # query heads to a key/value head: kernel 2's block is (BLOCK_Q, G), G of them
 
     def __str__(self):
         said = {"normal": "", "large": ", scores in the hundreds", "low": ", every score below -90"}[self.scores]
+        heads = f", {self.group} query heads a key/value head" if self.group > 1 else ""
         return (f"(BH {self.BH}, T_q {self.T_q}, T_k {self.T_k}, d_k {self.d_k}, d_v {self.d_v}, "
                 f"{'causal' if self.causal else 'not causal'}{f', window {self.window}' if self.window else ''}"
-                f"{said})")
+                f"{heads}{said})")
 
 
 def large_scores(rng, bh, t_q, t_k, d_k):
@@ -290,7 +299,7 @@ def _walk_cases(configuration):
     """The causal offsets around the configuration's BLOCK_Q (blocks and tiles partly used, T_k - T_q
     at 0, +-1 and a tile +-1, rows that see no key); one query; windows whose edge falls on a key
     tile's first and last key (a query's first tiles of its block's band wholly masked); no mask, two
-    heads with d_v != d_k; the model's head width 64, and 128 (MAX_D) at a small T; scores spread
+    heads with d_v != d_k; two query heads to a key/value head (a block of BLOCK_Q x 2 threads); the model's head width 64, and 128 (MAX_D) at a small T; scores spread
     past 88 inside a tile; every score below -90."""
     block_q, block_k = _block_q(configuration), flash.BLOCK_K
     widths = [(5, 5), (7, 5), (3, 6), (4, 4)]
@@ -302,6 +311,7 @@ def _walk_cases(configuration):
     cases += [WalkCase(1, 1, 1, 5, 5)]          # after the others: one key is every key's first and last
     cases += [WalkCase(1, t, t, 3, 3, True, w) for t, w in sizes.window_edges(block_k)]
     cases += [WalkCase(1, 12, 40, 16, 16, True, 5), WalkCase(2, block_q + 3, block_q + 3, 9, 6, False),
+              WalkCase(4, block_q + 5, block_q + 6, 5, 4, group=2),
               WalkCase(1, 19, 19, 64, 64), WalkCase(1, 5, 19, 128, 128),     # one tile and 3 keys (simulator), one partial tile (GPU)
               WalkCase(1, 17, 17, 16, 16, scores="large"), WalkCase(1, block_q + 1, block_q + 1, 16, 16, scores="low")]
     return cases
@@ -315,9 +325,10 @@ def kernel_around(walk):
 
 
 def _case_data(case, rng):
-    """q, k, v of a case, float32."""
-    q, k = (rng.standard_normal((case.BH, t, case.d_k)).astype(np.float32) for t in (case.T_q, case.T_k))
-    v = rng.standard_normal((case.BH, case.T_k, case.d_v)).astype(np.float32)
+    """q (BH heads), k, v (BH / group heads) of a case, float32."""
+    bh_kv = case.BH // case.group
+    q, k = (rng.standard_normal((bh, t, case.d_k)).astype(np.float32) for bh, t in ((case.BH, case.T_q), (bh_kv, case.T_k)))
+    v = rng.standard_normal((bh_kv, case.T_k, case.d_v)).astype(np.float32)
     if case.scores != "normal":
         q, k = (large_scores if case.scores == "large" else low_scores)(rng, case.BH, case.T_q, case.T_k, case.d_k)
     return q, k, v
@@ -326,18 +337,58 @@ def _case_data(case, rng):
 def _run_walk(walk, case, rng, _launch):
     q, k, v = _case_data(case, rng)
     out, lse = host_output((case.BH, case.T_q, case.d_v)), np.zeros((case.BH, case.T_q), np.float32)
-    grid, block = flash.flash_grid(case.BH, case.T_q, 2)
+    grid, block = flash.flash_grid(case.BH, case.T_q, 2, group=case.group)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)   # a wrong answer's float32 overflows: said once
         try:                                              # every case under the race finder: the tiles are shared
             race_finding_launch(kernel_around(walk), grid, block, q, k, v, flash.flash_scale(2, case.d_k),
-                                case.causal, np.int32(case.window), np.int32(1), out, lse)
+                                case.causal, np.int32(case.window), np.int32(case.group), out, lse)
+        except RaceFound as error:
+            named = _staging_race(error.race, case)
+            if named is None:
+                raise
+            raise Diagnosed(*named) from None
         except OverflowError as error:                    # the simulator's math.exp; a GPU gives inf
             raise Diagnosed("unstable_softmax", f"exp overflowed ({error}) on scores of up to "
                             f"{np.abs(q[0] @ k[0].T).max() / math.sqrt(case.d_k):.0f}, too large for "
                             "float32's exp (past about 88); exp of a score minus the running max is at most 1") from None
     window = case.window or None
+    k, v = (np.repeat(a, case.group, axis=0) for a in (k, v))     # query head h reads key/value head h // group
     return (out, reference.attention(q, k, v, case.causal, window), q, k, v, case.causal, window)
+
+
+def _staging_race(race, case):
+    """(code, message) for two threads writing one slot of a staged tile in the same step, where the
+    block's first copy says why: its rows of threads (threadIdx.y) copying the same elements, or a
+    stride of the simulator's BLOCK_Q in a block of more threads (a stride written as a number); else None."""
+    judging = session.current()
+    if race.space != sanitizer.SHARED or race.array not in ("k_tile", "v_tile") or judging is None \
+            or not judging.traces or (race.kind_a, race.kind_b) != (sanitizer.STORE, sanitizer.STORE):
+        return None
+    target = judging.traces[-1].launch.targets.get(race.array)
+    d, written = case.d_k if race.array == "k_tile" else case.d_v, {}    # thread -> {step: staged elements}
+    for element, kind, (block, thread), interval, *_ in (target.trace if target is not None else ()):
+        if kind == sanitizer.STORE and tuple(block) == tuple(race.block_a):
+            row, column = divmod(int(element), target.shape[1])
+            written.setdefault(tuple(thread) + (0,) * (3 - len(thread)), {}).setdefault(interval, set()).add(row * d + column)
+    first = {thread: sorted(steps[min(steps)]) for thread, steps in written.items()}
+    threads = flash.BLOCK_Q * flash.v2_heads_per_block(case.group)        # the block's, (BLOCK_Q, G)
+    heads = {thread[1] for thread in first}
+    if len(heads) > 1 and all(first[t] == first.get((t[0], 0, t[2])) for t in first):
+        return "staging_repeats_per_head", (
+            f"threads (x, 0) and (x, 1) wrote the same elements of {race.array} in one step: the block's rows of "
+            "threads (threadIdx.y, one per query head) share the key/value head's tiles, so each element is "
+            "copied once by the whole block, not once by each row")
+    starter = next((elements for elements in first.values() if elements[:1] == [0] and len(elements) > 1), None)
+    sim_block_q = flash.SHAPE_CONSTANTS["BLOCK_Q"][0]
+    if starter is not None and starter[1] - starter[0] == sim_block_q and threads != sim_block_q:
+        return "stride_written_as_number", (
+            f"the staging's stride was {sim_block_q} (the thread that copied element 0 of {race.array} copied element "
+            f"{sim_block_q} next) in a block of {threads} threads, so two threads wrote {race.array}{list(race.index)}. "
+            "A stride written as a number "
+            f"(or as BLOCK_K) fits one block size, the simulator's {sim_block_q} threads with one query head; the "
+            "block's own size, from blockDim, fits every launch")
+    return None
 
 
 @dataclass
@@ -422,9 +473,14 @@ def _widest_band(case):
     return max((band[3] for band in bands), default=0)
 
 
+def _query_barriers(case):
+    """The barriers of v2_stage_queries: two for each of the block's G query heads but the last's one."""
+    return 2 * flash.v2_heads_per_block(case.group) - 1
+
+
 def _band_why(case):
-    return (f"the widest band of {_widest_band(case)} key tiles needs one for the queries and two a tile: the walk "
-            "stepped through a tile that holds no key of its band")
+    return (f"the widest band of {_widest_band(case)} key tiles needs two a tile, after the {_query_barriers(case)} "
+            "of the queries' staging: the walk stepped through a tile that holds no key of its band")
 
 
 def _v2_result(q, k, v, bands, ends, visible, *, rescale_l=True, rescale_acc=True, keep_max=True, guard=True):
@@ -464,8 +520,18 @@ def _mask_candidates(t_q, t_k, causal, window):
     if not causal:
         return visible, []
     start = np.maximum(last - window + 1, 0) if window else np.zeros_like(last)   # the first key a query sees
-    found = [("mask_includes_diagonal", visible & (j < last),
-              "each query missed its own key, i + T_k - T_q: the keys it sees run up to it, its own included"),
+    offset = t_k - t_q
+    why = ("either its own key was left out, or the offset T_k - T_q (here 1) was ignored, query i stopping at "
+           "key i" if offset == 1 and not window else "its own key was left out")
+    found = [("diagonal_misplaced", visible & (j < last),
+              f"each query stopped one key short of its own, i + T_k - T_q: {why}. The keys it sees run up to its "
+              "own, included")]
+    if offset not in (0, 1):
+        ignored = (j <= i) & ((j > i - window) if window else True)
+        found += [("diagonal_misplaced", ignored,
+                   f"each query's keys ended at key i, not at its own, i + T_k - T_q: the offset T_k - T_q "
+                   f"(here {offset}) was ignored. The queries are the last T_q of the T_k positions")]
+    found += [
              ("mask_off_by_one", visible | (j == last + 1),
               "each query also folded in the key just after its own: the keys it sees end at its own, i + T_k - T_q"),
              ("mask_off_by_one", visible & (j != start),
@@ -555,8 +621,8 @@ register(Exercise(
                 "1). The band runs from the tile holding the first key the block's first query sees (that key rounded "
                 "down to a multiple of BLOCK_K) to one past the last key its last query sees. A thread from n_rows on "
                 "has no query and no keys. Then, tile after tile of the band: its K and V rows (the last tile may be "
-                "partial, and no key past the band's last is read), copied by all threads, neighbouring threads on "
-                "neighbouring elements; a barrier; the thread's keys in this tile, counted from the tile's start, "
+                "partial, and no key past the band's last is read), copied by all threads of the block, every row of "
+                "them numbered in one sequence, neighbouring threads on neighbouring elements; a barrier; the thread's keys in this tile, counted from the tile's start, "
                 "folded with v2_fold_tile only when there is at least one; a second barrier, before the next copy "
                 "overwrites the tiles. Before the first tile nothing is seen: the running max starts below every "
                 "score, at minus infinity, and the sum at 0",
@@ -571,10 +637,11 @@ register(Exercise(
     atol=1e-5,
     diagnose=_diagnose_walk,
     diagnoses=("online_softmax_no_rescale", "rescale_l_only", "rescale_o_only", "max_not_updated",
-               "max_started_at_zero", "nan_before_first_key", "mask_not_applied", "mask_includes_diagonal",
+               "max_started_at_zero", "nan_before_first_key", "mask_not_applied", "diagonal_misplaced",
                "mask_off_by_one", "mask_ignores_window", "window_off_by_one", "unstable_softmax", "skips_too_few",
-               "loads_past_band", "folds_without_query"),
-    limits=(OnlyTheBand(), OnlyQueriesFold(), MostBarriers(lambda case: 1 + 2 * _widest_band(case), why=_band_why),
+               "loads_past_band", "folds_without_query",
+               "staging_repeats_per_head", "stride_written_as_number"),
+    limits=(OnlyTheBand(), OnlyQueriesFold(), MostBarriers(lambda case: _query_barriers(case) + 2 * _widest_band(case), why=_band_why),
             Coalesced("k", 2), Coalesced("v", 2), NoSerialCopy("k"), NoSerialCopy("v"), RefilledTiles()),
     solution=flash.walk_key_tiles,
     # Given: v2_fold_tile (notebook 02's scores and the warm-up's update, in float32). The band, the

@@ -343,20 +343,22 @@ def walk_key_tiles(k_tile, v_tile, p_row, q_row, acc, k, v, kv, q0, n_rows, t_q,
     folded into the thread's running (m, l, acc) with v2_fold_tile. k: (BH_kv, T_k, d_k), v:
     (BH_kv, T_k, d_v) float32; k_tile, v_tile: shared (BLOCK_K, MAX_D) float32; p_row: (BLOCK_K,)
     float32 scratch; the block's queries are q0 .. q0 + n_rows - 1 of t_q, this thread's is
-    q0 + threadIdx.x (none from n_rows on); q_row: (d_k,) its query, scaled by 1/sqrt(d_k); acc:
+    q0 + threadIdx.x (none from n_rows on), of query head h0 + threadIdx.y: the block's G rows of
+    threads (blockDim.y, G query heads sharing kv) stage each tile together, numbered row after
+    row; q_row: (d_k,) its query, scaled by 1/sqrt(d_k); acc:
     (d_v,) zeros on entry, the unnormalised output on return; causal: bool; window: 0 (none) or a
     sliding window. Returns (m, l), float32: the largest score the query saw and the sum of
     exp(score - m), or -inf and 0 for a query that sees no key."""
-    tid, t_k, d_k, d_v = cuda.threadIdx.x, k.shape[1], k.shape[2], v.shape[2]
+    tid, threads, t_k, d_k, d_v = cuda.threadIdx.x, cuda.blockDim.x * cuda.blockDim.y, k.shape[1], k.shape[2], v.shape[2]
     start = max(0, q0 + t_k - t_q - window + 1) // BLOCK_K * BLOCK_K if window > 0 else 0   # the band's first tile
     end = min(t_k, q0 + n_rows + t_k - t_q) if causal else t_k      # one past the block's last query's last key
     first = max(0, q0 + tid + t_k - t_q - window + 1) if window > 0 else 0   # my query's keys: first .. stop - 1
     stop = (min(t_k, q0 + tid + t_k - t_q + 1) if causal else t_k) if tid < n_rows else 0
-    m, l = NEG_INF, float32(0.0)                                    # nothing seen yet
+    m, l, me = NEG_INF, float32(0.0), tid + cuda.threadIdx.y * cuda.blockDim.x   # nothing seen yet; me: of all G rows
     for k0 in range(start, end, BLOCK_K):                           # the same tiles in every thread
-        for e in range(tid, min(BLOCK_K, end - k0) * d_k, cuda.blockDim.x):   # neighbouring threads, elements
+        for e in range(me, min(BLOCK_K, end - k0) * d_k, threads):  # neighbouring threads, elements
             k_tile[e // d_k, e % d_k] = k[kv, k0 + e // d_k, e % d_k]
-        for e in range(tid, min(BLOCK_K, end - k0) * d_v, cuda.blockDim.x):
+        for e in range(me, min(BLOCK_K, end - k0) * d_v, threads):
             v_tile[e // d_v, e % d_v] = v[kv, k0 + e // d_v, e % d_v]
         cuda.syncthreads()                                          # wait: both tiles are staged
         lo, hi = max(first, k0) - k0, min(stop, k0 + BLOCK_K) - k0  # my keys in this tile; none: no fold (m: -inf)
@@ -375,8 +377,8 @@ def _kernel_v2_with(walk, block_q):
 def kernel_v2_with(walk):
     """flash_attention_kernel_v2 with `walk` (a device function with walk_key_tiles's contract) in
     place of its own walk, for the BLOCK_Q in force: a kernel with v2's signature, for
-    flash_attention(..., version=2, kernel=...) with one query head per key/value head (a block of
-    BLOCK_Q threads). The queries' staging and the rows' writing are v2's."""
+    flash_attention(..., version=2, kernel=...), with blocks of (BLOCK_Q, G) threads as flash_grid
+    gives them. The queries' staging and the rows' writing are v2's."""
     return _kernel_v2_with(walk, BLOCK_Q)
 
 
