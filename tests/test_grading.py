@@ -695,6 +695,8 @@ GIVEN = allowlist.given_names([SETUP, 'from attention_lib.checks import check, r
     ("@np.vectorize\ndef f(x):\n    return x", "decorates f with np.vectorize"),
     ("from helper import answer", "imports from helper"),
     ("def f():\n    return np.testing.assert_allclose", "reaches the module numpy.testing"),
+    ("def f(a):\n    return np.memmap('/proc/self/mem', mode='r+', offset=0)", "reads the attribute memmap"),
+    ("def f(a):\n    return np.lib.stride_tricks.as_strided(a, (10**9,))", "reads the attribute as_strided"),
     ("from attention_lib.stages import basics\n\n\ndef f():\n    basics.scale_add_kernel.targetoptions.clear()",
      "reads basics.scale_add_kernel.targetoptions: of a name the library gives, an answer reads no attribute"),
     ("from attention_lib.stages.basics import TRANSPOSE_BLOCK\nn = TRANSPOSE_BLOCK.count(1)",

@@ -43,9 +43,14 @@ STAGES = "attention_lib.stages"
 # The checker's names: never readable from an answer, whatever the notebook binds.
 CHECKER_NAMES = {"check", "hint", "reveal", "record", "engine", "EXERCISES", "attention_lib", "get_ipython",
                  "display", "In", "Out", "exit", "quit"}
-# Attributes that open a door to raw memory whatever object holds them.
+# Attributes that open a door to raw memory, to files or to frames, whatever object holds them: no
+# answer needs them (np.memmap of /proc/self/mem, as_strided past an array's end, a device array
+# made from an address).
 REFUSED_ATTRIBUTES = {"ctypes", "ctypeslib", "f2py", "py_func", "gi_frame", "gi_code", "cr_frame", "ag_frame",
-                      "tb_frame", "f_globals", "f_locals", "f_back", "mro"}
+                      "tb_frame", "f_globals", "f_locals", "f_back", "mro", "as_strided", "memmap", "open_memmap",
+                      "fromfile", "tofile", "load", "save", "savez", "savez_compressed", "loadtxt", "savetxt",
+                      "genfromtxt", "fromregex", "DataSource", "from_cuda_array_interface", "as_cuda_array",
+                      "open_ipc_array", "external_stream"}
 BUILTINS = {"abs", "all", "any", "bool", "complex", "dict", "divmod", "enumerate", "filter", "float", "frozenset",
             "int", "isinstance", "iter", "len", "list", "map", "max", "min", "next", "pow", "print", "range",
             "reversed", "round", "set", "slice", "sorted", "str", "sum", "tuple", "zip", "chr", "ord", "abs",
