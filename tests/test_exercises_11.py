@@ -249,6 +249,10 @@ PLANTED = {
     "p_and_ds_swapped": changed(OTHER, ("dv_acc[c] += w * do_tile[r, c]", "dv_acc[c] += dsc * do_tile[r, c]"),
                                 ("dk_acc[c] += dsc * q_tile[r, c]", "dk_acc[c] += w * q_tile[r, c]")),
     "unstable_softmax": changed(OTHER, (EXP, "math.exp(scale * score) / math.exp(stats[0, r])")),
+    "walk_stops_early": changed(SOLUTION, (WALK, "range(max(0, seen_from) // BLOCK_Q * BLOCK_Q, "
+                                                 "min(t_q, max(0, seen_from) // BLOCK_Q * BLOCK_Q + 2 * BLOCK_Q), BLOCK_Q)")),
+    "walk_ends_at_t_k": changed(SOLUTION, (WALK, "range(max(0, seen_from) // BLOCK_Q * BLOCK_Q, t_k, BLOCK_Q)")),
+    "tile_size_written_as_number": changed(SOLUTION, ("n = min(BLOCK_Q, t_q - i0)", "n = min(16, t_q - i0)")),
 }
 # The usual wrong answers of the design, with the verdict and what its message must say.
 DESIGN = {
@@ -266,7 +270,17 @@ DESIGN = {
     "threads hard-coded at 16": (changed(SOLUTION, (Q_COPY, "range(tid, n * d_k, 16)")), "race", "with a GPU's launch"),
     "tile rows hard-coded at 16": (changed(SOLUTION, (WALK, "range(max(0, seen_from) // 16 * 16, t_q, 16)"),
                                            ("n = min(BLOCK_Q, t_q - i0)", "n = min(16, t_q - i0)")),
-                                   "extra_barriers", "two a query tile of BLOCK_Q 32 rows"),
+                                   "tile_size_written_as_number", "BLOCK_Q and BLOCK_K are 32, 16 on the simulator"),
+    "tile step hard-coded at 16": (changed(SOLUTION, (WALK, "range(max(0, seen_from) // BLOCK_Q * BLOCK_Q, t_q, 16)")),
+                                   "tile_size_written_as_number", "the walk's step came out as 16 queries"),
+    "walk capped at its first tile plus 3": (
+        changed(SOLUTION, (WALK, "range(max(0, seen_from) // BLOCK_Q * BLOCK_Q, "
+                                 "min(t_q, max(0, seen_from) // BLOCK_Q * BLOCK_Q + 3 * BLOCK_Q), BLOCK_Q)")),
+        "walk_stops_early", "stopped after 3 query tiles from its first"),
+    "walk stopped a tile past the diagonal band": (
+        changed(SOLUTION, (WALK, "range(max(0, seen_from) // BLOCK_Q * BLOCK_Q, "
+                                 "min(t_q, (seen_from + BLOCK_K - 1) // BLOCK_Q * BLOCK_Q + 2 * BLOCK_Q), BLOCK_Q)")),
+        "walk_stops_early", "before T_q's last query tile"),
     "rows past the tile read": (changed(SOLUTION, (ROWS, "range(max(0, seen_from + tid - i0), BLOCK_Q)")),
                                 "stale_tile", "which no thread of its block had written"),
     "the barrier inside a guard": (changed(SOLUTION, (NEXT_COPY, "        if tid < n:\n            cuda.syncthreads()\n")),

@@ -32,6 +32,9 @@ coalesced loads with every lane side by side, two barriers a query tile (the con
 the check counts; the hints give its arithmetic), every slot read written in its step. Named besides the
 engine's: the walk's and rows' slips (``diagonal_skipped``, ``last_query_row_skipped``,
 ``first_query_row_skipped``, ``first_query_tile_skipped``, ``last_query_tile_skipped``,
+``walk_stops_early`` (capped at a number of tiles, or a number past the diagonal band),
+``walk_ends_at_t_k`` (the last tile from T_k: values, or the barriers of the tiles past T_q),
+``tile_size_written_as_number`` (16 for BLOCK_Q at a GPU's launch: values, or barriers),
 ``offset_ignored``, ``masked_pairs_folded``, ``block_ignored``, ``head_ignored``), the recomputation's
 (``lse_not_subtracted``, ``scores_not_scaled``, ``lse_and_d_swapped``, ``missing_row_sum``,
 ``row_sum_not_weighted``, ``dv_weighted_by_ds``, ``dk_weighted_by_p``, ``p_and_ds_swapped``,
@@ -166,13 +169,15 @@ def pass_cases(configuration):
     """The cases at a configuration's tiles (BLOCK_Q = BLOCK_K = t: 16 on the simulator, 32 on a GPU):
     two heads of t + 1 (a second, one-row tile both ways, where a slip of the head or the key block
     shows; block 1 starts past tile 0); queries the last t - 1 of t + 2 (offset 3: block 1's first
-    query in tile 0); offset 1 over three key blocks (block 1's first query the last of tile 0, block
-    2's in tile 1); more queries than keys (tile 0 sees no key, lse -inf); the model's d_k of 64 and
+    query in tile 0); offset 1 over five key blocks, the last one key, and four whole query tiles
+    (block 1's first query the last of tile 0, block 2's of tile 1; block 0 walks four tiles, so a walk
+    capped at its first tile plus 2 or 3, or stopped a tile past the diagonal band, misses one; a walk
+    one query too long steps into an empty fifth tile); more queries than keys (tile 0 sees no key, lse -inf); the model's d_k of 64 and
     MAX_D's 128 at small T; three queries whose last row's scores spread from 1200 (exp overflows) in
     one tile and whose row 1's are all below -90 (exp is 0). Narrow rows elsewhere: the simulator's
     time goes to the pairs' multiply-adds."""
     t = backward.SHAPE_CONSTANTS["BLOCK_Q"][0 if configuration == shapes.SIMULATOR else 1]
-    return [PassCase(2, t + 1, t + 1, 2, 3), PassCase(1, t - 1, t + 2, 3, 2), PassCase(1, 2 * t, 2 * t + 1, 2, 1),
+    return [PassCase(2, t + 1, t + 1, 2, 3), PassCase(1, t - 1, t + 2, 3, 2), PassCase(1, 4 * t, 4 * t + 1, 2, 1),
             PassCase(1, 2 * t + 1, t - 1, 4, 3), PassCase(1, 2, t + 1, 64, 64), PassCase(1, 2, 3, 128, 128),
             PassCase(1, 3, 3, 4, 3, spread=True)]
 
@@ -259,7 +264,64 @@ def _run_pass(walk, case, rng, _launch):
     got, expected = np.concatenate([dk, dv], axis=-1), np.concatenate([want_dk, want_dv], axis=-1)
     if np.allclose(got, expected, rtol=PASS_RTOL, atol=PASS_ATOL):
         _staged_loads(traced, case)                          # right values: then how they were read
+        _walk_barriers(traced, case)
     return got, expected, q, k, v, d_out
+
+
+def _tiles_walked(t_q, t_k, rows, end):
+    """The most query tiles of `rows` a block walks, from the tile holding its first query to `end`."""
+    return max(len(range(_first_tile(j0, t_q, t_k, rows), end, rows)) for j0 in range(0, t_k, backward.BLOCK_K))
+
+
+def _walk_barriers(traced, case):
+    """Diagnosed when the values are right but a thread passed two barriers for each tile of a walk that
+    ends at T_k (walk_ends_at_t_k), or of a walk in tiles of 16 rows at a GPU's 32 (tile_size_written_as_number)."""
+    passed, most = traced.barriers, _most_barriers(case)
+    if passed <= most:
+        return
+    to_t_k = 2 * _tiles_walked(case.T_q, case.T_k, backward.BLOCK_Q, case.T_k)
+    if passed == to_t_k != 2 * _tiles_walked(case.T_q, case.T_k, backward.BLOCK_Q, case.T_q + 1):
+        raise Diagnosed("walk_ends_at_t_k", (
+            f"the values are right, but a thread passed {passed} barriers, where the limit is {most}: "
+            f"{WALK_ENDS_AT_T_K} (here T_q {case.T_q}, T_k {case.T_k})"))
+    if backward.BLOCK_Q != 16 and passed == 2 * _tiles_walked(case.T_q, case.T_k, 16, case.T_q):
+        raise Diagnosed("tile_size_written_as_number", (
+            f"the values are right, but a thread passed {passed} barriers, where the limit is {most}: the walk "
+            f"went in tiles of 16 queries. {TILE_AS_NUMBER.format(tile=backward.BLOCK_Q)}"))
+
+
+WALK_ENDS_AT_T_K = ("the walk's last tile was computed from T_k, the number of keys; the query tiles end at T_q's "
+                    "last query, T_q - 1")
+TILE_AS_NUMBER = ("At this launch BLOCK_Q and BLOCK_K are {tile}, 16 on the simulator: a tile size written as the "
+                  "number 16 fits one launch only, so write BLOCK_Q or BLOCK_K")
+
+
+def _walked(t_q, t_k, first, step, rows, end):
+    """(T_q, T_k) counts: how often a walk folds each visible pair (i, j). The block of key j starts at the
+    tile of `first` queries holding the first query that sees its first key j0, steps `step` queries at a
+    time while the step's first query is below end(j0, start), and folds `rows` rows a step."""
+    i, j = np.indices((t_q, t_k))
+    counts = np.zeros((t_q, t_k))
+    for j0 in range(0, t_k, backward.BLOCK_K):
+        start = _first_tile(j0, t_q, t_k, first)
+        for i0 in range(start, min(t_q, end(j0, start)), step):
+            counts[i0:i0 + rows, j0:j0 + backward.BLOCK_K] += 1
+    return counts * (j <= i + t_k - t_q)
+
+
+def _short_walks(t_q, t_k):
+    """(description, counts) of walks that stop early: capped at a number of tiles from the first, or
+    stopped a number of tiles past the block's diagonal band."""
+    tile, offset = backward.BLOCK_Q, t_k - t_q
+    tiles = ceil_div(t_q, tile)
+    for m in range(1, tiles):
+        yield (f"after {m} query tile{'s' if m > 1 else ''} from its first",
+               _walked(t_q, t_k, tile, tile, tile, lambda j0, start: start + m * tile))
+    for m in range(tiles):
+        yield (f"{m} tile{'s' if m != 1 else ''} past its diagonal band" if m else "at the end of its diagonal band",
+               _walked(t_q, t_k, tile, tile, tile,
+                       lambda j0, start: (max(0, min(t_q - 1, j0 + backward.BLOCK_K - 1 - offset)) // tile + 1 + m)
+                       * tile))
 
 
 def _folded(t_q, t_k, mistake):
@@ -278,15 +340,17 @@ def _folded(t_q, t_k, mistake):
             "last_query_tile_skipped": visible & (i // tile != (t_q - 1) // tile),
             "offset_ignored": (j <= i) & (i >= first_tile),
             "masked_pairs_folded": i >= first_tile,
-            "block_ignored": j % backward.BLOCK_K <= i + offset}[mistake]
+            "block_ignored": j % backward.BLOCK_K <= i + offset,
+            "walk_ends_at_t_k": visible & (i < ceil_div(t_k, tile) * tile)}[mistake]
 
 
-def _pass_variant(q, k, v, d_out, mistake=None):
+def _pass_variant(q, k, v, d_out, mistake=None, folded=None):
     """dK and dV (concatenated on the last axis) of a dK/dV pass with one of the usual mistakes (None:
-    right), float64."""
+    right), float64; folded: (T_q, T_k) how often each pair is folded, in place of the mistake's."""
     (t_q, d_k), t_k = q.shape[1:], k.shape[1]
     scale = 1.0 / math.sqrt(d_k)
-    folded = _folded(t_q, t_k, mistake if mistake in PAIR_MISTAKES else None)
+    if folded is None:
+        folded = _folded(t_q, t_k, mistake if mistake in PAIR_MISTAKES else None)
     if mistake == "head_ignored":           # every block reads head 0's queries, its own head's keys
         q, d_out = np.broadcast_to(q[:1], q.shape), np.broadcast_to(d_out[:1], d_out.shape)
         lse0 = backward.log_sum_exp(q[:1], k[:1], True)[..., None]
@@ -299,8 +363,8 @@ def _pass_variant(q, k, v, d_out, mistake=None):
         lse, d_i = lse0, d_0
     shift, minus = {"lse_not_subtracted": (0.0, d_i), "lse_and_d_swapped": (d_i, lse)}.get(mistake, (lse, d_i))
     with np.errstate(invalid="ignore", over="ignore"):
-        p = np.where(folded, np.exp(s - shift), 0.0)
-        ds = np.where(folded, {"missing_row_sum": p * dp,
+        p = np.where(folded > 0, np.exp(s - shift), 0.0) * folded
+        ds = np.where(folded > 0, {"missing_row_sum": p * dp,
                                "row_sum_not_weighted": p * dp - d_i}.get(mistake, p * (dp - minus)), 0.0)
     dv_weights = ds if mistake in ("dv_weighted_by_ds", "p_and_ds_swapped") else p
     dk_weights = p if mistake in ("dk_weighted_by_p", "p_and_ds_swapped") else ds
@@ -327,6 +391,7 @@ PAIR_MISTAKES = {
                            "it (j > i + T_k - T_q): their P is 0, not what exp gives",
     "block_ignored": "every block folded the queries of keys 0 .. BLOCK_K - 1: block x holds keys from "
                      "x * BLOCK_K on, which later queries see",
+    "walk_ends_at_t_k": WALK_ENDS_AT_T_K,
 }
 FORMULA_MISTAKES = {
     "lse_not_subtracted": "P_ij is exp(S_ij) without the log-sum-exp: the weights are not normalised; "
@@ -350,13 +415,31 @@ PASS_MISTAKES = {**PAIR_MISTAKES, **FORMULA_MISTAKES,
 PASS_RTOL, PASS_ATOL = 1e-4, 5e-5
 
 
+def _matches(got, expected, wrong):
+    """Whether `got` is the wrong result `wrong` (where it is finite), and that differs from the right one."""
+    seen = np.isfinite(wrong)
+    return bool(seen.any() and not np.allclose(wrong[seen], expected[seen], rtol=PASS_RTOL, atol=PASS_ATOL)
+                and np.allclose(got[seen], wrong[seen], rtol=1e-3, atol=1e-4))
+
+
 def _diagnose_pass(got, expected, q, k, v, d_out):
     for code, message in PASS_MISTAKES.items():
-        wrong = _pass_variant(q, k, v, d_out, code)
-        seen = np.isfinite(wrong)
-        if (seen.any() and not np.allclose(wrong[seen], expected[seen], rtol=PASS_RTOL, atol=PASS_ATOL)
-                and np.allclose(got[seen], wrong[seen], rtol=1e-3, atol=1e-4)):
+        if _matches(got, expected, _pass_variant(q, k, v, d_out, code)):
             return code, message
+    t_q, t_k, tile = q.shape[1], k.shape[1], backward.BLOCK_Q
+    for stop, folded in _short_walks(t_q, t_k):
+        if _matches(got, expected, _pass_variant(q, k, v, d_out, folded=folded)):
+            return "walk_stops_early", (
+                f"each block's walk stopped {stop}, before T_q's last query tile (queries "
+                f"{(t_q - 1) // tile * tile}-{t_q - 1}): every query after the first that sees key j sees it too, "
+                "so the walk runs to the last query, T_q - 1")
+    if tile != 16:                          # a GPU's launch, the simulator's passed: a size written as 16?
+        for first, step, rows in ((16, 16, tile), (tile, 16, tile), (tile, tile, 16), (16, tile, 16), (16, 16, 16)):
+            folded = _walked(t_q, t_k, first, step, rows, lambda j0, start: t_q)
+            if _matches(got, expected, _pass_variant(q, k, v, d_out, folded=folded)):
+                return "tile_size_written_as_number", (
+                    f"the walk's {'step' if step == 16 else 'rows a step'} came out as 16 queries. "
+                    + TILE_AS_NUMBER.format(tile=tile))
     if not np.isfinite(got).all():
         where = tuple(int(i) for i in np.argwhere(~np.isfinite(got))[0])
         return "wrong_values", (f"dK or dV is {got[where]} at (head, key, column) {where}, where NumPy's is "
@@ -399,7 +482,8 @@ register(Exercise(
     rtol=PASS_RTOL,
     atol=PASS_ATOL,
     diagnose=_diagnose_pass,
-    diagnoses=tuple(PASS_MISTAKES) + ("unstable_softmax", "tile_above_diagonal"),
+    diagnoses=tuple(PASS_MISTAKES) + ("unstable_softmax", "tile_above_diagonal", "walk_stops_early",
+                                      "tile_size_written_as_number"),
     both_shapes=True,
     limits=(Coalesced("q", 2), Coalesced("d_out", 2), Coalesced("lse", 2), Coalesced("d_rows", 2),
             NoSerialCopy("q"), NoSerialCopy("d_out"), NoSerialCopy("lse"), NoSerialCopy("d_rows"),
