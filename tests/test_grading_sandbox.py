@@ -165,3 +165,10 @@ def test_outputs_past_the_limit_stop_the_sandbox_and_say_so(monkeypatch):
     text, note = sandbox.run(nbformat.writes(_probe("for i in range(40):\n    print('x' * 100_000)")),
                              check_seconds=3, cell_seconds=30, total_seconds=60)
     assert text is None and note == "the notebook's outputs grew past 1 MB and the sandbox was stopped"
+
+
+def test_a_sandbox_that_cannot_start_here_is_said_in_one_line(monkeypatch):
+    assert sandbox.available() is None
+    monkeypatch.setattr(sandbox, "command", lambda hidden=(): ["sh", "-c", "echo 'no namespaces' >&2; exit 1",
+                                                               "python", "runner.py"])
+    assert sandbox.available() == "grading cannot start its sandbox here (bubblewrap says: no namespaces)"

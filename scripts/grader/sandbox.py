@@ -35,6 +35,15 @@ def available():
         return MISSING
     if shutil.which("setpriv") is None:
         return "grading needs setpriv (util-linux) to run a submission as nobody: install util-linux"
+    # A sandbox that cannot start here (no user namespaces for this user, a kernel that refuses
+    # them) is said once, not as every student's not_graded.
+    try:
+        done = subprocess.run(command()[:-2] + ["true"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"grading cannot start its sandbox here: {error}"
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        return f"grading cannot start its sandbox here (bubblewrap says: {said})"
     return None
 
 
