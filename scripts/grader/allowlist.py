@@ -279,7 +279,8 @@ class _Reader:
                     for item in ast.walk(target):
                         if isinstance(item, (ast.Attribute, ast.Subscript)):
                             self.problem(item, "assigns an attribute or item of a name that is not the answer's own")
-                        elif isinstance(item, ast.Name) and (item.id in self.given.names or item.id in CHECKER_NAMES):
+                        elif (isinstance(item, ast.Name) and isinstance(item.ctx, ast.Store)
+                              and (item.id in self.given.names or item.id in CHECKER_NAMES)):
                             self.problem(item, f"rebinds {item.id}, a name of the notebook's")
                 self.body([node], set(), top=True)
                 self.defined |= set(_stored(node, top=True))
