@@ -14,9 +14,11 @@ no ``exec`` or ``eval``), and besides it:
   module reached that way is one of ``ANSWER_MODULES``;
 - an attribute or item is assigned only on a name local to the function that assigns it;
 - no ``import`` inside a function, no ``global`` or ``nonlocal``, no class, no default argument that
-  is not a constant; no name of the notebook's is rebound.
+  is not a constant (or a name the notebook gives); no name of the notebook's is rebound;
+- of a library stage module, a name and nothing of it; no attribute that opens raw memory, files
+  or frames (``REFUSED_ATTRIBUTES``), whatever holds it.
 
-``parse(source, given, defined=()) -> Parsed``: ``Parsed.problems`` is a list of
+``parse(source, given, defined=(), own=()) -> Parsed``: ``Parsed.problems`` is a list of
 ``(line, construct)``, empty when the answer may run; ``Parsed.names`` the names it defines.
 ``given`` is ``Given`` (``given_names(cells)``): what the notebook's cells bind before the answer.
 """
@@ -61,12 +63,12 @@ BUILTINS |= {name for name, value in vars(builtins).items()
 
 @dataclass
 class Given:
-    """What the notebook's own cells bind before an answer: {name: module path or None} (None: a
-    value of the notebook's, a module's name when the name is a module or comes from one)."""
+    """What the notebook's own cells bind before an answer: every name bound (names), the module a
+    name is (modules), the module a name was imported from (sources)."""
 
-    names: dict = field(default_factory=dict)
-    modules: dict = field(default_factory=dict)       # name -> module it is, when it is one
-    sources: dict = field(default_factory=dict)       # name -> module it was imported from
+    names: dict = field(default_factory=dict)         # name -> True
+    modules: dict = field(default_factory=dict)       # name -> the module it is, when it is one
+    sources: dict = field(default_factory=dict)       # name -> the module it was imported from
 
 
 @dataclass
@@ -327,7 +329,8 @@ class _Reader:
         if node.name in CHECKER_NAMES or (node.name in self.given.names and node.name not in self.defined
                                           and not outer and node.name not in self.own):
             self.problem(node, f"defines {node.name}, a name of the notebook's")
-        self.defined.add(node.name) if not outer else None
+        if not outer:
+            self.defined.add(node.name)
         self.arguments(node.args)
         local = set(outer) | {a.arg for a in self._all_args(node.args)}
         for statement in node.body:
