@@ -66,7 +66,8 @@ MAX_D = 128
 ROWS_PER_BLOCK = 32
 # v2: queries per block (one thread each) and keys per tile. Shared memory per block:
 # (BLOCK_Q + 2 * BLOCK_K) * MAX_D * 4 bytes, 32 KiB on a GPU (static shared memory stops at
-# 48 KiB). On a GPU a block is one warp; K and V are re-read from main memory once per block of
+# 48 KiB). On a GPU a block's row of threads is one warp (a row per query head sharing K and V);
+# K and V are re-read from main memory once per block of
 # queries, so a larger BLOCK_Q reads them less often. On the simulator 16 and 16: ANDREA-sim's
 # T = 32 is 2 x 2 tiles per head, and fewer threads per block start faster there.
 # (simulator, GPU): a check runs an answer at both (attention_lib.checks.shapes).
