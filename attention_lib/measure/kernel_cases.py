@@ -247,6 +247,8 @@ CASES = {
     "kv_cache.decode_kernel_v2": _kv_cache("decode_kernel_v2"),
     "kv_cache.decode_merge_kernel": _kv_cache("decode_merge_kernel"),
     "kv_cache.chunk_partial_kernel": _kv_cache("chunk_partial_kernel"),
+    "kv_cache.chunk_stats_kernel": lambda k: k[2, 8](        # blocks of the simulator's chunk (8): full, and 3 positions
+        _rng().standard_normal((2, 8)).astype(np.float32), np.array([8, 3], np.int32), *np.zeros((2, 2, 8), np.float32)),
     "registers.row_scores_kernel_v1": _registers(1),
     "registers.row_scores_kernel_v2": _registers(2),
     "registers.row_scores_kernel_v3": _registers(3),     # 35 rows against 19 keys: one partial key tile
