@@ -56,6 +56,23 @@ def test_a_stub_is_told_where_the_next_hint_is():
     assert EXERCISES['00_transpose'].hint not in result.message          # the idea is the student's to ask for
 
 
+def test_an_input_guard_raising_not_implemented_is_not_a_stub():
+    @cuda.jit
+    def guarded(alpha, x, y, out):
+        if x.ndim != 1:
+            raise NotImplementedError("only 1-D arrays")
+        i = cuda.grid(1)
+        if i < out.shape[0]:
+            out[i] = alpha * x[i] + y[i]
+    assert check("00_scale_add", guarded, verbose=False).diagnosis == "ok"
+
+    @cuda.jit
+    def started(alpha, x, y, out):
+        i = cuda.grid(1)
+        raise NotImplementedError()
+    assert check("00_scale_add", started, verbose=False).diagnosis == "not_implemented"
+
+
 # --- The engine: the launch it hands each case, and the one prefill convention ----------------
 
 @cuda.jit

@@ -51,10 +51,12 @@ the launch the judge hands it (``launch``: traced or not), and takes its outputs
 ``launch.output_array``; the verdict and its display are ``result``'s.
 """
 
+import ast
 import inspect
 import os
 import re
 import sys
+import textwrap
 import warnings
 from dataclasses import dataclass, field
 
@@ -167,19 +169,22 @@ def register(exercise):
 
 
 def _still_a_stub(answer):
-    """True when the answer's code still raises NotImplementedError (a student copy's stub).
-
-    A real GPU ignores a `raise` inside a kernel, so a stub kernel would just write nothing;
-    reading the source tells "not started" from "started but wrong" on every backend. An
+    """True when the answer's code still raises NotImplementedError as a statement of a function's
+    body (a student copy's stub), not in a branch of it: an input guard such as
+    `if x.ndim != 2: raise NotImplementedError(...)` belongs to an answer that is judged by what it
+    computes. A real GPU ignores a `raise` inside a kernel, so a stub kernel would just write
+    nothing; reading the source tells "not started" from "started but wrong" on every backend. An
     answer made of several functions (a tuple) is a stub when any of them is.
     """
     if isinstance(answer, tuple):
         return any(_still_a_stub(part) for part in answer)
-    function = getattr(answer, "py_func", answer)
     try:
-        return "raise NotImplementedError" in inspect.getsource(function)
-    except (OSError, TypeError):  # no source (built in, or typed at a prompt that keeps none)
+        tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(answer, "py_func", answer))))
+    except (OSError, TypeError, SyntaxError):  # no source (built in, or typed at a prompt that keeps none)
         return False
+    return any(isinstance(statement, ast.Raise) and "NotImplementedError" in ast.unparse(statement.exc or ast.Pass())
+               for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+               for statement in node.body)
 
 
 # What a divergent barrier does on a GPU, after the simulator's one-line account of it.
