@@ -125,11 +125,11 @@ def test_the_judge_hands_each_case_its_launch():
         given.append(launch)
         return library.run(answer, case, rng, launch)
 
-    exercise = engine.Exercise("test_recording", "scale_add, recorded", "kernel", recording_run,
+    exercise = engine.Exercise("test_recording", "kernel", recording_run,
                                library.cases, library.hint)
     assert engine._judge(exercise, basics.scale_add_kernel)[0] == "ok"
     assert given == [engine.race_finding_launch] * len(library.cases)
-    function = engine.Exercise("test_function", "scale_add, as a function", "function", recording_run,
+    function = engine.Exercise("test_function", "function", recording_run,
                                library.cases, library.hint)
     given.clear()
     engine._judge(function, basics.scale_add_kernel)

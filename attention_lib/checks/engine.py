@@ -59,6 +59,7 @@ import sys
 import textwrap
 import warnings
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
@@ -71,6 +72,15 @@ from attention_lib.platform.where import describe_file
 
 
 SEED = 2024
+
+
+class Kind(Enum):
+    """What an answer is: a ``@cuda.jit`` kernel, a device function (``@cuda.jit(device=True)``, run
+    inside a kernel the check builds around it) or a plain Python function; the first two are GPU code."""
+
+    KERNEL = "kernel"
+    DEVICE_FUNCTION = "device function"
+    FUNCTION = "function"
 
 
 @dataclass
@@ -86,8 +96,7 @@ class Exercise:
     """
 
     exercise_id: str
-    title: str
-    kind: str                         # "kernel" or "function"
+    kind: "Kind"                      # a Kind, or its value ("kernel", "device function", "function")
     run: object
     cases: list
     hint: str
@@ -126,8 +135,9 @@ class Exercise:
     hidden_cases: object = None
 
     def __post_init__(self):
+        self.kind = Kind(self.kind)
         if self.gpu_code is None:
-            self.gpu_code = "kernel" in self.kind or "device" in self.kind
+            self.gpu_code = self.kind is not Kind.FUNCTION
 
     def cases_for(self, configuration):
         """The cases tried in a configuration (shapes.SIMULATOR or shapes.GPU): `cases`, or what
@@ -244,7 +254,7 @@ def _static_verdict(exercise, answer):
     reaching the given code; None when it may run."""
     if answer is None or _still_a_stub(answer):
         return "not_implemented", f"not implemented yet. Hint: {_first_hint(exercise)}"
-    if exercise.kind == "kernel" and not _is_kernel(answer):
+    if exercise.kind is Kind.KERNEL and not _is_kernel(answer):
         return "not_a_kernel", f"expected a @cuda.jit kernel, got {type(answer).__name__}; decorate it with @cuda.jit"
     used, how = given_code.given_code_used(answer, exercise.given_code)
     if used is not None:

@@ -32,7 +32,9 @@ from numba import cuda
 from attention_lib.stages import basics
 from attention_lib.stages.basics import TILED_TRANSPOSE_BLOCK, TRANSPOSE_BLOCK, WARP_SIZE  # noqa: F401  (the notebook imports TRANSPOSE_BLOCK here)
 from attention_lib.checks.cases import edges
-from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register, unwritten
+from attention_lib.checks.engine import Exercise, register
+from attention_lib.checks.launch import output_array, read_output, unwritten
+from attention_lib.checks.result import Diagnosed
 from attention_lib.checks.limits import Coalesced, MostBarriers, MostLoads, NoSerialCopy
 from attention_lib.platform.launch import ceil_div
 
@@ -49,7 +51,6 @@ def _run_scale_add(kernel, n, rng, launch):
 
 register(Exercise(
     exercise_id="00_scale_add",
-    title="out[i] = alpha * x[i] + y[i], one thread per element",
     kind="kernel",
     run=_run_scale_add,
     # 1: fewer threads than a block; around one and two blocks of 64: a last block with one thread
@@ -119,7 +120,6 @@ def _diagnose_grid(got, want, rows, cols, block):
 
 register(Exercise(
     exercise_id="00_transpose_grid",
-    title="the smallest grid of (bx, by) blocks that covers a (rows, cols) matrix, x across the columns",
     kind="function",
     run=_run_grid,
     cases=_grid_cases(),
@@ -241,7 +241,6 @@ def _diagnose_transpose(got, a, grid):
 
 register(Exercise(
     exercise_id="00_transpose",
-    title="out = a^T: a 2-D kernel, one thread per element of a",
     kind="kernel",
     run=_run_transpose,
     cases=_transpose_cases(),
@@ -319,7 +318,6 @@ def _run_tiled_transpose(kernel, shape, rng, launch):
 
 register(Exercise(
     exercise_id="00_tiled_transpose",
-    title="out = a^T through a tile in shared memory: loads and stores both along rows",
     kind="kernel",
     run=_run_tiled_transpose,
     cases=_tiled_cases(),
@@ -416,7 +414,6 @@ def _warp_cases(warp=WARP_SIZE):
 
 register(Exercise(
     exercise_id="00x_warp_divergence",
-    title="divergent_warps(rows, cols, block): the warps of a 2-D launch that split at the bounds guard",
     kind="function",
     run=_run_warps,
     cases=_warp_cases(),
@@ -476,7 +473,6 @@ def _run_footprint(warp_load_footprint, stride, rng, launch):
 
 register(Exercise(
     exercise_id="00x_predict_segments",
-    title="(segments, sectors) one warp's load touches when lane l reads element l * stride",
     kind="function",
     run=_run_footprint,
     # Neighbours; one number for all (a broadcast); 2, 3, 8: a few lanes a sector or a segment;

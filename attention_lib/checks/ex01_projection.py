@@ -29,8 +29,9 @@ from attention_lib import reference
 from attention_lib.platform.launch import ceil_div
 from attention_lib.stages import projection
 from attention_lib.stages.projection import TILE, WIDE_TILE, load_wide_tiles, store_output
-from attention_lib.checks.engine import (Diagnosed, Exercise, host_output, output_array, read_output, register,
-                                         traced_launch, unwritten)
+from attention_lib.checks.engine import Exercise, register
+from attention_lib.checks.launch import host_output, output_array, read_output, traced_launch, unwritten
+from attention_lib.checks.result import Diagnosed
 from attention_lib.checks.limits import (Coalesced, MostBarriers, MostLoads, NoLocalMemory, NoSerialCopy, RefilledTiles,
                                          SharedLoadsPerThread)
 
@@ -110,7 +111,6 @@ def _diagnose(got, expected, x, w, b):
 
 register(Exercise(
     exercise_id="01_projection_naive",
-    title="out = x @ w (+ b), one thread per output element",
     kind="kernel",
     run=_run_projection,
     cases=[Case(*c) for c in _naive_cases()],
@@ -187,7 +187,6 @@ TILED_CASES = _tiled_cases()
 
 register(Exercise(
     exercise_id="01_tiled_matmul",
-    title="tile_matmul(x, w, row, col): the dot product of a row of x and a column of w, with the whole block",
     kind="device function",
     run=_run_tiled,
     cases=TILED_CASES,
@@ -275,7 +274,6 @@ def _wide_cases(tile=TILE, wide=WIDE_TILE):
 
 register(Exercise(
     exercise_id="01x_multiply_wide_tiles",
-    title="multiply_wide_tiles: one step's products added to a thread's 2 x 2 sums, from registers",
     kind="device function",
     run=_run_wide,
     cases=_wide_cases(),

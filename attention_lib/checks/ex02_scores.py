@@ -37,8 +37,9 @@ from attention_lib.measure import sanitizer
 from attention_lib.platform import where
 from attention_lib.platform.launch import ceil_div
 from attention_lib.stages import scores
-from attention_lib.checks.engine import (Diagnosed, Exercise, host_output, output_array, read_output, register,
-                                         traced_launch, unwritten)
+from attention_lib.checks.engine import Exercise, register
+from attention_lib.checks.launch import host_output, output_array, read_output, traced_launch, unwritten
+from attention_lib.checks.result import Diagnosed
 from attention_lib.checks.limits import Coalesced, MostBarriers, MostLoads, NoSerialCopy, RefilledTiles
 
 
@@ -126,7 +127,6 @@ def _diagnose(got, expected, q, k, scale):
 
 register(Exercise(
     exercise_id="02_scaled_scores",
-    title="s[h, i, j] = (q[h, i] . k[h, j]) * inv_sqrt_dk, one thread per score",
     kind="kernel",
     run=_run_scores,
     cases=_warm_up_cases,
@@ -354,7 +354,6 @@ def _barriers_why(case):
 
 register(Exercise(
     exercise_id="02_scores_tiled",
-    title="tiled scores with K as the projection writes it: the transposing copy, the scale folded in",
     kind="kernel",
     run=_run_tiled,
     cases=_tiled_cases,

@@ -36,8 +36,9 @@ from attention_lib.platform.rebuild import rebuilt
 from attention_lib.stages import mask, scores
 from attention_lib.stages.scores import TILE
 from attention_lib.checks import cases
-from attention_lib.checks.engine import (Diagnosed, Exercise, host_output, output_array, read_output, register,
-                                         traced_launch, unwritten)
+from attention_lib.checks.engine import Exercise, register
+from attention_lib.checks.launch import host_output, output_array, read_output, traced_launch, unwritten
+from attention_lib.checks.result import Diagnosed
 
 
 def _run_mask(kernel, case, rng, launch):
@@ -105,7 +106,6 @@ def _diagnose_mask(got, expected, s, window):
 
 register(Exercise(
     exercise_id="03_causal_mask",
-    title="s[h, i, j] = -inf where j > i + (T_k - T_q), or j <= i + (T_k - T_q) - window, in place",
     kind="kernel",
     run=_run_mask,
     # (BH, T_q, T_k, window): 7 x 7 (less than a block) first, where every wrong mask below
@@ -254,7 +254,6 @@ def _causal_cases(configuration):
 
 register(Exercise(
     exercise_id="03_causal_scores",
-    title="causal_scores_kernel: skip the tiles wholly in the future, block by block, then mask the diagonal tiles",
     kind="kernel",
     run=_run_causal_scores,
     cases=_causal_cases,
@@ -349,7 +348,6 @@ def _tile_skip_cases(configuration):
 
 register(Exercise(
     exercise_id="03_tile_skip",
-    title="tile_is_masked(row_block, col_block, t_q, t_k, window): may a sliding-window kernel skip this tile?",
     kind="device function",
     run=_run_tile_skip,
     cases=_tile_skip_cases,

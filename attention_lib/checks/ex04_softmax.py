@@ -98,7 +98,8 @@ from attention_lib import reference
 from attention_lib.stages import softmax
 from attention_lib.stages.softmax import (THREADS_PER_ROW, WARP_SIZE, strided_max, strided_sum_exp,
                                           strided_write, strided_zeros)
-from attention_lib.checks.engine import Exercise, output_array, race_finding_launch, read_output, register
+from attention_lib.checks.engine import Exercise, register
+from attention_lib.checks.launch import output_array, race_finding_launch, read_output
 from attention_lib.checks.limits import (Coalesced, MostBarriers, MostLoads, NoSerialCopy, NoUnwrittenReads,
                                          SharedLoadsPerThread)
 from attention_lib.measure import kernel_report, sanitizer
@@ -231,7 +232,6 @@ def _diagnose(got, expected, s, error):
 
 register(Exercise(
     exercise_id="04_row_softmax",
-    title="out[row] = softmax(s[row]), one thread per row",
     kind="kernel",
     run=_run_row_softmax,
     # (rows, T_k, kind): one score; 7 rows of 5 (fewer rows than a block; every column gets a
@@ -374,7 +374,6 @@ def _diagnose_block_reduction(got, expected, s):
 
 register(Exercise(
     exercise_id="04_block_reduction",
-    title="block_reduce(partial, value, take_max): a block's max or sum by a tree in shared memory",
     kind="device function",
     run=_run_block_reduction,
     # (rows, T_k, kind), at THREADS_PER_ROW 32 and a GPU's 128: one score (every other thread holds
@@ -529,7 +528,6 @@ def _diagnose_block_softmax(got, expected, s, error):
 
 register(Exercise(
     exercise_id="04_block_softmax",
-    title="out[row] = softmax(s[row]), one block per row: the whole kernel around block_reduce",
     kind="kernel",
     run=_run_block_softmax,
     cases=_block_softmax_cases,
@@ -622,7 +620,6 @@ def _diagnose_warp(got, expected, s, error):
 
 register(Exercise(
     exercise_id="04x_warp_softmax",
-    title="out[row] = softmax(s[row]), one warp per row: (m, l) pairs merged by warp shuffles",
     kind="kernel",
     run=_run_warp_softmax,
     # (rows, T_k, kind): one score (lanes 1-31 hold nothing, three warps of the block have no
@@ -755,12 +752,10 @@ def _diagnose_occupancy(got, expected, k):
 
 register(Exercise(
     exercise_id="04x_warps_per_sm",
-    title="warps_per_sm(registers, shared_bytes, threads_per_block, sm): the warps of a kernel an SM holds",
     kind="function",
     gpu_code=False,
     run=_run_occupancy,
     cases=OCCUPANCY_CASES + _random_occupancy_cases(),
-    describe_case=str,
     hint=("list the four things an SM runs out of (registers, shared memory, warp slots, block slots); for "
           "each, how many blocks of this kernel it allows; the SM holds the fewest"),
     more_hints=("where each step goes: a block's warps (a partial warp counts whole); a thread's registers "

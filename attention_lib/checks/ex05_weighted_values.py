@@ -58,8 +58,9 @@ from attention_lib import reference
 from attention_lib.platform.launch import ceil_div
 from attention_lib.stages import attention, projection, toy_model, weighted_sum
 from attention_lib.stages.projection import TILE
-from attention_lib.checks.engine import (Diagnosed, Exercise, host_output, output_array, read_output, register,
-                                         traced_launch, unwritten)
+from attention_lib.checks.engine import Exercise, register
+from attention_lib.checks.launch import host_output, output_array, read_output, traced_launch, unwritten
+from attention_lib.checks.result import Diagnosed
 from attention_lib.checks.limits import Coalesced, MostBarriers, MostLoads, RefilledTiles
 
 # The library code an answer to either exercise may not call: the kernels, their launchers, the
@@ -126,7 +127,6 @@ def _diagnose_weighted_sum(got, expected, a, v):
 
 register(Exercise(
     exercise_id="05_weighted_sum",
-    title="out[h, i, c] = sum_j a[h, i, j] v[h, j, c], one thread per output element, all heads in one launch",
     kind="kernel",
     run=_run_weighted_sum,
     # One weight; two square heads (T_q = T_k: transposed weights keep the shape; two block rows
@@ -135,7 +135,6 @@ register(Exercise(
     # a tile less one query, a tile and one key, two tiles and one column.
     cases=[Case(1, 1, 1, 1), Case(2, 19, 19, 3), Case(2, 7, 5, 24), Case(1, 33, 20, 5), Case(3, 5, 9, 17),
            Case(1, TILE - 1, TILE + 1, 2 * TILE + 1)],
-    describe_case=str,
     hint=("one thread per output element: the grid's x picks the value's feature, y the query, z the "
           "head; the thread walks the keys, adding each weight of its query's row times that key's "
           "value in its feature"),
@@ -220,7 +219,6 @@ def _steps_why(case):
 
 register(Exercise(
     exercise_id="05_causal_av",
-    title="A . V for causal weights, tiled, never loading a key tile wholly above the diagonal",
     kind="kernel",
     run=_run_causal_av,
     # One weight; two heads of 7 (one tile, its first step already past every edge: a tile not
@@ -232,7 +230,6 @@ register(Exercise(
     limits=(MostLoads("a", lambda case: ceil_div(case.d_v, TILE)),
             MostLoads("v", lambda case: ceil_div(case.T_q, TILE)),
             Coalesced("a", 4), Coalesced("v", 4), RefilledTiles(), MostBarriers(lambda case: 2 * _visible_key_tiles(case), why=_steps_why)),
-    describe_case=str,
     hint=("a block's threads share what they load: a tile of weights serves a block's columns, a tile of "
           "values its queries; and the queries of one block share one stopping point along the keys, the "
           "last key the block's last query may see, after which every key tile is all zeros"),
@@ -340,12 +337,10 @@ def _diagnose_induction_key(got, expected, tokens, queries, weights):
 
 register(Exercise(
     exercise_id="05_induction_key",
-    title="induction_key(tokens, i): which key the trained induction head picks, predicted from the tokens",
     kind="function",
     gpu_code=False,
     run=_run_induction_key,
     cases=[SequenceCase(k) for k in INDUCTION_SEQUENCES],
-    describe_case=str,
     hint=("the model predicts the next token; in the repeat, the query's token has been seen once before, "
           "in the first copy, and what followed it there is what comes next now; the head looks for the "
           "position whose previous token is the query's token"),

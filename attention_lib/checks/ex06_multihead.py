@@ -59,7 +59,9 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.checks import cases as sizes
-from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register, unwritten
+from attention_lib.checks.engine import Exercise, register
+from attention_lib.checks.launch import output_array, read_output, unwritten
+from attention_lib.checks.result import Diagnosed
 from attention_lib.checks.limits import Coalesced, MostBarriers, MostLoads, NoSerialCopy, RefilledTiles
 from attention_lib.measure import sanitizer
 from attention_lib.platform.launch import ceil_div
@@ -160,7 +162,6 @@ def _split_cases():
 
 register(Exercise(
     exercise_id="06_split_heads",
-    title="out[b, h, t, c] = x[b, t, h*d_k + c], one thread per element, all heads in one launch",
     kind="kernel",
     run=_run_split,
     cases=_split_cases(),
@@ -462,11 +463,9 @@ def _steps_why(case):
 
 register(Exercise(
     exercise_id="06_qkv_av",
-    title="every head's A . V in one launch, V read in place from qkv, the heads written merged",
     kind="kernel",
     run=_run_qkv_av,
     cases=_av_cases(),
-    describe_case=str,
     hint=("a block can share what it loads: a tile of weights serves all of a block's columns, a tile of "
           "values all its queries. A head of V is a run of d_k columns of qkv, so a view of those columns is "
           "a (T, d_k) matrix with no copy. In the merged output, head h's columns sit side by side with the "

@@ -83,7 +83,9 @@ import numpy as np
 from attention_lib import reference
 from attention_lib.checks import cases as sizes
 from attention_lib.checks import session, shapes
-from attention_lib.checks.engine import Diagnosed, Exercise, RaceFound, host_output, race_finding_launch, register
+from attention_lib.checks.engine import Exercise, register
+from attention_lib.checks.launch import host_output, race_finding_launch, RaceFound
+from attention_lib.checks.result import Diagnosed
 from attention_lib.checks.limits import Coalesced, MostBarriers, NoSerialCopy, RefilledTiles
 from attention_lib.measure import sanitizer
 from attention_lib.platform import where
@@ -216,7 +218,6 @@ def _diagnose(got, expected, s, v, block):
 
 register(Exercise(
     exercise_id="07_online_softmax",
-    title="(m, l, acc) <- one more block of scores and values, the online-softmax update",
     kind="function",
     run=_run_update,
     # A single key; a rising row (the max grows in every block: no rescaling, no pass); the
@@ -607,7 +608,6 @@ def _diagnose_walk(got, expected, q, k, v, causal, window):
 
 register(Exercise(
     exercise_id="07_walk_keys",
-    title="kernel 2's walk over its block's band of key tiles",
     kind="device function",
     run=_run_walk,
     cases=_walk_cases,

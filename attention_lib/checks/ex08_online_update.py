@@ -239,9 +239,7 @@ def _diagnose_update(got, expected, q, k, v, causal, window, update):
 
 register(Exercise(
     exercise_id="08_online_update",
-    title="flash v3's online update: fold a tile of base-2 scores into the rows' running max, sums and output",
-    kind="function",
-    gpu_code=True,
+    kind="device function",
     run=_run_update_kernel,
     # One key; fewer queries than keys over three key tiles (the causal offset, rows whose max
     # grows); more queries than keys (rows that never see a key); a window of 5 at d_k 16 (2
@@ -253,7 +251,6 @@ register(Exercise(
            UpdateCase(1, 48, 48, 16, True, 5), UpdateCase(2, 40, 40, 5, False),
            UpdateCase(1, 50, 50, 64, True, 0, True), UpdateCase(1, 20, 20, 72, True),
            UpdateCase(1, 0, 0, COMPILED_D, True, probe=True)],
-    describe_case=str,
     hint=("every thread of a row sees the same row-wide tile max, so all of them can bring their "
           "partial sums to the new max by the same factor before the tile's own terms join them"),
     more_hints=("the plan, per row a of the thread: the new max is the larger of the running max and the tile's; "

@@ -126,9 +126,7 @@ def _warp_segments(case):
 
 register(Exercise(
     exercise_id="08x_packed_rows",
-    title="the grouped kernel's packed rows: a group's queries interleaved into one shared tile, copied by all slices",
-    kind="function",
-    gpu_code=True,
+    kind="device function",
     run=_run_packed,
     # Probes: one head (group 1, K and V's load); a group of 2 over one slice; a group of 3 over 2
     # slices, the last rows partly filled; a group of 4 over 4 slices, starting mid-way; a group of 4
@@ -137,7 +135,6 @@ register(Exercise(
     cases=[PackedCase(5, 1, 40, 1, 0, 40), PackedCase(16, 2, 20, 1, 0, 40), PackedCase(5, 3, 33, 2, 0, 99),
            PackedCase(7, 4, 40, 4, 64, 96), PackedCase(64, 4, 40, 2, 32, 100), PackedCase(5, 3, 33, kernel=True),
            PackedCase(16, 4, 20, kernel=True)],
-    describe_case=str,
     hint=("a packed row is a (query head, position) pair: consecutive rows walk through the heads of the group "
           "before the position moves on; the copy itself is notebook 08's, spread over every thread of the "
           "block, slices included"),

@@ -133,16 +133,13 @@ def _diagnose_reduce(got, expected, x, case):
 
 register(Exercise(
     exercise_id="08_row_reduce",
-    title="kernel 3's row reduction: the max or sum of a row over its 8 lanes, by warp shuffles",
-    kind="function",
-    gpu_code=True,
+    kind="device function",
     run=_run_reduce,
     # The max with -inf entries (a row all -inf in one row group), the sum, at 4 rows a thread
     # (d_k 1 and 64: one probe kernel) and 2 (d_k 127 and 100: another); then kernel 3 built
     # around it at d_k 9, T 70 (two blocks of queries, rows in every micro-row; three key tiles).
     cases=[ReduceCase(1, True), ReduceCase(64, False), ReduceCase(127, True), ReduceCase(100, False),
            ReduceCase(9, True, kernel=True, T=70)],
-    describe_case=str,
     hint=("the 8 lanes of a row group sit side by side in one warp; in each of three rounds every lane swaps "
           "its value with the partner whose lane number differs in one bit (1, 2, then 4 lanes away) and "
           "combines the two, so after the third round all 8 hold the row's result"),

@@ -203,9 +203,7 @@ class NoBankConflicts:
 
 register(Exercise(
     exercise_id="08_scores_to_p",
-    title="kernel 3's scores: a micro-tile a thread, each value loaded once, stored to P without bank conflicts",
-    kind="function",
-    gpu_code=True,
+    kind="device function",
     run=_run_scores,
     # Probes at d_k 64 (64 x 32 tiles, 4 x 4 a thread; compiled for a GPU), 5 (HEAD_PAD 8, three
     # zero columns), 16 and 128 (32 x 16 tiles, 2 x 2 a thread); then kernel 3 around the answer at
@@ -215,7 +213,6 @@ register(Exercise(
            ScoresCase(64, kernel=True, T_q=33, T_k=40),
            ScoresCase(16, kernel=True, T_q=65, T_k=63, causal=False),
            ScoresCase(128, kernel=True, T_q=20, T_k=17)],
-    describe_case=str,
     hint=("a thread's scores form a small grid of its rows times its keys: each query value it loads meets "
           "every one of its keys, so one load can serve a whole row of that grid. Which rows and keys a warp's "
           "32 lanes own decides which banks their reads and their store touch"),

@@ -49,7 +49,9 @@ import numpy as np
 from numba import cuda
 
 from attention_lib import reference
-from attention_lib.checks.engine import Diagnosed, Exercise, output_array, read_output, register, unwritten
+from attention_lib.checks.engine import Exercise, register
+from attention_lib.checks.launch import output_array, read_output, unwritten
+from attention_lib.checks.result import Diagnosed
 from attention_lib.checks.ex02_scores import _bank_ways
 from attention_lib.checks.limits import (Coalesced, MostAccessesPerThread, MostBarriers, MostLoads, NoLocalMemory,
                                          NoSerialCopy, RefilledTiles)
@@ -87,7 +89,6 @@ def _run_rows(kernel, case, rng, launch):
 
 register(Exercise(
     exercise_id="10_registers",
-    title="a row-scores kernel whose local array lives in registers (stack frame 0 bytes)",
     kind="kernel",
     run=_run_rows,
     cases=ROW_CASES,
@@ -245,7 +246,6 @@ class StoredOnce:
 
 register(Exercise(
     exercise_id="10_tiled_k",
-    title="row scores with q's row in registers and k staged through shared memory in tiles",
     kind="kernel",
     run=_run_tiled,
     cases=_tiled_cases(),
@@ -422,12 +422,10 @@ def _diagnose_work(got, expected, case, truth):
 
 register(Exercise(
     exercise_id="10x_ideal_work",
-    title="ideal_work(kernel, s): the FLOPs and the ideal bytes of a softmax, fused attention and a decode step",
     kind="function",
     run=_run_work,
     # Each kernel at each size: its first case early, so that a slip in one kernel is named at once.
     cases=[WorkCase(kernel, sizes) for sizes in SIZES for kernel in KERNELS],
-    describe_case=str,
     hint=("the ideal bytes depend only on the shapes of the arrays a kernel must read and write, never on how "
           "it walks them; the FLOPs depend on how many scores, or (query, key) pairs, the kernel handles and on "
           "what each one costs"),

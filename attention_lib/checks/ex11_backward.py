@@ -49,7 +49,9 @@ import numpy as np
 
 from attention_lib import reference
 from attention_lib.checks import shapes
-from attention_lib.checks.engine import Diagnosed, Exercise, host_output, register, traced_launch
+from attention_lib.checks.engine import Exercise, register
+from attention_lib.checks.launch import host_output, traced_launch
+from attention_lib.checks.result import Diagnosed
 from attention_lib.checks.limits import (Coalesced, MostAccessesPerThread, MostBarriers, MostLoads, NoSerialCopy,
                                          RefilledTiles)
 from attention_lib.measure import sanitizer
@@ -120,7 +122,6 @@ def _diagnose(got, expected, p, dp, d_rows, scale):
 
 register(Exercise(
     exercise_id="11_score_grad",
-    title="score_grad_kernel(p, dp, d_rows, scale, d_raw): dS of the softmax's backward, one thread per entry",
     kind="kernel",
     run=_run,
     # One query and one key first (P = 1, dS = 0: a check of indexing and the guard); then square
@@ -455,8 +456,6 @@ def _most_barriers(case):
 
 register(Exercise(
     exercise_id="11_dkdv_pass",
-    title="dkdv_walk: the dK/dV pass's walk over the query tiles that see a block's keys, its copies, barriers "
-          "and recomputation",
     kind="device function",
     run=_run_pass,
     cases=pass_cases,
@@ -538,7 +537,6 @@ def _diagnose_group_sum(got, expected, per_head):
 
 register(Exercise(
     exercise_id="11x_group_sum",
-    title="group_sum_kernel(per_head, shared): each K/V head's gradient, the sum over its group of query heads",
     kind="kernel",
     run=_run_group_sum,
     # No group (1 on 1); a group of 3 (6 on 2) whose T x d entries fill one block and a part (T 9, d 4:
