@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from numba import cuda, float32
 
-from attention_lib.checks import EXERCISES, budget, check, engine, limits, reveal, shapes
+from attention_lib.checks import EXERCISES, budget, check, engine, limits, result, reveal, shapes
 from attention_lib.measure import compiler
 from attention_lib.platform import where
 from attention_lib.stages import softmax
@@ -75,7 +75,7 @@ def test_without_a_compiler_the_check_says_so_once(monkeypatch):
         def result(self):
             return compiler.Compiled(unavailable="no NVVM here")
     monkeypatch.setattr(compiler, "submit", lambda *a, **k: Unavailable())
-    monkeypatch.setattr(engine, "_said_unavailable", [])
+    monkeypatch.setattr(result, "_said_unavailable", [])
     answer = EXERCISES["00_scale_add"]
     first, second = (check("00_scale_add", kernel_of_scale_add, verbose=False) for _ in range(2))
     assert first.diagnosis == second.diagnosis == "ok"
