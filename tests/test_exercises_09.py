@@ -235,7 +235,7 @@ def stats_walked_by_thread_0(s, m_s, l_s):
 
 @cuda.jit(device=True)
 def stats_in_two_trees(s, m_s, l_s):
-    """A right answer: a tree for the max, then one for the sum of the weights."""
+    """Right values, a tree for the max then one for the sum: about twice the barriers of one pair tree."""
     tid = cuda.threadIdx.x
     m_s[tid] = s
     stride = KEYS_PER_CHUNK // 2
@@ -259,10 +259,46 @@ def stats_in_two_trees(s, m_s, l_s):
     return m, l
 
 
-def test_the_chunk_stats_solution_and_two_trees_pass_at_both_launches():
-    for answer in (mutation.solution_copy(EXERCISES["09_chunk_stats"]), stats_in_two_trees):
-        result = check("09_chunk_stats", answer, verbose=False)
-        assert result.passed and result.diagnosis == "ok" and "a GPU's" in result.message, result
+@cuda.jit(device=True)
+def stats_in_two_trees_no_last_barrier(s, m_s, l_s):
+    """Two trees, each thread returning as soon as it has read l: the caller's next write to l_s races."""
+    tid = cuda.threadIdx.x
+    m_s[tid] = s
+    stride = KEYS_PER_CHUNK // 2
+    while stride > 0:
+        cuda.syncthreads()
+        if tid < stride:
+            m_s[tid] = max(m_s[tid], m_s[tid + stride])
+        stride //= 2
+    cuda.syncthreads()
+    m = m_s[0]
+    l_s[tid] = math.exp(s - m)
+    stride = KEYS_PER_CHUNK // 2
+    while stride > 0:
+        cuda.syncthreads()
+        if tid < stride:
+            l_s[tid] += l_s[tid + stride]
+        stride //= 2
+    cuda.syncthreads()
+    return m, l_s[0]
+
+
+def test_the_chunk_stats_solution_passes_at_both_launches():
+    result = check("09_chunk_stats", mutation.solution_copy(EXERCISES["09_chunk_stats"]), verbose=False)
+    assert result.passed and result.diagnosis == "ok" and "a GPU's" in result.message, result
+
+
+def test_two_trees_wait_at_too_many_barriers():
+    result = check("09_chunk_stats", stats_in_two_trees, verbose=False)
+    assert (result.passed, result.diagnosis) == (False, "extra_barriers"), result
+    assert "one tree whose slots hold (max, sum) pairs" in result.message, result
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_two_trees_without_the_last_barrier_race_with_the_caller():
+    result = check("09_chunk_stats", stats_in_two_trees_no_last_barrier, verbose=False)
+    assert (result.passed, result.diagnosis) == (False, "race"), result
+    assert "'l_s'[0]" in result.message, result
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

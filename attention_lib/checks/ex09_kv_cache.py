@@ -140,7 +140,6 @@ def _diagnose_lse_merge(got, expected, lse_part, o_part, kind):
 
 register(Exercise(
     exercise_id="09_lse_merge",
-    title="merge split-K partials (LSE_c, o_c) into out and lse, one thread per output component",
     kind="kernel",
     run=_run_lse_merge,
     # (n_head, n_chunks, d_v, kind): one of each; sizes that are no multiple of the (16, 4)
@@ -180,11 +179,12 @@ register(Exercise(
 # kv_cache.chunk_stats_kernel with the answer in chunk_stats's place, every launch traced, at the
 # simulator's KEYS_PER_CHUNK (8) and a GPU's (32), on blocks whose n_keys is full, one short, half and
 # 1 (runs of empty threads: two empty pairs merge), with scores all below -760, random, and spread past
-# exp's range (the first the lowest); the kernel calls the answer twice in a row (the second call's
-# writes race with a late read of the first's result). Limits, for the two calls: shared reads per
-# thread within 2 (4 log2 n + 4) (a pair tree reads 4 slots a round, two trees 2 each;
-# ``serial_reduction`` for one thread walking the n pairs), barriers within 2 (2 log2 n + 5) (room for
-# a max tree then a sum tree; ``extra_barriers``), no unwritten slot read. Named mistakes, besides the
+# exp's range (the first the lowest); the kernel calls the answer, has every thread write its own slot
+# of both arrays at once (as a caller may: a late read of the result races with it), and calls it again.
+# Limits, for the two calls: shared reads per thread within 2 (4 log2 n + 4) (a pair tree reads 4
+# slots a round; ``serial_reduction`` for one thread walking the n pairs), barriers within
+# 2 (log2 n + 4) (a pair tree waits at log2 n + 2; a max tree then a sum tree at 2 log2 n + 3 or so,
+# past it at n 8 and 32: ``extra_barriers``), no unwritten slot read. Named mistakes, besides the
 # engine's:
 #
 # - ``sums_not_rescaled``: l the plain sum of the pairs' sums (each score counted as 1), or rescaled
@@ -303,14 +303,13 @@ def _stats_reads(case):
 
 register(Exercise(
     exercise_id="09_chunk_stats",
-    title="the chunk's (m, l) in every thread: one tree of (max, sum) pairs over the block",
     kind="device function",
     both_shapes=True,
     run=_run_chunk_stats,
     cases=_stats_cases,
-    hint=("a thread's score is a pair of its own: its max is the score and its sum 1, or minus infinity and 0 "
-          "without a position; two pairs merge as the online softmax merges, the sum of the smaller max "
-          "rescaled to the larger; a tree merges the block's pairs in log2 of its size rounds"),
+    hint=("the online softmax of notebook 07 merged a running (max, sum) with each new score; two (max, sum) "
+          "pairs merge the same way, the sum of the smaller max rescaled to the larger, so one tree can carry "
+          "both at once; a thread's score is a pair of its own: the score and 1, or minus infinity and 0"),
     more_hints=("the plan: every thread writes its pair to its slots; each round, after a barrier, the threads "
                 "below the stride merge the pair a stride above into their own, and the stride halves from "
                 "half the block down to 1; after a last barrier every thread reads slot 0, and waits once "
@@ -332,9 +331,10 @@ register(Exercise(
                                  why="the check calls it twice; a tree of pairs reads 4 slots a round for "
                                      "log2(KEYS_PER_CHUNK) rounds, two trees 2 a round each; one thread walking "
                                      "all the pairs goes past it"),
-            MostBarriers(lambda case: 2 * (2 * _log2_chunk() + 5),
-                         why="the check calls it twice, each call with room for two trees of log2(KEYS_PER_CHUNK) "
-                             "rounds and a few barriers around them")),
+            MostBarriers(lambda case: 2 * (_log2_chunk() + 4),
+                         why="the check calls it twice, each call with room for one tree of log2(KEYS_PER_CHUNK) "
+                             "rounds and 4 barriers more; a tree for the max then one for the sum waits at about "
+                             "twice that: one tree whose slots hold (max, sum) pairs fits")),
 ))
 
 
@@ -631,8 +631,6 @@ def _shared_reads(case):
 
 register(Exercise(
     exercise_id="09_chunk_partial",
-    title="split-K decoding: a block loads a chunk of the cache, scores it, reduces its max and sum and "
-          "writes its (LSE_c, o_c)",
     kind="device function",
     both_shapes=True,
     run=_run_chunk_partial,

@@ -392,13 +392,15 @@ def chunk_stats_kernel(scores, n_keys, m_out, l_out):
     """chunk_stats over each block's row of scores: thread t of block b holds scores[b, t] when
     t < n_keys[b], -inf otherwise; m_out[b, t], l_out[b, t] receive the (m, l) thread t got. scores,
     m_out, l_out: (blocks, KEYS_PER_CHUNK) float32; n_keys: (blocks,) int. Blocks of KEYS_PER_CHUNK.
-    It calls chunk_stats twice in a row, as chunk_partial writes the scratch right after the call: a
-    thread still reading the first result when another writes the second's pairs is a race."""
+    Each thread writes both scratch slots of its own as soon as the first call returns, as a caller
+    may (chunk_partial does), then calls it again: a thread still reading the first result when
+    another writes its slots is a race."""
     m_s = cuda.shared.array(KEYS_PER_CHUNK, np.float32)
     l_s = cuda.shared.array(KEYS_PER_CHUNK, np.float32)
     b, t = cuda.blockIdx.x, cuda.threadIdx.x
     s = scores[b, t] if t < n_keys[b] else np.float32(-math.inf)
-    chunk_stats(s, m_s, l_s)
+    m, l = chunk_stats(s, m_s, l_s)
+    m_s[t], l_s[t] = m, l                           # the caller's own use of the scratch, right away
     m, l = chunk_stats(s, m_s, l_s)                 # the same pairs again, in the same slots
     m_out[b, t] = m
     l_out[b, t] = l
