@@ -21,6 +21,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from attention_lib.checks import EXERCISES, check, given_code
+from attention_lib.checks.engine import Kind
 from numba import cuda  # noqa: F401  (the answers built below are kernels)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,7 +112,7 @@ def test_every_exercise_refuses_its_given_code(exercise_id):
         namespace = {"thing": thing}
         exec("def answer(*args):\n    return thing(*args)\n", namespace)
         answer = namespace["answer"]
-        if "kernel" in exercise.kind:
+        if exercise.kind is Kind.KERNEL:
             answer = cuda.jit(answer)
         assert given_code.given_code_used(answer, given)[0] is thing
         assert check(exercise_id, answer, verbose=False).diagnosis == "calls_given_code"

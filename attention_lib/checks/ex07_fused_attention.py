@@ -83,6 +83,7 @@ import numpy as np
 from attention_lib import reference
 from attention_lib.checks import cases as sizes
 from attention_lib.checks import session, shapes
+from attention_lib.checks import online_softmax
 from attention_lib.checks.engine import Exercise, register
 from attention_lib.checks.launch import host_output, race_finding_launch, RaceFound
 from attention_lib.checks.result import Diagnosed
@@ -147,24 +148,11 @@ def _fold(update, s, v, block):
     return np.concatenate([[float(np.squeeze(m)), float(np.squeeze(l))], acc])
 
 
-def _update_without_rescale(rescale_l, rescale_acc):
-    """The update with the rescaling of l and/or acc left out: the typical mistakes."""
-    def update(m, l, acc, s_block, v_block):
-        m_new = max(m, s_block.max())
-        factor = np.exp(m - m_new)
-        p = np.exp(s_block - m_new)
-        return (m_new, (l * factor if rescale_l else l) + p.sum(),
-                (acc * factor if rescale_acc else acc) + p @ v_block)
-    return update
-
-
-def _update_with(factor):
-    """The update with the rescale factor factor(m_old, m_new), no guard for a max still -inf."""
-    def update(m, l, acc, s_block, v_block):
-        m_new = max(m, s_block.max())
-        p = np.exp(s_block - m_new)
-        return m_new, l * factor(m, m_new) + p.sum(), acc * factor(m, m_new) + p @ v_block
-    return update
+def _modelled(s, v, block, **mistakes):
+    """[m, l, acc...] of the row folded a block at a time by the float64 model, with `mistakes`
+    (online_softmax.fold's switches); the update the warm-up asks for has no guard of its own."""
+    m, l, acc = online_softmax.fold(s, v, [slice(a, a + block) for a in range(0, s.size, block)], **mistakes)
+    return np.concatenate([[m, l], acc])
 
 
 def _same_non_finite(got, wrong):
@@ -185,7 +173,7 @@ def _diagnose(got, expected, s, v, block):
     for rescale_l, rescale_acc, what in [(False, False, "l and acc were"), (False, True, "l was"),
                                          (True, False, "acc was")]:
         with np.errstate(invalid="ignore"):         # a first block all masked: NaN, as the mistake gives
-            wrong = _fold(_update_without_rescale(rescale_l, rescale_acc), s, v, block)
+            wrong = _modelled(s, v, block, rescale_l=rescale_l, rescale_acc=rescale_acc, guard=False)
         if np.allclose(got, wrong, **close):
             return "online_softmax_no_rescale", (
                 f"{what} not rescaled when a block raised the max: the terms already added were "
@@ -193,8 +181,8 @@ def _diagnose(got, expected, s, v, block):
                 "before the new block's exp(s - m_new) terms are added")
     if not np.isfinite(got[1:]).all():
         with np.errstate(over="ignore", invalid="ignore"):
-            unguarded = _fold(_update_with(lambda m, m_new: np.exp(m - m_new)), s, v, block)
-            inverted = _fold(_update_with(lambda m, m_new: np.exp(m_new - m)), s, v, block)
+            unguarded = _modelled(s, v, block, guard=False)
+            inverted = _modelled(s, v, block, guard=False, factor=lambda m, m_new: np.exp(m_new - m))
         first_masked = np.isneginf(s[:block]).all()
         if first_masked and _same_non_finite(got, unguarded):
             return "nan_before_first_key", (
@@ -484,31 +472,21 @@ def _band_why(case):
             "of the queries' staging: the walk stepped through a tile that holds no key of its band")
 
 
-def _v2_result(q, k, v, bands, ends, visible, *, rescale_l=True, rescale_acc=True, keep_max=True, guard=True):
+def _v2_result(q, k, v, bands, ends, visible, **mistakes):
     """Kernel 2's output in float64: each block of queries walks its band of key tiles (bands:
     band_key_tiles' (q0, rows, first tile, tiles); a mistake changes what a query folds, never which
     tiles are loaded) up to key ends[block] (its last query's last), and folds the keys `visible`
-    ((T_q, T_k) bool) says a query sees, with parts of the fold switched off (the mistakes)."""
+    ((T_q, T_k) bool) says a query sees, with online_softmax.fold's `mistakes`."""
     bh, t_q, d_k = q.shape
     s = (q.astype(np.float64) @ np.swapaxes(k, -1, -2)) / math.sqrt(d_k)           # (BH, T_q, T_k)
+    s = np.where(visible, s, -np.inf)
     out = np.zeros((bh, t_q, v.shape[2]))
     for (q0, rows, first_tile, tiles), end in zip(bands, ends):
+        walk = [slice(k0, min(k0 + flash.BLOCK_K, end)) for k0 in range(first_tile * flash.BLOCK_K, end, flash.BLOCK_K)]
         for h, i in ((h, i) for h in range(bh) for i in range(q0, q0 + rows)):
-            m, l, acc = -np.inf, 0.0, np.zeros(v.shape[2])
-            for k0 in range(first_tile * flash.BLOCK_K, end, flash.BLOCK_K):
-                keys = [j for j in range(k0, min(k0 + flash.BLOCK_K, end)) if visible[i, j]]
-                if not keys and guard:
-                    continue
-                scores = s[h, i, keys]
-                m_new = max(m, scores.max()) if keys else m
-                with np.errstate(invalid="ignore"):
-                    factor = np.exp(m - m_new)                    # NaN when both are -inf
-                l, acc = (l * factor if rescale_l else l), (acc * factor if rescale_acc else acc)
-                p = np.exp(scores - m_new)
-                l, acc = l + p.sum(), acc + p @ v[h, keys]
-                m = m_new if keep_max else m
-            with np.errstate(invalid="ignore"):
-                out[h, i] = acc / l if (l > 0 or np.isnan(l)) else 0.0     # write_row: zeros if no key
+            # the walk folds only the tiles where the query sees a key, unless it lacks that guard
+            folded = [t for t in walk if not mistakes.get("guard", True) or np.isfinite(s[h, i, t]).any()]
+            out[h, i] = online_softmax.normalised(*online_softmax.fold(s[h, i], v[h], folded, **mistakes)[1:])
     return out
 
 

@@ -14,6 +14,7 @@ from numba import cuda
 from attention_lib import reference
 from attention_lib.platform.rebuild import rebuilt
 from attention_lib.stages import flash, mask
+from attention_lib.checks import online_softmax
 from attention_lib.checks.engine import Exercise, register
 from attention_lib.checks.launch import host_output
 from attention_lib.checks.limits import NoLocalMemory
@@ -116,35 +117,27 @@ def _run_update_kernel(update, case, rng, launch):
     return got, reference.attention(q, k, v, case.causal, window), q, k, v, case.causal, window, update
 
 
-def _v3_result(q, k, v, causal, window, *, rescale_l=True, rescale_o=True, keep_max=True, guard=True,
-               base=2.0, columns=None):
+def _v3_result(q, k, v, causal, window, *, base=2.0, columns=None, **mistakes):
     """Kernel 3's output in float64, tile by tile as its blocks walk their bands (TILE_M queries,
-    key tiles of TILE_N), with parts of the update switched off (the mistakes). columns: the output
-    columns a thread rescales (None: all; [0]: only the first of its MICRO_D, columns < 8)."""
+    key tiles of TILE_N), scores in base 2, with online_softmax.fold's `mistakes`; base: the
+    exponential's (math.e: the natural one, a mistake); columns: the output columns a thread
+    rescales (None: all; [0]: only the first of its MICRO_D, columns < 8)."""
     sizes = flash.v3_sizes(q.shape[2])
     t_q, t_k = q.shape[1], k.shape[1]
     s = (q.astype(np.float64) @ np.swapaxes(k, -1, -2)) / math.sqrt(q.shape[2])      # natural units
     visible = reference.causal_mask(t_q, t_k, window) if causal else np.ones((t_q, t_k), bool)
     s = np.where(visible, s * math.log2(math.e), -np.inf)                             # base 2, masked
-    rescaled = np.zeros(v.shape[2], bool)
-    rescaled[slice(None) if columns is None else slice(0, flash.COL_GROUPS)] = True
+    rescaled = None
+    if columns is not None:
+        rescaled = np.zeros(v.shape[2], bool)
+        rescaled[:flash.COL_GROUPS] = True
     out = np.zeros((q.shape[0], t_q, v.shape[2]))
-    for q0, rows, first, tiles in mask.band_key_tiles(t_q, t_k, causal, window, sizes["TILE_M"], sizes["TILE_N"]):
+    tile_n = sizes["TILE_N"]
+    for q0, rows, first, tiles in mask.band_key_tiles(t_q, t_k, causal, window, sizes["TILE_M"], tile_n):
+        walk = [slice(k0, min(k0 + tile_n, t_k)) for k0 in range(first * tile_n, (first + tiles) * tile_n, tile_n)]
         for h, i in ((h, i) for h in range(q.shape[0]) for i in range(q0, q0 + rows)):
-            m, l, o = -np.inf, 0.0, np.zeros(v.shape[2])
-            for k0 in range(first * sizes["TILE_N"], (first + tiles) * sizes["TILE_N"], sizes["TILE_N"]):
-                keys = slice(k0, min(k0 + sizes["TILE_N"], t_k))
-                m_new = max(m, s[h, i, keys].max())
-                shift = 0.0 if (guard and m_new == -np.inf) else m_new
-                with np.errstate(invalid="ignore", over="ignore"):
-                    factor = base ** (m - shift)
-                    l = l * factor if rescale_l else l
-                    o = np.where(rescaled, o * factor, o) if rescale_o else o
-                    p = base ** (s[h, i, keys] - shift)
-                l, o = l + p.sum(), o + p @ v[h, keys]
-                m = m_new if keep_max else m
-            with np.errstate(invalid="ignore"):
-                out[h, i] = o / l if (l > 0 or np.isnan(l)) else 0.0
+            m, l, o = online_softmax.fold(s[h, i], v[h], walk, base=base, rescaled=rescaled, **mistakes)
+            out[h, i] = online_softmax.normalised(l, o)
     return out
 
 
@@ -207,10 +200,10 @@ def _diagnose_update(got, expected, q, k, v, causal, window, update):
                 "kernel stores as the tile's weights P: P V then multiplies -inf by values. Every score "
                 "becomes its weight 2^(s - m_new), 0 for a masked key")
     candidates = [
-        ("online_softmax_no_rescale", dict(rescale_l=False, rescale_o=False),
+        ("online_softmax_no_rescale", dict(rescale_l=False, rescale_acc=False),
          "neither l nor o was rescaled when a tile raised a row's max: the sums so far were taken "
          "against the old max and must shrink to the new one"),
-        ("rescale_l_only", dict(rescale_o=False),
+        ("rescale_l_only", dict(rescale_acc=False),
          "l was rescaled but o was not: the output's sums were taken against the same old max"),
         ("rescale_o_only", dict(rescale_l=False),
          "o was rescaled but l was not: l's sum was taken against the same old max"),
