@@ -10,6 +10,7 @@ import pytest
 from numba import cuda, float32
 
 from attention_lib.checks import EXERCISES, budget, check, engine, limits, result, reveal, shapes
+from attention_lib.checks.launch import output_array, read_output
 from attention_lib.measure import compiler
 from attention_lib.platform import where
 from attention_lib.stages import softmax
@@ -101,9 +102,9 @@ def test_a_checked_answer_is_not_compiled_again(monkeypatch):
 def _run_one_row(kernel, case, rng, launch):
     """One block of softmax.THREADS_PER_ROW threads (the configuration's), each writing its index."""
     threads = softmax.THREADS_PER_ROW
-    full, out = engine.output_array(threads, guard=0)
+    full, out = output_array(threads, guard=0)
     launch(kernel, 1, threads, out)
-    return engine.read_output(full, out), np.arange(threads, dtype=np.float64)
+    return read_output(full, out), np.arange(threads, dtype=np.float64)
 
 
 @cuda.jit
@@ -166,9 +167,9 @@ def test_the_limit_counts_cpu_time_not_the_clock():
 def _run_copy(kernel, case, rng, launch):
     """out = x through a shared tile, one block of 32 threads."""
     x = rng.standard_normal(32).astype(np.float32)
-    full, out = engine.output_array(32, guard=0)
+    full, out = output_array(32, guard=0)
     launch(kernel, 1, 32, cuda.to_device(x), out)
-    return engine.read_output(full, out), x.astype(np.float64)
+    return read_output(full, out), x.astype(np.float64)
 
 
 @cuda.jit
@@ -203,9 +204,9 @@ def _run_rows(kernel, case, rng, launch):
     """out[t] = the sum of row t of a symmetric x (32, 32), which is its column t: one block of 32 threads."""
     x = rng.standard_normal((32, 32)).astype(np.float32)
     x = x + x.T
-    full, out = engine.output_array(32, guard=0)
+    full, out = output_array(32, guard=0)
     launch(kernel, 1, 32, cuda.to_device(x), out)
-    return engine.read_output(full, out), x.astype(np.float64).sum(axis=0)
+    return read_output(full, out), x.astype(np.float64).sum(axis=0)
 
 
 @cuda.jit

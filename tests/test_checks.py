@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 from attention_lib.stages import basics
-from attention_lib.checks import EXERCISES, check, hint
+from attention_lib.checks import EXERCISES, check, hint, launch
 from numba import cuda
 
 
@@ -83,28 +83,26 @@ def writes_nan(alpha, x, y, out):
 
 
 def test_unwritten_is_a_nan_no_arithmetic_makes():
-    from attention_lib.checks import engine
-    assert np.isnan(engine.UNWRITTEN)
+    assert np.isnan(launch.UNWRITTEN)
     with np.errstate(invalid="ignore"):
         computed = np.float32(np.inf) - np.float32(np.inf)   # inf - inf, the default NaN
-    values = np.array([engine.UNWRITTEN, computed, np.nan, 0.0, -1.0], np.float32)
-    assert engine.unwritten(values).tolist() == [True, False, False, False, False]
+    values = np.array([launch.UNWRITTEN, computed, np.nan, 0.0, -1.0], np.float32)
+    assert launch.unwritten(values).tolist() == [True, False, False, False, False]
     # A float64 copy of the marker still reads as UNWRITTEN; an integer array never does.
-    assert engine.unwritten(values.astype(np.float64)).tolist() == [True, False, False, False, False]
-    assert not engine.unwritten(np.zeros(3, np.int32)).any()
+    assert launch.unwritten(values.astype(np.float64)).tolist() == [True, False, False, False, False]
+    assert not launch.unwritten(np.zeros(3, np.int32)).any()
 
 
 def test_output_array_prefills_out_and_guard_and_read_output_checks_the_guard():
-    from attention_lib.checks import engine
-    full, out = engine.output_array((2, 3), guard=4)
+    full, out = launch.output_array((2, 3), guard=4)
     assert out.shape == (2, 3) and full.shape == (10,)
-    assert engine.unwritten(full.copy_to_host()).all()
+    assert launch.unwritten(full.copy_to_host()).all()
     out.copy_to_device(np.ones((2, 3), np.float32))
-    assert np.array_equal(engine.read_output(full, out), np.ones((2, 3)))
+    assert np.array_equal(launch.read_output(full, out), np.ones((2, 3)))
     full[7:8].copy_to_device(np.zeros(1, np.float32))    # a write past the end, into the guard zone
-    with pytest.raises(engine.OutOfBoundsWrite, match=r"out\[7\] was written but out has only 6 elements"):
-        engine.read_output(full, out)
-    assert engine.unwritten(engine.host_output((3, 1))).all()
+    with pytest.raises(launch.OutOfBoundsWrite, match=r"out\[7\] was written but out has only 6 elements"):
+        launch.read_output(full, out)
+    assert launch.unwritten(launch.host_output((3, 1))).all()
 
 
 def test_a_computed_nan_is_a_wrong_value_not_an_unwritten_entry():
@@ -128,12 +126,12 @@ def test_the_judge_hands_each_case_its_launch():
     exercise = engine.Exercise("test_recording", "kernel", recording_run,
                                library.cases, library.hint)
     assert engine._judge(exercise, basics.scale_add_kernel)[0] == "ok"
-    assert given == [engine.race_finding_launch] * len(library.cases)
+    assert given == [launch.race_finding_launch] * len(library.cases)
     function = engine.Exercise("test_function", "function", recording_run,
                                library.cases, library.hint)
     given.clear()
     engine._judge(function, basics.scale_add_kernel)
-    assert given == [engine.plain_launch] * len(library.cases)
+    assert given == [launch.plain_launch] * len(library.cases)
     assert not hasattr(engine, "_race_checking")
 
 

@@ -12,7 +12,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 from nbclient import NotebookClient
 
 from attention_lib.checks import check, record
-from attention_lib.checks.engine import CheckResult
+from attention_lib.checks.result import CheckResult
 from attention_lib.measure import kernel_report
 
 ROOT = Path(__file__).resolve().parent.parent

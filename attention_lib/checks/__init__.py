@@ -9,7 +9,8 @@ solution becomes (``stages``, the one source of truth) and the tools a check cal
 import importlib
 import pkgutil
 
-from attention_lib.checks.engine import EXERCISES, CheckResult, Exercise, check, hint, reveal  # noqa: F401
+from attention_lib.checks.engine import EXERCISES, Exercise, check, hint, reveal  # noqa: F401
+from attention_lib.checks.result import CheckResult  # noqa: F401
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name.startswith("ex")):
     importlib.import_module(f"{__name__}.{_module}")

@@ -64,11 +64,6 @@ import numpy as np
 from attention_lib.checks import budget, given_code, session, shapes
 from attention_lib.checks.launch import plain_launch, race_finding_launch
 from attention_lib.checks.result import CheckResult, compiled_verdict, error_verdict, limits_verdict, show, values_verdict
-# The names an exercise module or a test still imports from here, now in their own modules.
-from attention_lib.checks.launch import (UNWRITTEN, OutOfBoundsWrite, RaceFound, host_output,  # noqa: F401,E402
-                                         output_array, read_output, traced_launch, unwritten)
-from attention_lib.checks.result import Diagnosed  # noqa: F401,E402
-
 
 SEED = 2024
 

@@ -14,8 +14,9 @@ from numba import cuda
 
 from attention_lib.stages import kv_cache
 from attention_lib.checks import shapes
-from attention_lib.checks.engine import (Diagnosed, Exercise, RaceFound, output_array, read_output, register,
-                                         unwritten)
+from attention_lib.checks.engine import Exercise, register
+from attention_lib.checks.launch import output_array, RaceFound, read_output, unwritten
+from attention_lib.checks.result import Diagnosed
 from attention_lib.checks.limits import (Coalesced, MostBarriers, MostLoads, NoSerialCopy, NoUnwrittenReads,
                                          SharedLoadsPerThread)
 
