@@ -2,10 +2,8 @@
 partials (warm-up) and a chunk's partial, run by every thread of the split-K kernel's block of one chunk
 and one query head (main), below."""
 
-import functools
 import math
 import re
-import types
 import warnings
 from typing import NamedTuple
 
@@ -15,6 +13,7 @@ from numba import cuda
 from attention_lib.stages import kv_cache
 from attention_lib.checks import shapes
 from attention_lib.checks.engine import Exercise, register
+from attention_lib.platform.rebuild import rebuilt
 from attention_lib.checks.launch import output_array, RaceFound, read_output, unwritten
 from attention_lib.checks.result import Diagnosed
 from attention_lib.checks.limits import (Coalesced, MostBarriers, MostLoads, NoSerialCopy, NoUnwrittenReads,
@@ -219,11 +218,9 @@ def _stats_cases(configuration):
             StatsCase(n - 1, "spread")]
 
 
-@functools.lru_cache(maxsize=64)
 def _stats_kernel_around(answer, size):
     """chunk_stats_kernel with the answer in chunk_stats's place (KEYS_PER_CHUNK = size when built)."""
-    names = {**vars(kv_cache), "chunk_stats": answer}
-    return cuda.jit(types.FunctionType(kv_cache.chunk_stats_kernel.py_func.__code__, names, "chunk_stats_kernel"))
+    return rebuilt(kv_cache.chunk_stats_kernel, {"chunk_stats": answer, "KEYS_PER_CHUNK": size})
 
 
 def _stats_scores(case, rng):
@@ -441,12 +438,10 @@ def _chunk_inputs(case, rng):
     return q, keys, values, scale
 
 
-@functools.lru_cache(maxsize=64)
 def _kernel_around(answer, size):
     """chunk_partial_kernel with the answer in chunk_partial's place, its names those of the kv_cache
     module when built (KEYS_PER_CHUNK = size, TILE_SHAPE: the configuration's)."""
-    names = {**vars(kv_cache), "chunk_partial": answer}
-    return cuda.jit(types.FunctionType(kv_cache.chunk_partial_kernel.py_func.__code__, names, "chunk_partial_kernel"))
+    return rebuilt(kv_cache.chunk_partial_kernel, {"chunk_partial": answer, "KEYS_PER_CHUNK": size})
 
 
 def _partials(kernel, q, keys, values, length, scale, launch):

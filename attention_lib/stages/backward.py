@@ -37,9 +37,7 @@ adds per-head gradients (``group_sum_kernel``), the fused dK/dV pass walks the q
 every head of the group in one block, so the sum stays in its accumulators.
 """
 
-import functools
 import math
-import types
 
 import numpy as np
 from numba import cuda
@@ -48,6 +46,7 @@ from attention_lib import reference
 from attention_lib.stages import attention, flash, mask, scores, weighted_sum
 from attention_lib.platform.launch import ceil_div, check_simulator_budget
 from attention_lib.platform.runtime import SIMULATOR_SHAPES
+from attention_lib.platform.rebuild import rebuilt
 from attention_lib.stages.kv_cache import row_dot   # a row . a shared tile's row: decoding's key score
 from attention_lib.platform.validation import as_float32, require, require_finite_result
 
@@ -561,13 +560,10 @@ def pass_kernel_with(walk):
     return _pass_kernel_with(walk, BLOCK_Q, BLOCK_K)
 
 
-@functools.lru_cache(maxsize=None)
 def _pass_kernel_with(walk, block_q, block_k):
     """pass_kernel_with's kernel, one per walk and tile sizes: its names are a copy of the module's,
     so the sizes it sees are those of the moment it was made."""
-    fn = dkdv_pass_kernel.py_func
-    names = {**fn.__globals__, "dkdv_walk": walk, "BLOCK_Q": block_q, "BLOCK_K": block_k}
-    return cuda.jit(types.FunctionType(fn.__code__, names, fn.__name__))
+    return rebuilt(dkdv_pass_kernel, {"dkdv_walk": walk, "BLOCK_Q": block_q, "BLOCK_K": block_k})
 
 
 def dkdv_pass_grid(bh, t_k):

@@ -54,6 +54,7 @@ from attention_lib.platform import dynamic_shared
 from attention_lib import reference
 from attention_lib.platform.dynamic_shared import shared_rows
 from attention_lib.platform.launch import ceil_div, check_grid, check_simulator_budget, check_version
+from attention_lib.platform.rebuild import rebuilt
 from attention_lib.platform.runtime import ON_SIMULATOR, SIMULATOR_SHAPES
 # The host's key counts and tile skipping are notebook 03's (the mask), shared by every tiled kernel.
 from attention_lib.stages.mask import band_key_tiles, first_visible, visible_count
@@ -368,11 +369,8 @@ def walk_key_tiles(k_tile, v_tile, p_row, q_row, acc, k, v, kv, q0, n_rows, t_q,
     return m, l
 
 
-@functools.lru_cache(maxsize=None)
 def _kernel_v2_with(walk, block_q):
-    names = {**globals(), "v2_walk_keys": walk, "BLOCK_Q": block_q}   # the kernel's own names, two replaced
-    kernel = flash_attention_kernel_v2.py_func
-    return cuda.jit(types.FunctionType(kernel.__code__, names, kernel.__name__))
+    return rebuilt(flash_attention_kernel_v2, {"v2_walk_keys": walk, "BLOCK_Q": block_q})   # two names replaced
 
 
 def kernel_v2_with(walk):
