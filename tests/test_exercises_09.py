@@ -427,7 +427,8 @@ def chunk_partial_in_another_style(q, k_cache, v_cache, h, g, c, n_keys, scale, 
 def _staged_and_scored(rest):
     """An answer that stages and scores as the library's does, then keeps the scores in a_s (a
     barrier after them) and runs `rest` (source text indented by four spaces)."""
-    namespace = {"cuda": cuda, "np": np, "math": math, "KEYS_PER_CHUNK": KEYS_PER_CHUNK, "row_dot": row_dot}
+    namespace = {"cuda": cuda, "np": np, "math": math, "KEYS_PER_CHUNK": KEYS_PER_CHUNK, "row_dot": row_dot,
+                 "chunk_stats": chunk_stats}
     exec("def answer(q, k_cache, v_cache, h, g, c, n_keys, scale, lse_part, o_part, tile, a_s, b_s):\n"
          "    tid, d_k, start = cuda.threadIdx.x, q.shape[1], c * KEYS_PER_CHUNK\n"
          "    for i in range(tid, n_keys * d_k, KEYS_PER_CHUNK):\n"
@@ -467,6 +468,22 @@ serial_in_every_thread = _staged_and_scored(
     "    for t in range(n_keys):\n"
     "        l += math.exp(a_s[t] - m)\n" + WEIGH)
 
+# The values staged in the tile after the keys, as the keys were (as notebooks 05 and 08 stage K
+# and V): right, but each value is read from shared memory by the one thread that owns its component.
+values_in_the_tile = _staged_and_scored(
+    "    m, l = chunk_stats(s, a_s, b_s)\n"
+    "    a_s[tid] = math.exp(s - m)\n"
+    "    for i in range(tid, n_keys * d_k, KEYS_PER_CHUNK):\n"
+    "        tile[i // d_k, i % d_k] = v_cache[g, start + i // d_k, i % d_k]\n"
+    "    cuda.syncthreads()\n"
+    "    for e in range(tid, d_k, KEYS_PER_CHUNK):\n"
+    "        acc = np.float32(0.0)\n"
+    "        for t in range(n_keys):\n"
+    "            acc += a_s[t] * tile[t, e]\n"
+    "        o_part[h, c, e] = acc / l\n"
+    "    if tid == 0:\n"
+    "        lse_part[h, c] = m + math.log(l)\n")
+
 # Each thread takes its own score as m (a thread without a position the first score), and weighs
 # with it throughout: right until the scores spread past 88.
 own_score_as_m = _staged_and_scored(
@@ -500,10 +517,11 @@ def test_chunk_partial_mistakes_get_their_diagnosis(mistake):
 @pytest.mark.parametrize("answer, diagnosis, says", [
     (serial_thread_0, "serial_reduction", "one thread read shared memory"),
     (serial_in_every_thread, "serial_reduction", "with a GPU's launch"),
+    (values_in_the_tile, "values_staged", "read V from the cache straight"),
     (own_score_as_m, "m_is_own_score", "right when every score is equal"),
     (chunk_partial_stub, "not_implemented", "Hint:"),
     (kv_cache.chunk_partial, "calls_given_code", "chunk_partial"),
-], ids=["serial_thread_0", "serial_in_every_thread", "own_score_as_m", "stub", "library_function"])
+], ids=["serial_thread_0", "serial_in_every_thread", "values_in_the_tile", "own_score_as_m", "stub", "library_function"])
 def test_chunk_partial_written_answers(answer, diagnosis, says):
     result = check("09_chunk_partial", answer, verbose=False)
     assert (result.passed, result.diagnosis, says in result.message) == (False, diagnosis, True), result

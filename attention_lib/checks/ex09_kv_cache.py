@@ -10,6 +10,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda
 
+from attention_lib.measure import sanitizer
 from attention_lib.stages import kv_cache
 from attention_lib.checks import shapes
 from attention_lib.checks.engine import Exercise, register
@@ -352,7 +353,8 @@ register(Exercise(
 # 128 bytes (``uncoalesced``), with its lanes side by side (``serial_copy``); no shared slot read that
 # no thread wrote (``stale_tile``); shared reads per thread within d_k + n ceil(d_k / n) + 5 log2 n
 # + 4, n = KEYS_PER_CHUNK (``serial_reduction``: the max or the sum walked over all n scores by one
-# thread, or by every thread); barriers within 2 log2 n + 7 (``extra_barriers``: part 1's limit, one
+# thread, or by every thread; ``values_staged`` where the values went through the tile too, each
+# read from shared memory though it serves one thread once); barriers within 2 log2 n + 7 (``extra_barriers``: part 1's limit, one
 # after the staging and one after the weights). Named mistakes,
 # besides the engine's:
 #
@@ -613,6 +615,48 @@ def _group(case):
     return case.n_head // case.n_kv_head
 
 
+def _values_staged(traces):
+    """Whether a block wrote more of the tile than one row of d_k + 1 a position it wrote (the values
+    copied in beside or over the keys) and a thread read the tile in two rows or more."""
+    for traced in traces:
+        target = traced.launch.targets.get("tile")
+        if target is None:
+            continue
+        width = target.shape[1]
+        writes, rows, read_rows = {}, {}, {}
+        for element, kind, (block, thread), *_ in target.trace:
+            if kind == sanitizer.LOAD:
+                read_rows.setdefault((block, thread), set()).add(element // width)
+            else:
+                writes[block] = writes.get(block, 0) + 1
+                rows.setdefault(block, set()).add(element // width)
+        d_k = traced.launch.targets["q"].shape[1]
+        staged_twice = any(writes[b] > len(rows[b]) * (d_k + 1) for b in writes)
+        if staged_twice and any(len(seen) > 1 for seen in read_rows.values()):
+            return True
+    return False
+
+
+class _SharedReadsNamed:
+    """The shared-read limit, named ``values_staged`` where the values went through the tile (a read of
+    each from shared memory on top of the weights'), ``serial_reduction`` otherwise."""
+
+    def __init__(self, limit):
+        self.limit, self.code = limit, limit.code
+
+    def broken(self, traces, case, compiled):
+        self.code = self.limit.code
+        message = self.limit.broken(traces, case, compiled)
+        if message is None or not _values_staged(traces):
+            return message
+        self.code = "values_staged"
+        reads = max(t.shared_loads_per_thread() for t in traces)
+        return (f"the values are right, but one thread read shared memory {reads} times, where the limit is "
+                f"{_shared_reads(case)}: the values went through the tile, yet each value serves one thread "
+                f"once (the one that owns its component), so read V from the cache straight, and keep only "
+                f"the keys and the weights in shared memory")
+
+
 def _log2_chunk():
     return int(math.log2(kv_cache.KEYS_PER_CHUNK))
 
@@ -646,7 +690,8 @@ register(Exercise(
                 "until scores spread past 88), a max started from 0 (every weight underflows when all scores "
                 "lie below -104), a barrier inside a test on the thread index, a short last chunk whose missing "
                 "positions join the max or the sum, weights read before every thread has written its own, a "
-                "loop over all scores in one thread (the serial limit), a component loop that stops at the "
+                "loop over all scores in one thread (the serial limit), the values staged in shared memory "
+                "like the keys though each serves one thread once, a component loop that stops at the "
                 "block's size"),
     # float32 sums of up to KEYS_PER_CHUNK terms and dot products of up to 128 against float64
     rtol=1e-5,
@@ -654,7 +699,8 @@ register(Exercise(
     diagnose=_diagnose_chunk_partial,
     diagnoses=("m_is_first_score", "m_is_own_score", "unstable_softmax", "max_from_zero", "partial_chunk",
                "output_not_normalised", "lse_is_max", "lse_without_max", "missing_scale",
-               "blocks_overwrite_partials", "threads_overwrite_partials", "components_not_strided"),
+               "blocks_overwrite_partials", "threads_overwrite_partials", "components_not_strided",
+               "values_staged"),
     solution=kv_cache.chunk_partial,
     forbidden=(kv_cache.decode_step, kv_cache.decode_kernel_v1, kv_cache.decode_kernel_v2, kv_cache.attend_chunk,
                kv_cache.weighted_value, kv_cache.stage_tile, kv_cache.attend_tile, kv_cache.online_step,
@@ -665,10 +711,10 @@ register(Exercise(
                                                  Coalesced("o_part", 2, access="store"),
                                                  NoSerialCopy("k_cache"), NoSerialCopy("v_cache"))),
             NoUnwrittenReads(why="read only the rows of the chunk's filled positions"),
-            SharedLoadsPerThread(_shared_reads,
-                                 why="the limit is a key's row, one weight a position for each component a thread "
-                                     "owns, and two trees of log2(KEYS_PER_CHUNK) rounds; a max or a sum walked "
-                                     "over all the chunk's scores by one thread (or by each) goes past it"),
+            _SharedReadsNamed(SharedLoadsPerThread(
+                _shared_reads, why="the limit is a key's row, one weight a position for each component a thread "
+                                   "owns, and two trees of log2(KEYS_PER_CHUNK) rounds; a max or a sum walked "
+                                   "over all the chunk's scores by one thread (or by each) goes past it")),
             MostBarriers(lambda case: 2 * _log2_chunk() + 7,
                          why="room for reductions of log2(KEYS_PER_CHUNK) rounds and a few barriers around them; "
                              "the second hint counts them")),
