@@ -67,9 +67,11 @@ def command(hidden=()):
             argv += ["--symlink", os.readlink(target), str(target)]
         elif target.is_dir():
             argv += ["--ro-bind", str(target), str(target)]
+    # A private /tmp first, so that a tree under /tmp (a clone in /tmp, say) is bound over it, not hidden.
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
     trees = [t for t in _python_trees() + [ROOT] if not str(t).startswith("/usr/")]
     # The folders above each tree, made readable (bubblewrap makes them for root alone).
-    parents = sorted({p for t in trees for p in t.parents if str(p) != "/"}, key=lambda p: len(p.parts))
+    parents = sorted({p for t in trees for p in t.parents if str(p) not in ("/", "/tmp")}, key=lambda p: len(p.parts))
     for parent in parents:
         argv += ["--perms", "0755", "--dir", str(parent)]
     for tree in trees:
@@ -78,7 +80,7 @@ def command(hidden=()):
         folder = Path(folder).resolve()
         if any(folder == t or t in folder.parents for t in _python_trees() + [ROOT]) and folder.is_dir():
             argv += ["--tmpfs", str(folder)]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp", "--chdir", "/tmp",
+    argv += ["--chdir", "/tmp",
              "--setenv", "HOME", "/tmp/home", "--setenv", "PATH", f"{Path(sys.executable).parent}:/usr/bin:/bin",
              "--setenv", "LANG", "C.UTF-8", "--setenv", "ATTENTION_LIB_BACKEND", "simulator",
              "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "MPLBACKEND", "Agg",
