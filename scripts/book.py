@@ -33,7 +33,7 @@ SOURCE = ROOT / "build" / "book-source"
 PAGES = [("INSTRUCTORS.md", "instructors"), ("classroom/README.md", "classroom")]
 # README's table rows: | 04x | [Softmax costs (optional)](notebooks/04x_softmax_costs.ipynb) | what ... | time |
 TABLE_ROW = re.compile(r"^\| (\d\dx?) \| \[(.+?)\]\(notebooks/([\w.]+\.ipynb)\) \| (.+?) \|", re.M)
-LINK = re.compile(r"\]\((?!https?://|#|mailto:)([^)\s]+)\)")
+LINK = re.compile(r"\[([^\]]*)\]\((?!https?://|#|mailto:)([^)\s]+)\)")
 
 
 def github_address(repo):
@@ -97,13 +97,13 @@ def student_page(path, repo, branch):
 def linked(text, repo, branch, here=""):
     """Markdown whose relative links point at the book's pages (notebooks) or at the repository."""
     def target(match):
-        link = match.group(1)
+        text, link = match.groups()
         name = Path(link).name
         if link.startswith("notebooks/") and name.endswith(".ipynb"):
-            return f"]({'../' if here else ''}notebooks/{name})"
+            return f"[{text}]({'../' if here else ''}notebooks/{name})"
         if repo:
-            return f"]({repo}/blob/{branch}/{(Path(here).parent / link).as_posix() if here else link})"
-        return "](#)"
+            return f"[{text}]({repo}/blob/{branch}/{(Path(here).parent / link).as_posix() if here else link})"
+        return text                                   # no repository to point at: the words alone
     return LINK.sub(target, text)
 
 
@@ -154,12 +154,11 @@ def main(argv=None):
     parser.add_argument("--repo", default=None, help="the repository on GitHub (default: the git remote origin)")
     parser.add_argument("--branch", default="main", help="the branch the launch links open (default main)")
     args = parser.parse_args(argv)
-    given = args.repo if args.repo is not None else origin()
-    repo = github_address(given)
-    if given and not repo:
-        parser.error(f"--repo must be a GitHub repository's address (https://github.com/OWNER/NAME), got {given!r}")
+    repo = github_address(args.repo if args.repo is not None else origin())
+    if args.repo and not repo:
+        parser.error(f"--repo must be a GitHub repository's address (https://github.com/OWNER/NAME), got {args.repo!r}")
     seconds = build(args.out, repo, args.branch)
-    launch = f"launch links to {repo}" if repo else "no launch links (no GitHub repository: set BOOK_REPO)"
+    launch = f"launch links to {repo}" if repo else "no launch links (the git remote is not on GitHub: set BOOK_REPO)"
     print(f"the book: {args.out / 'index.html'} ({seconds:.0f} s; {launch})")
 
 
