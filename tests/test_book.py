@@ -9,18 +9,15 @@ import html
 import importlib.util
 import inspect
 import re
-import shutil
 import time
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import nbformat
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
-from test_browser import FLAGS
+from test_browser import headless_chromium
 from test_notebook_design import NOTEBOOKS, solutions, substantive
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,16 +92,7 @@ def test_each_notebook_page_says_where_it_runs(site):
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    if not (chromium and driver):
-        pytest.fail("no chromium or chromedriver on the PATH: apt-get install chromium chromium-driver "
-                    "(.ci/run installs them)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in FLAGS + [f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"]:
-        options.add_argument(flag)
-    page = webdriver.Chrome(service=Service(driver), options=options)
+    page = headless_chromium(tmp_path_factory.mktemp("chromium-profile"))
     try:
         yield page
     finally:

@@ -44,8 +44,9 @@ def wait_for(what, probe, seconds):
     pytest.fail(f"the page: {what}, not after {seconds} s")
 
 
-@pytest.fixture
-def browser(tmp_path):
+def headless_chromium(profile):
+    """Headless Chromium driven by selenium, its profile in the folder `profile`; a one-line failure
+    naming the packages where the browser or its driver is missing."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     driver = shutil.which("chromedriver")
     if not (chromium and driver):
@@ -53,9 +54,14 @@ def browser(tmp_path):
                     "(.ci/run installs them)")
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for flag in FLAGS + [f"--user-data-dir={tmp_path / 'chromium-profile'}"]:
+    for flag in FLAGS + [f"--user-data-dir={profile}"]:
         options.add_argument(flag)
-    page = webdriver.Chrome(service=Service(driver), options=options)
+    return webdriver.Chrome(service=Service(driver), options=options)
+
+
+@pytest.fixture
+def browser(tmp_path):
+    page = headless_chromium(tmp_path / "chromium-profile")
     try:
         yield page
     finally:
