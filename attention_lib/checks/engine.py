@@ -124,9 +124,6 @@ class Exercise:
     limits: tuple = ()
     # CPU seconds the whole check may take before it is stopped as a loop that never ends.
     seconds: float = budget.DEFAULT_SECONDS
-    # The cases a grading run's hidden test tries (a list, or a function of the configuration like
-    # `cases`), which the student's check never runs; by default the check's own cases.
-    hidden_cases: object = None
 
     def __post_init__(self):
         self.kind = Kind(self.kind)
@@ -137,12 +134,6 @@ class Exercise:
         """The cases tried in a configuration (shapes.SIMULATOR or shapes.GPU): `cases`, or what
         it returns for the configuration when it is a function (sizes around its tiles)."""
         return list(self.cases(configuration)) if callable(self.cases) else list(self.cases)
-
-    def hidden_cases_for(self, configuration):
-        """The hidden cases in a configuration: `hidden_cases`, or the check's own when there are none."""
-        if self.hidden_cases is None:
-            return self.cases_for(configuration)
-        return list(self.hidden_cases(configuration)) if callable(self.hidden_cases) else list(self.hidden_cases)
 
     @property
     def given_code(self) -> tuple:
@@ -222,24 +213,21 @@ def _run_case(exercise, answer, case, rng, where, judging):
     judging.traces = []
     launch = race_finding_launch if exercise.gpu_code else plain_launch          # GPU code: traced
     try:
-        with warnings.catch_warnings():            # a wrong answer's overflow: the verdict says it once
-            warnings.simplefilter("ignore")
-            got, expected, *inputs = exercise.run(answer, case, rng, launch)
+        got, expected, *inputs = exercise.run(answer, case, rng, launch)
     except Exception as error:  # the student's code may raise anything: each kind has its verdict
         return error_verdict(error, where)
     return (values_verdict(exercise, where, got, expected, inputs, judging.traces)
             or limits_verdict(exercise, where, case, judging.traces))
 
 
-def _run_cases(exercise, answer, judging, seed, hidden):
+def _run_cases(exercise, answer, judging, seed):
     """The first verdict a case gives, in every configuration the exercise runs, or None."""
     for configuration in shapes.configurations(exercise):
         judging.simulate = configuration != shapes.native()
         suffix = f", with {shapes.describe(configuration)}" if judging.simulate else ""
         rng = np.random.default_rng(seed)
         with shapes.configured(configuration, answer):
-            cases = exercise.hidden_cases_for(configuration) if hidden else exercise.cases_for(configuration)
-            for case in cases:
+            for case in exercise.cases_for(configuration):
                 judging.where = exercise.describe_case(case) + suffix
                 verdict = _run_case(exercise, answer, case, rng, judging.where, judging)
                 if verdict is not None:
@@ -247,19 +235,21 @@ def _run_cases(exercise, answer, judging, seed, hidden):
     return None
 
 
-def _judge(exercise, answer, seed=None, hidden=False):
+def _judge(exercise, answer, seed=None):
     """The verdict on an answer, (diagnosis, message): what its code shows before it runs; else the
     first case (in each configuration) that is wrong or breaks a limit, or runs out of time; else
-    what the GPU compiler makes of it; else ok. seed: the random data's (SEED by default); hidden:
-    the exercise's hidden cases instead of its own."""
+    what the GPU compiler makes of it; else ok. seed: the random data's (SEED by default)."""
     static = _static_verdict(exercise, answer)
     if static is not None:
         return static
     with session.Session(gpu_code=exercise.gpu_code) as judging:
         judging.where = "the start"
         try:
-            with budget.limited(exercise.seconds):
-                verdict = _run_cases(exercise, answer, judging, SEED if seed is None else seed, hidden)
+            # A wrong answer's overflows warn in every simulated thread, in its run and in the diagnoses'
+            # reruns: the verdict says it once.
+            with budget.limited(exercise.seconds), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                verdict = _run_cases(exercise, answer, judging, SEED if seed is None else seed)
         except budget.OutOfTime as stopped:
             verdict = "timeout", (f"at {judging.where}: {stopped}, where a right answer takes a few seconds: "
                                   "a loop that never ends? (its bound, or a step that never advances)")
@@ -325,14 +315,14 @@ def reveal(exercise_id, give_up=False):
         print()
 
 
-def check(exercise_id, answer, verbose=True, seed=None, hidden=False):
+def check(exercise_id, answer, verbose=True, seed=None):
     """Check `answer` for exercise `exercise_id`; show the verdict (unless not verbose) and return it.
 
     In a Jupyter kernel the verdict is displayed (plain text, and HTML in colour); elsewhere printed.
-    seed: the random data's seed (the check's own, SEED, by default); hidden: run the exercise's
-    hidden cases (``Exercise.hidden_cases``: what a grading run's hidden test runs) instead."""
+    seed: the random data's seed (the check's own, SEED, by default; a grading run's hidden test
+    runs the same cases on another seed)."""
     exercise = _exercise(exercise_id)
-    diagnosis, message = _judge(exercise, answer, seed, hidden)
+    diagnosis, message = _judge(exercise, answer, seed)
     result = CheckResult(exercise_id, diagnosis == "ok", diagnosis, message)
     if result.passed:
         _passed.add(exercise_id)

@@ -40,7 +40,7 @@ from attention_lib.stages import scores
 from attention_lib.checks.engine import Exercise, register
 from attention_lib.checks.launch import host_output, output_array, read_output, traced_launch, unwritten
 from attention_lib.checks.result import Diagnosed
-from attention_lib.checks.limits import Coalesced, MostBarriers, MostLoads, NoSerialCopy, RefilledTiles
+from attention_lib.checks.limits import Coalesced, MostBarriers, MostLoads, NoSerialCopy, RefilledTiles, SharedBanks
 
 
 def _run_scores(kernel, case, rng, launch):
@@ -154,11 +154,6 @@ register(Exercise(
 # in at most 2 segments of 128 bytes: a coalesced load touches at most 4. One that walks down a column
 # of rows over 128 bytes apart touches one segment per thread.
 COALESCED_SEGMENTS = 4
-# Shared memory: 32 banks of 4-byte words. A warp's access to n different words of one bank takes n
-# rounds (the same word is broadcast). The sum reads a tile 16 times a step: those reads must take one
-# round; the copy stores into it once a step: two rounds are allowed (one word of padding gives that).
-BANKS = 32
-MOST_WAYS = {"read": 1, "store": 2}
 
 
 # --- The main exercise: the whole tiled kernel, K in its own layout ------------------------------
@@ -199,33 +194,7 @@ def _run_tiled(kernel, case, rng, launch):
         reused = traced.loads("q").max(initial=0) <= ceil_div(t_k, scores.TILE)    # else no_reuse says it
         if case == FOLD_CASE and reused:
             _check_fold(traced, q, scale)
-        _check_banks(traced)
     return got, expected, q, k, scale, traced
-
-
-def _bank_ways(words):
-    """How many rounds a warp's access to these 4-byte words takes: the most different words in one bank."""
-    per_bank = {}
-    for word in set(words):
-        per_bank.setdefault(word % BANKS, set()).add(word)
-    return max(len(w) for w in per_bank.values())
-
-
-def _check_banks(traced):
-    """bank_conflict when a warp's read of a shared array puts two different words in one bank, or its
-    store three: named with the array, the line and the rounds."""
-    for name in traced.arrays(sanitizer.SHARED):
-        itemsize = traced.launch.targets[name].dtype.itemsize
-        for access, kind in (("read", sanitizer.LOAD), ("store", sanitizer.STORE)):
-            for (_, _, site, _), elements in traced._warp_requests(name, kind).items():
-                ways = _bank_ways([element * itemsize // 4 for element in elements])
-                if ways > MOST_WAYS[access]:
-                    raise Diagnosed("bank_conflict", (
-                        f"the values are right, but a warp's {access} of {name} at {where.describe_with_code(*site)} "
-                        f"puts {ways} different words in one bank of shared memory ({ways} rounds instead of 1), "
-                        f"where the limit is {MOST_WAYS[access]}: a tile the sum reads 16 times a step must be read "
-                        "in one round, and the copy into it in at most two. Lay the tile out (which index is its "
-                        "row, how many words a row holds) so that a warp's words fall in different banks"))
 
 
 def _written_by_the_last_block(traced):
@@ -382,7 +351,13 @@ register(Exercise(
     diagnose=_diagnose_tiled,
     diagnoses=("edge_not_zeroed", "missing_scale", "scale_applied_twice", "scale_ignored", "tile_not_transposed",
                "key_block_dropped", "d_k_cut_short", "scale_not_folded", "bank_conflict"),
-    limits=(MostLoads("q", lambda case: ceil_div(case[2], scores.TILE)),
+    # The sum reads a tile 16 times a step (one round); the copy stores into it once (two rounds, which
+    # one word of padding gives).
+    limits=(SharedBanks(reads=1, stores=2, why=("a tile the sum reads 16 times a step must be read in one round, and "
+                                                "the copy into it in at most two. Lay the tile out (which index is "
+                                                "its row, how many words a row holds) so that a warp's words fall "
+                                                "in different banks")),
+            MostLoads("q", lambda case: ceil_div(case[2], scores.TILE)),
             MostLoads("k", lambda case: ceil_div(case[1], scores.TILE)),
             NoSerialCopy("q"), NoSerialCopy("k"), NoSerialCopy("s", access="store"),
             Coalesced("q", COALESCED_SEGMENTS), Coalesced("k", COALESCED_SEGMENTS),

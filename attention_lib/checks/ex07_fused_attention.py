@@ -74,7 +74,6 @@ A walk whose threads loop over their own keys' tiles stops at different barriers
 """
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -327,20 +326,18 @@ def _run_walk(walk, case, rng, _launch):
     q, k, v = _case_data(case, rng)
     out, lse = host_output((case.BH, case.T_q, case.d_v)), np.zeros((case.BH, case.T_q), np.float32)
     grid, block = flash.flash_grid(case.BH, case.T_q, 2, group=case.group)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)   # a wrong answer's float32 overflows: said once
-        try:                                              # every case under the race finder: the tiles are shared
-            race_finding_launch(kernel_around(walk), grid, block, q, k, v, flash.flash_scale(2, case.d_k),
-                                case.causal, np.int32(case.window), np.int32(case.group), out, lse)
-        except RaceFound as error:
-            named = _staging_race(error.race, case)
-            if named is None:
-                raise
-            raise Diagnosed(*named) from None
-        except OverflowError as error:                    # the simulator's math.exp; a GPU gives inf
-            raise Diagnosed("unstable_softmax", f"exp overflowed ({error}) on scores of up to "
-                            f"{np.abs(q[0] @ k[0].T).max() / math.sqrt(case.d_k):.0f}, too large for "
-                            "float32's exp (past about 88); exp of a score minus the running max is at most 1") from None
+    try:                                              # every case under the race finder: the tiles are shared
+        race_finding_launch(kernel_around(walk), grid, block, q, k, v, flash.flash_scale(2, case.d_k),
+                            case.causal, np.int32(case.window), np.int32(case.group), out, lse)
+    except RaceFound as error:
+        named = _staging_race(error.race, case)
+        if named is None:
+            raise
+        raise Diagnosed(*named) from None
+    except OverflowError as error:                    # the simulator's math.exp; a GPU gives inf
+        raise Diagnosed("unstable_softmax", f"exp overflowed ({error}) on scores of up to "
+                        f"{np.abs(q[0] @ k[0].T).max() / math.sqrt(case.d_k):.0f}, too large for "
+                        "float32's exp (past about 88); exp of a score minus the running max is at most 1") from None
     window = case.window or None
     k, v = (np.repeat(a, case.group, axis=0) for a in (k, v))     # query head h reads key/value head h // group
     return (out, reference.attention(q, k, v, case.causal, window), q, k, v, case.causal, window)

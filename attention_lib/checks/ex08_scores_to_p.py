@@ -1,7 +1,7 @@
 """``08_scores_to_p`` (notebook 08's main exercise): a tile's scores S = Q K^T into the shared P tile,
 a MICRO_M x MICRO_N micro-tile a thread, the map the student's (the contract of
 ``flash.v3_scores_to_p``). Besides the declared limits, two are measured from the probe's trace here:
-reads of the Q and K tiles a thread (``TileReads``) and bank conflicts (``NoBankConflicts``).
+reads of the Q and K tiles a thread (``TileReads``) and bank conflicts (``limits.SharedBanks`` on the three tiles).
 """
 
 import math
@@ -13,16 +13,12 @@ from numba import cuda
 
 from attention_lib import reference
 from attention_lib.measure import sanitizer
-from attention_lib.platform import where
 from attention_lib.platform.rebuild import rebuilt
 from attention_lib.stages import flash
 from attention_lib.checks.engine import Exercise, register
 from attention_lib.checks.launch import host_output
-from attention_lib.checks.limits import MostAccessesPerThread, MostBarriers, NoLocalMemory
+from attention_lib.checks.limits import MostAccessesPerThread, MostBarriers, NoLocalMemory, SharedBanks
 from attention_lib.checks.ex08_kernel3 import attention_v3, quiet_launch, rebound, refuse_library_names, traced_for
-
-
-BANKS = 32
 
 
 class ScoresCase(NamedTuple):
@@ -147,14 +143,6 @@ def _scores_loads(case):
     return (z["MICRO_M"] + z["MICRO_N"]) * z["HEAD_PAD"]
 
 
-def _bank_ways(words):
-    """How many rounds a warp's access to these 4-byte words takes: the most different words in one bank."""
-    per_bank = {}
-    for word in set(words):
-        per_bank.setdefault(word % BANKS, set()).add(word)
-    return max(len(w) for w in per_bank.values())
-
-
 @dataclass
 class TileReads:
     """No thread reads the Q and K tiles more than `most(case)` times (each value once into a register)."""
@@ -176,28 +164,6 @@ class TileReads:
                         f"the limit is {limit}: MICRO_M + MICRO_N values a column, each loaded once into a "
                         "register and used for a whole row or column of the micro-tile, the work split over "
                         "all 128 threads")
-        return None
-
-
-@dataclass
-class NoBankConflicts:
-    """A warp's read of the Q or K tile and its store to the P tile each put at most `most` different
-    words in one bank (word mod 32): 1, as the library's map does."""
-
-    most: int = 1
-    code: str = "bank_conflict"
-
-    def broken(self, traces, case, compiled):
-        for traced in traces:
-            for name, kind, access in (("q_tile", sanitizer.LOAD, "read"), ("k_tile", sanitizer.LOAD, "read"),
-                                       ("p_tile", sanitizer.STORE, "store")):
-                for (_, _, site, _), elements in traced._warp_requests(name, kind).items():
-                    ways = _bank_ways(elements)
-                    if ways > self.most:
-                        return (f"the values are right, but a warp's {access} of {name} at "
-                                f"{where.describe_with_code(*site)} puts {ways} different words in one bank "
-                                f"({ways} rounds instead of 1): choose which rows and keys a warp's 32 lanes own "
-                                "so that their words fall in 32 different banks, or the same word")
         return None
 
 
@@ -231,7 +197,9 @@ register(Exercise(
                "scores_misplaced", "no_register_reuse", "bank_conflict", "sums_in_shared_memory"),
     solution=flash.v3_scores_to_p,
     forbidden=(flash.v3_scores_step, flash.v3_scores, flash.flash_attention_kernel_v3),
-    limits=(TileReads(_scores_loads), NoBankConflicts(),
+    limits=(TileReads(_scores_loads), SharedBanks(reads=1, stores=1, arrays=(("q_tile", ("load",)), ("k_tile", ("load",)), ("p_tile", ("store",))),
+                        why=("choose which rows and keys a warp's 32 lanes own so that their words fall in 32 "
+                             "different banks, or the same word")),
             # The probe loads P's first TILE_N columns once (TILE_M TILE_N / THREADS_V3 a thread) and fills it
             # with NaN before the call; the answer stores its micro-tile once and reads nothing of P.
             MostAccessesPerThread("p_tile", lambda case: _probe_share(case, "TILE_N"), code="sums_in_shared_memory",

@@ -42,7 +42,6 @@ masked scores left out, which its kernel reads and writes too).
 import functools
 import importlib
 import itertools
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -52,12 +51,10 @@ from attention_lib import reference
 from attention_lib.checks.engine import Exercise, register
 from attention_lib.checks.launch import output_array, read_output, unwritten
 from attention_lib.checks.result import Diagnosed
-from attention_lib.checks.ex02_scores import _bank_ways
 from attention_lib.checks.limits import (Coalesced, MostAccessesPerThread, MostBarriers, MostLoads, NoLocalMemory,
-                                         NoSerialCopy, RefilledTiles)
-from attention_lib.measure import bench, recording, sanitizer
+                                         NoSerialCopy, RefilledTiles, SharedBanks, StoredOnce)
+from attention_lib.measure import bench, recording
 from attention_lib.measure.bench_cases import REGISTRY, BenchSizes, Inputs
-from attention_lib.platform import where
 from attention_lib.platform.launch import ceil_div
 from attention_lib.stages import registers
 
@@ -184,66 +181,6 @@ def _barriers_why(case):
             f"{LEAST_TILE} keys, two barriers each (the tile full before it is read, read before it is refilled)")
 
 
-# A warp's access to n different 4-byte words of one bank takes n rounds (one word read by many lanes is
-# broadcast: one round). Every row reads the tile D times a key, so its reads must take one round; the
-# copy stores each slot once a step, so two rounds are allowed (a lane storing two neighbouring words).
-MOST_WAYS = {"read": 1, "store": 2}
-
-
-@dataclass
-class SharedBanks:
-    """A warp's read of any shared array puts at most MOST_WAYS["read"] different words in one bank,
-    its store at most MOST_WAYS["store"] (the words counted as ex02's check counts them)."""
-
-    code: str = "bank_conflict"
-
-    def broken(self, traces, case, compiled):
-        for traced in traces:
-            for name in traced.arrays(sanitizer.SHARED):
-                itemsize = traced.launch.targets[name].dtype.itemsize
-                for access, kind in (("read", sanitizer.LOAD), ("store", sanitizer.STORE)):
-                    for (_, _, site, _), elements in traced._warp_requests(name, kind).items():
-                        ways = _bank_ways([element * itemsize // 4 for element in elements])
-                        if ways > MOST_WAYS[access]:
-                            return (f"the values are right, but a warp's {access} of {name} at "
-                                    f"{where.describe_with_code(*site)} puts {ways} different words in one bank "
-                                    f"of shared memory ({ways} rounds instead of 1), where the limit is "
-                                    f"{MOST_WAYS[access]}: choose the tile's layout so that the words a warp "
-                                    "touches at once fall in different banks")
-        return None
-
-
-@dataclass
-class StoredOnce:
-    """No thread stores an element of global array `array` more than once: each result is summed in a
-    register and stored when it is done, never summed in main memory."""
-
-    array: str
-    code: str = "output_rewritten"
-
-    def broken(self, traces, case, compiled):
-        for traced in traces:
-            if self.array not in traced.arrays():
-                continue
-            target = traced.launch.targets[self.array]
-            stores, per_thread, again = {}, {}, None
-            for element, access, who, _, site, _ in target.trace:
-                if access == sanitizer.STORE:
-                    stores[who, element] = stores.get((who, element), 0) + 1
-                    per_thread[who] = per_thread.get(who, 0) + 1
-                    if stores[who, element] == 2 and again is None:
-                        again = (who, element, site)
-            if again is None:
-                continue
-            (block, thread), element, site = again
-            index = ", ".join(str(int(i)) for i in np.unravel_index(element, target.shape))
-            return (f"the values are right, but thread {thread} of block {block} stored {self.array}[{index}] "
-                    f"{stores[(block, thread), element]} times, the second at {where.describe_with_code(*site)} "
-                    f"({per_thread[block, thread]} stores of {self.array} in all; the limit is {case[1]}, each element "
-                    "once): add up each score in a register and store it once, when its sum is done")
-        return None
-
-
 register(Exercise(
     exercise_id="10_tiled_k",
     kind="kernel",
@@ -276,7 +213,10 @@ register(Exercise(
             MostAccessesPerThread("out", lambda case: case[1], access="store",
                                   why="a thread per query row writes its row's T_k scores"),
             MostBarriers(lambda case: 2 * ceil_div(case[1], LEAST_TILE), why=_barriers_why),
-            RefilledTiles(), SharedBanks(), NoLocalMemory()),
+            RefilledTiles(), NoLocalMemory(),
+            # Every row reads the tile D times a key (one round); the copy stores each slot once a step (two
+            # rounds: a lane storing two neighbouring words).
+            SharedBanks(reads=1, stores=2)),
     diagnoses=("same_key_tile", "last_tile_dropped", "scores_not_placed", "bank_conflict", "output_rewritten"),
     solution=registers.row_scores_kernel_v3,
     forbidden=(registers.row_scores, registers.launch_row_scores, registers.row_scores_kernel_v2),

@@ -24,8 +24,14 @@ verdict, with what was measured and the limit beside it:
   values come out right (``stale_tile``).
 - ``RefilledTiles()``: every step of a tiled loop writes every slot of its tiles that it reads
   (``stale_tile``).
+- ``SharedBanks(reads, stores, arrays)``: a warp's read of a shared array puts at most `reads`
+  different words in one bank, its store at most `stores`; ``bank_conflict``.
+- ``StoredOnce(array)``: no thread stores an element of a global array twice (a result summed in
+  main memory instead of a register); ``output_rewritten``.
 - ``NoLocalMemory()``: ptxas reports a stack frame of 0 bytes (no local memory); ``local_memory``.
 
+A limit's ``broken(traces, case, compiled)`` returns None when it holds, else its message, or a
+``(code, message)`` pair when one limit tells several mistakes apart; it changes nothing.
 `most` is a number or a function of the case (and of the configuration's constants, which are
 in place while it is called). ``float32`` arithmetic and compiling at all are not limits an
 exercise declares: the judge checks them for every answer that runs on a GPU.
@@ -202,6 +208,57 @@ class RefilledTiles:
                 return (f"{stale}: it holds an old number (on a GPU, at the first step, whatever the memory "
                         "held). Every step must write every slot of its tiles that it reads, a 0 where the "
                         "element lies past an edge")
+        return None
+
+
+@dataclass
+class SharedBanks:
+    """A warp's read of a shared array puts at most `reads` different 4-byte words in one bank (word
+    mod 32), its store at most `stores`: n words of one bank take n rounds. `arrays`: the shared arrays
+    counted, each with the accesses counted ("load", "store"); all of them, both ways, by default."""
+
+    reads: int = 1
+    stores: int = 2
+    arrays: tuple = ()
+    why: str = "choose the tile's layout so that the words a warp touches at once fall in different banks"
+    code: str = "bank_conflict"
+
+    def _counted(self, traced):
+        if self.arrays:
+            return [(name, access) for name, accesses in self.arrays for access in accesses
+                    if name in traced.arrays(sanitizer.SHARED)]
+        return [(name, access) for name in traced.arrays(sanitizer.SHARED) for access in ("load", "store")]
+
+    def broken(self, traces, case, compiled):
+        for traced in traces:
+            for name, access in self._counted(traced):
+                limit = self.reads if access == "load" else self.stores
+                ways, filename, line = traced.worst_bank_ways(name, kind=_kind(access))
+                if ways > limit:
+                    verb = "read" if access == "load" else "store"
+                    return (f"the values are right, but a warp's {verb} of {name} at "
+                            f"{where.describe_with_code(filename, line)} puts {ways} different words in one bank "
+                            f"of shared memory ({ways} rounds instead of 1), where the limit is {limit}: {self.why}")
+        return None
+
+
+@dataclass
+class StoredOnce:
+    """No thread stores an element of global array `array` more than once: a result is summed in a
+    register and stored when it is done, never summed in main memory."""
+
+    array: str
+    why: str = "add up each result in a register and store it once, when its sum is done"
+    code: str = "output_rewritten"
+
+    def broken(self, traces, case, compiled):
+        for traced in _traces_with(traces, self.array):
+            again = traced.stored_twice(self.array)
+            if again is not None:
+                (block, thread), index, times, stores, filename, line = again
+                return (f"the values are right, but thread {thread} of block {block} stored {self.array}[{index}] "
+                        f"{times} times, the second at {where.describe_with_code(filename, line)} ({stores} stores "
+                        f"of {self.array} in all by that thread; each element once): {self.why}")
         return None
 
 

@@ -82,15 +82,14 @@ class HiddenResult:
 
 
 def hidden_check(engine, exercise_id, answer, seed):
-    """The exercise's hidden cases (Exercise.hidden_cases, by default its own) on the random data of
-    `seed` instead of the check's own (a grading run's hidden test), judged by `engine` (checks.engine,
+    """The exercise's cases on the random data of `seed` instead of the check's own (a grading run's hidden test), judged by `engine` (checks.engine,
     handed in: it imports this module), displayed and returned; `not_run` unless this exercise's
     graded check passed."""
     visible = _graded.get(exercise_id)
     if visible is None or not visible.passed:
         result = HiddenResult(exercise_id, False, "not_run", "not run: the check above did not pass")
     else:
-        found = engine.check(exercise_id, answer, verbose=False, seed=seed, hidden=True)
+        found = engine.check(exercise_id, answer, verbose=False, seed=seed)
         message = "right on other random data too" if found.passed else found.message
         result = HiddenResult(exercise_id, found.passed, found.diagnosis, message)
     _display(result)

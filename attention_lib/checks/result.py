@@ -172,9 +172,10 @@ def limits_verdict(exercise, where, case, traces, compiled=None, compiled_limits
     for limit in exercise.limits:
         if getattr(limit, "compiled_limit", False) != compiled_limits:
             continue
-        message = limit.broken(traces, case, compiled)
-        if message:
-            return limit.code, f"at {where}: {message}" if where else message
+        broken = limit.broken(traces, case, compiled)
+        if broken:                       # a message, or (code, message) from a limit naming one of several
+            code, message = broken if isinstance(broken, tuple) else (limit.code, broken)
+            return code, f"at {where}: {message}" if where else message
     return None
 
 

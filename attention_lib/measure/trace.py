@@ -9,6 +9,10 @@ questions a check asks of a kernel's structure, each from that one run:
 - ``warp_segments(name)``, ``worst_warp_load(name)``: the 128-byte segments a warp's load (or, with
   ``kind=sanitizer.STORE``, store) touches (coalescing): on average, and at the site that touches
   the most;
+- ``worst_bank_ways(name)``: the most different 4-byte words of one shared-memory bank that one
+  warp's access puts (bank conflicts: n words of one bank take n rounds, one word read by many
+  lanes is broadcast), at the site where it is worst;
+- ``stored_twice(name)``: the first thread that stored an element of an array twice;
 - ``serial_warp(name)``: the warp that took the most instructions to move an array beside its share
   of its block's accesses spread over all the block's warps (a copy by one lane, or one warp, in a
   loop takes many times its share; every lane of every warp side by side, its share);
@@ -121,6 +125,22 @@ class Traced:
         site, counts = max(by_site.items(), key=lambda item: np.mean(item[1]))
         return float(np.mean(counts)), site[0], site[1]
 
+    def worst_bank_ways(self, name, kind=sanitizer.LOAD, banks=32):
+        """(ways, filename, line) of the warp access to shared array `name` (loads, or stores:
+        kind=sanitizer.STORE) that puts the most different 4-byte words in one of the `banks` banks
+        (word mod banks): a warp takes that many rounds to serve it. (0, None, None) when the array
+        is never accessed so."""
+        itemsize = self.launch.targets[name].dtype.itemsize
+        worst = (0, None, None)
+        for (_, _, site, _), elements in self._warp_requests(name, kind).items():
+            per_bank = {}
+            for word in {element * itemsize // 4 for element in elements}:
+                per_bank.setdefault(word % banks, set()).add(word)
+            ways = max(len(words) for words in per_bank.values())
+            if ways > worst[0]:
+                worst = (ways, site[0], site[1])
+        return worst
+
     def serial_warp(self, name, kind=sanitizer.LOAD):
         """(instructions, share, filename, line) of the warp that took the most instructions to access
         array `name` (loads, or stores: kind=sanitizer.STORE) beside its share: in each barrier interval,
@@ -148,6 +168,24 @@ class Traced:
         instructions, _, sites = per_warp[worst]
         site = max(sites, key=sites.get)
         return instructions, share(worst), site[0], site[1]
+
+    def stored_twice(self, name):
+        """The first thread that stored an element of array `name` a second time:
+        ((block, thread), index as text, its stores of that element, its stores of the array,
+        filename, line of the second store); None when every thread stored each element at most once."""
+        target = self.launch.targets[name]
+        stores, per_thread, again = {}, {}, None
+        for element, access, who, _, site, _ in target.trace:
+            if access == sanitizer.STORE:
+                stores[who, element] = stores.get((who, element), 0) + 1
+                per_thread[who] = per_thread.get(who, 0) + 1
+                if stores[who, element] == 2 and again is None:
+                    again = (who, element, site)
+        if again is None:
+            return None
+        who, element, site = again
+        index = ", ".join(str(int(i)) for i in np.unravel_index(element, target.shape))
+        return who, index, stores[who, element], per_thread[who], site[0], site[1]
 
     def most_accesses_by_a_thread(self, name, kind=sanitizer.LOAD):
         """(accesses, block, thread) of the thread that made the most accesses of `kind` to array `name`;
