@@ -4,7 +4,7 @@ run them from the course's folder (as `make release-assignment`, `make collect` 
 One assignment per notebook, named after it (00_gpu_basics). Its source is written from notebooks/
 by scripts/student_copies.py, which makes the nbgrader metadata from the course's own markers: each
 exercise an autograded answer cell, each check cell a read-only test cell; scripts/grade.py
-scores each from its check's signed verdict.
+scores each from the verdict its check cell showed in the submission's sandboxed run.
 """
 
 import os

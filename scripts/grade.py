@@ -4,7 +4,8 @@ from the verdicts of the course's own checks, run where no student code can reac
     python scripts/grade.py release [--due WHEN] NB...          (make release-assignment NB=00 DUE=...)
     python scripts/grade.py collect NB...                        (make collect NB=00)
     python scripts/grade.py grade [--submitted DIR] [--force] [--due WHEN] [--check-seconds S]
-                                  [--cell-seconds S] [--jobs N] NB...  (make grade NB=00 SUBMITTED=DIR)
+                                  [--cell-seconds S] [--memory-mb M] [--jobs N] NB...
+                                                                 (make grade NB=00 SUBMITTED=DIR)
     python scripts/grade.py feedback NB...                       (make feedback NB=00)
 
 NB is a notebook's number (00). nbgrader's own steps run through its Python API, configured by the
@@ -20,7 +21,7 @@ course's nbgrader_config.py; --course sets the course directory, by default grad
   its graded notebook rebuilt from the source's own cells and the answer cells that parse against
   the allowlist (scripts/grader/: the others not_gradable, naming the line and construct), run in a
   sandbox of its own (bubblewrap, as nobody, on the simulator, --check-seconds a check cell and
-  --cell-seconds any other of wall-clock time, --jobs sandboxes at a time); the verdicts are read
+  --cell-seconds any other of wall-clock time, --memory-mb of data, --jobs sandboxes at a time); the verdicts are read
   from that run's check cells. nbgrader's autograde then records the notebook the sandbox ran
   (gradebook, lateness, feedback) without running anything; the verdicts' points (0 for a flag)
   become the grade's manual score wherever nbgrader's own differs, so grades.csv (nbgrader's
@@ -313,8 +314,8 @@ def scan_report(submitted, released):
 class Limits:
     """The wall-clock limits of a grading run: each check cell, each other cell, the sandbox."""
 
-    def __init__(self, check_seconds=90.0, cell_seconds=60.0):
-        self.check, self.cell = float(check_seconds), float(cell_seconds)
+    def __init__(self, check_seconds=90.0, cell_seconds=60.0, memory_mb=sandbox.MEMORY_MB):
+        self.check, self.cell, self.memory_mb = float(check_seconds), float(cell_seconds), int(memory_mb)
 
     def total(self, notebook):
         checks = sum(1 for c in notebook.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade"))
@@ -340,7 +341,7 @@ def grade_notebook(notebook_name, course, student, assignment, limits, hidden):
             submitted, note = None, f"the notebook could not be read: {type(error).__name__}: {error}"[:300]
     if submitted is not None:
         text, note = sandbox.run(nbformat.writes(built.notebook), limits.check, limits.cell,
-                                 limits.total(built.notebook), hidden)
+                                 limits.total(built.notebook), hidden, limits.memory_mb)
         if text is not None:
             executed = nbformat.reads(text, as_version=4)
             if executed.metadata.get("grading_kernel_died"):
@@ -588,6 +589,8 @@ def main(argv=None):
                         help="grade: the wall-clock limit of each check cell, in seconds (default 90)")
     parser.add_argument("--cell-seconds", type=_seconds, default=60.0,
                         help="grade: the wall-clock limit of each other cell, in seconds (default 60)")
+    parser.add_argument("--memory-mb", type=int, default=sandbox.MEMORY_MB, metavar="M",
+                        help=f"grade: the data one submission's sandbox may hold, in MB (default {sandbox.MEMORY_MB})")
     parser.add_argument("--jobs", type=int, default=1, choices=range(1, 17), metavar="N",
                         help="grade: how many sandboxes run at once (default 1; one a core at most)")
     parser.add_argument("--hidden-seed", type=int, help="release: the hidden tests' seed (default: drawn)")
@@ -603,7 +606,7 @@ def main(argv=None):
             collect(options.notebooks, course, folder)
         elif options.step == "grade":
             grade(options.notebooks, course, submitted, options.force, folder, options.due,
-                  Limits(options.check_seconds, options.cell_seconds), options.jobs)
+                  Limits(options.check_seconds, options.cell_seconds, options.memory_mb), options.jobs)
         else:
             feedback(options.notebooks, course, folder)
     except (GradingError, ValueError) as error:

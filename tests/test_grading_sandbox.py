@@ -71,6 +71,9 @@ def runs(tmp_path_factory):
         f"subprocess.Popen(['sh', '-c', 'sleep 300 # {MARKER}'], start_new_session=True)\nprint('daemon started')",
         "time.sleep(120)",
         "print('the cell after the sleep ran')",
+        "import numpy as np\ntry:\n    big = np.ones(6 << 30, np.uint8)\n    print('allocated', big.nbytes)\n"
+        "except MemoryError:\n    print('refused')",
+        "try:\n    print(os.listdir(f'/proc/{os.getppid()}/fd'))\nexcept PermissionError:\n    print('runner out of reach')",
         graded=(8,))
     second = _probe("import os\nprint(sorted(os.listdir(os.environ['HOME'])), os.path.exists('/tmp/planted.txt'))")
     try:
@@ -120,6 +123,12 @@ def test_a_check_cell_stops_at_its_wall_clock_limit_and_the_next_cell_runs(runs)
     assert cells[8].metadata.get("grading_timeout") == 3
     assert _printed(cells[9]) == "the cell after the sleep ran"
     assert runs["seconds"] < 60, runs["seconds"]
+
+
+def test_a_submission_holds_at_most_its_memory_and_cannot_reach_the_runner(runs):
+    assert sandbox.MEMORY_MB < 6 << 10
+    assert _printed(runs["cells"][10]) == "refused"                # 6 GiB past the 4 GiB allowed
+    assert _printed(runs["cells"][11]) == "runner out of reach"    # its pipe and memory, through /proc
 
 
 def test_nothing_a_submission_leaves_behind_outlives_its_grading(runs):

@@ -11,8 +11,9 @@ a process a submission leaves behind does not outlive its grading.
 
 - ``available() -> str | None``: None, or the one line that says what is missing;
 - ``command(hidden) -> [str]``: the bubblewrap command around ``runner.py``;
-- ``run(notebook_json, check_seconds, cell_seconds, total_seconds, hidden) -> (json or None, note)``:
-  the executed notebook, or why there is none (its time ran out, its output grew past MOST_BYTES).
+- ``run(notebook_json, check_seconds, cell_seconds, total_seconds, hidden, memory_mb) -> (json or None, note)``:
+  the executed notebook, or why there is none (its time ran out, its output grew past MOST_BYTES);
+  the kernel's data is capped at memory_mb (MEMORY_MB by default: a check needs under 1 GB).
 """
 
 import os
@@ -94,14 +95,16 @@ def command(hidden=()):
 # The most a sandbox may hand back: an executed notebook past it is stopped (its outputs are the
 # student's to make as large as they like).
 MOST_BYTES = 64 << 20
+# The data a submission's runner and kernel may hold together, in MB (the kernel's MemoryError past it).
+MEMORY_MB = 4096
 
 
-def run(notebook_json, check_seconds, cell_seconds, total_seconds, hidden=()):
+def run(notebook_json, check_seconds, cell_seconds, total_seconds, hidden=(), memory_mb=MEMORY_MB):
     """Execute a graded notebook (its JSON text) in a fresh sandbox: (executed JSON or None, note),
     the note saying why there is none (its time ran out, its output grew past MOST_BYTES, it failed)."""
     read, write = os.pipe()
     argv = command(hidden) + ["--out", str(write), "--check-seconds", str(check_seconds),
-                              "--cell-seconds", str(cell_seconds)]
+                              "--cell-seconds", str(cell_seconds), "--memory-mb", str(int(memory_mb))]
     process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                pass_fds=(write,), start_new_session=True)
     os.close(write)
