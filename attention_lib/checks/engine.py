@@ -1,54 +1,14 @@
-"""The checking engine: run a student's answer against the reference and say, in a line, what is wrong.
+"""The checking engine: the registry of exercises and the one pipeline that judges an answer.
 
-``check(exercise_id, answer)`` judges the answer (a ``@cuda.jit`` kernel with the library kernel's
-signature, a device function, or a NumPy function, as the exercise says) in one pipeline, and shows
-a one-line verdict (in colour in a Jupyter kernel, printed elsewhere) and returns a ``CheckResult``
-with ``passed``, ``diagnosis`` and ``message``:
-
-1. before it runs, from its code: a stub, not a kernel, or code that uses the library's own
-   solution (``given_code``);
-2. every case, on random data from a fixed seed, at the sizes the exercise makes from its tile
-   constants (``cases``), in each configuration it runs: the simulator's launch sizes and
-   constants, and a GPU's (``shapes``), each kernel launch traced by the sanitizer: races,
-   barriers, out-of-bounds indices, wrong values, then the exercise's limits (``limits``);
-3. once every case is right, what the GPU compiler makes of the answer, compiled for sm_90 with
-   the argument types of its launches (``session``, ``measure.compiler``): code no GPU runs,
-   float64 arithmetic, a compiled limit (local memory);
-4. the whole check within a budget of CPU time (``budget``): a loop that never ends is stopped.
-
-Diagnosis codes of the engine:
-- ``ok``: right at every size tried, within every limit, compiled for a GPU;
-- ``not_implemented``: the answer still raises NotImplementedError (or is None);
-- ``not_a_kernel``: a kernel was expected (decorate it with ``@cuda.jit``);
-- ``calls_given_code``: the answer uses the library's own code for what the exercise asks to
-  write (its solution, or code listed as ``forbidden``), or reaches objects by a computed name;
-- ``out_of_bounds``: a thread read or wrote past the end of an array (the sanitizer names the
-  thread, the array, the index, the shape and the line);
-- ``race``: two threads touched the same element with no barrier between them (found by the
-  sanitizer's race finder, whatever order the threads happened to run in);
-- ``divergent_barrier``: a ``cuda.syncthreads()`` that not every thread of the block reaches, or
-  a warp primitive whose mask names a lane that never reaches it: undefined on a GPU;
-- ``stale_tile``: wrong values, and a thread read a shared slot no thread of its block had written
-  (the simulator hands a block shared memory full of NaN, as a GPU hands it garbage);
-- ``raised_error``: the answer raised something else (its one-line error is shown);
-- ``wrong_shape``, ``wrong_values``: the result's shape, or values, differ from the reference;
-  the message says where the wrong entries lie, and which were never written;
-- ``timeout``: the check ran out of its CPU budget (a loop that never ends);
-- ``not_gpu_code``: the simulator ran it, but a GPU's compiler refuses it (its message shown);
-- ``float64_arithmetic``: the compiled kernel computes in float64 (a plain Python float).
-An exercise names its own typical mistakes beyond these (``transposed``, ``no_reuse``, ...):
-its ``diagnose`` compares wrong values with the usual wrong formulas, its ``limits`` measure what
-values cannot show (reads counted, coalescing, local memory), and its ``run`` may raise
-``Diagnosed(code, message)`` for the rest.
-
-Hints come in levels: ``hint(exercise_id)`` names the idea, ``hint(exercise_id, 2)`` the plan.
-No hint gives a line of the solution. ``reveal(exercise_id)`` prints the library's version once the
-check has passed in this process (``give_up=True`` shows it anyway).
-
-Each exercise is defined in a module ``checks/exNN_<topic>.py`` beside this one and registered
-in ``EXERCISES`` under its id, such as ``"00_scale_add"``. Its ``run`` launches the answer with
-the launch the judge hands it (``launch``: traced or not), and takes its outputs from
-``launch.output_array``; the verdict and its display are ``result``'s.
+``check(exercise_id, answer)`` reads the answer's code before it runs (a stub, not a kernel, the
+library's own solution: ``given_code``); runs every case of the exercise on seeded random data, in
+each configuration it declares (``shapes``), each GPU launch traced (``launch``); takes the first
+wrong value or broken limit (``result``, ``limits``); then compiles the answer for sm_90
+(``session``); all within a CPU budget (``budget``). It shows a one-line verdict and returns a
+``CheckResult``. The engine's own diagnosis codes, and each exercise's, are tabled in
+INSTRUCTORS.md. ``hint`` gives an exercise's hints in levels; ``reveal`` its library version once
+its check has passed (never in a graded class). Exercises live in ``checks/exNN_<id>.py``, each an
+``Exercise`` declaration added by ``register``.
 """
 
 import ast
