@@ -84,7 +84,7 @@ def test_the_check_sizes_are_not_the_ones_the_notebook_runs_the_bench_at_above_t
     """Deep dive 10x runs the bench at bench.notebook_sizes() and at sizes it names (BenchSizes(B=..,
     ...)) before 10x_ideal_work's check: the check's cases must be other sizes, so that no figure above
     the exercise can be copied into an answer."""
-    from attention_lib.checks import ex10_performance
+    from attention_lib.checks import ex10x_ideal_work
     code = [c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells if c.cell_type == "code"]
     above = "\n".join(code[:next(i for i, c in enumerate(code) if 'check("10x_ideal_work"' in c)])
     run = {tuple(int(n) for n in found) for found in
@@ -92,7 +92,7 @@ def test_the_check_sizes_are_not_the_ones_the_notebook_runs_the_bench_at_above_t
     printed = bench.notebook_sizes()
     run.add((printed.B, printed.H, printed.T, printed.d_k))
     assert "notebook_sizes()" in above and len(run) >= 2
-    assert not run & {(s.B, s.H, s.T, s.d_k) for s in ex10_performance.SIZES}
+    assert not run & {(s.B, s.H, s.T, s.d_k) for s in ex10x_ideal_work.SIZES}
 
 
 @pytest.mark.parametrize("kernel", ["softmax", "flash", "decode"])
