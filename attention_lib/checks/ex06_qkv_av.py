@@ -1,53 +1,10 @@
-"""Notebook 06's exercises: the head-split kernel (warm-up), then every head's weighted sum with V read
-in place from the fused projection and the heads written merged, grouped-query heads and the causal
-tile skip included (main).
-
-Warm-up, ``06_split_heads``: split_heads_kernel's signature ``(x, out)``, x (B, T, d_model) and out
-(B, n_head, T, d_k) float32, out[b, h, t, c] = x[b, t, h*d_k + c], launched on the library's grid
-(``multihead.head_grid``: x along c, y along t, z along b * n_head + h), at sizes around its
-16 x 16 blocks. A split is a copy, so the values must be exact. Limits: every element of x read
-once (``no_reuse``), every warp load of x coalesced (``uncoalesced``). Besides the engine's
-diagnoses:
-
-- ``heads_interleaved``: head h got columns h, h + n_head, h + 2 n_head, ... instead of the block
-  h*d_k .. (h+1)*d_k - 1, the result of reshaping the model axis to (d_k, n_head) instead of
-  (n_head, d_k) (``x.reshape(T, d_k, n_head)`` in NumPy, ``x[b, t, c * n_head + h]`` in a kernel);
-- ``grid_layer_order``: a thread whose (c, t) lies inside the output indexed past x or out: the
-  sequence or the head it decoded from the grid layer z is out of range.
-(Which grid layer copies which (sequence, head) does not matter here: the output is indexed by
-both, so any one-to-one reading of z is right.)
-
-Main, ``06_qkv_av``: a kernel with qkv_av_kernel's signature ``(a, qkv, n_head, n_kv_head, causal,
-out)``, launched on multihead.qkv_av_grid (B * n_head * ceil(T / TILE) * ceil(d_k / TILE) blocks of
-TILE x TILE threads along x, each block number the kernel's to map to a tile):
-out[b, i, h * d_k + c] = sum_j a[b * n_head + h, i, j] * V_g[j, c], g = h // (n_head // n_kv_head),
-V read in place from qkv (B, T, (n_head + 2 n_kv_head) d_k) = [Q heads | K heads | V heads], the
-heads written merged into out (B, T, n_head * d_k). The student decides which block takes which
-tile, the view of V, the loop over keys, the barriers and the guards. Limits, per launch: an element of a
-read at most ceil(d_k / TILE) times and one of qkv at most group * ceil(T / TILE) times
-(``no_reuse``); every warp load of a and qkv and store of out with its lanes side by side
-(``serial_copy``) and within 4 segments (``uncoalesced``); every shared slot read written in its step
-(``stale_tile``); at most two barriers per key tile of the last row of query tiles (``extra_barriers``).
-Besides the engine's diagnoses:
-
-- ``no_tiles_skipped``: causal, right values, but a block loaded weights or values of a key tile
-  that lies wholly after its last query;
-- ``diagonal_tile_skipped``: causal, each block stopped before the key tile that holds its queries;
-- ``heads_interleaved``: head h's component c written at column c * n_head + h, not h * d_k + c;
-- ``kv_head_interleaved``, ``wrong_group``: query head h read V head h % n_kv_head, or h // n_kv_head
-  (or divided by zero), not h // (n_head // n_kv_head);
-- ``wrong_v_block``: V read from K's columns or from the query head's own;
-- ``wrong_head_width``: d_k worked out from a wrong head count (3 n_head or n_head heads in qkv);
-- ``view_past_the_end``: V read past qkv's last column: a view of V narrower than d_k (it starts too
-  far right: a query head reading V head h, its own, when heads share; d_k fixed at a constant), or
-  a read past qkv's width;
-- ``v_offset_assumes_mha``: V's start worked out as if there were n_head K heads and n_head V heads
-  (n_kv_head = n_head), so that query head 0 reads past K's and V's heads; told from a launch on qkv
-  with room past its last head, where such a kernel's reads land;
-- ``reads_next_head``: right values, but a block loaded the columns of two heads of qkv: its threads
-  past the head's d_k columns, guarded only on qkv's width, read the next head's values (named before
-  ``no_reuse``, which those loads break);
-- ``grid_layer_order``: a's head z split as (z % B, z // B), or a sequence past B.
+"""``06_qkv_av`` (notebook 06, main): a kernel with qkv_av_kernel's signature ``(a, qkv, n_head,
+n_kv_head, causal, out)`` that writes every head's weighted sum out[b, i, h * d_k + c] = sum_j
+a[b * n_head + h, i, j] V_g[j, c], V_g (g = h // (n_head // n_kv_head)) read in place from the fused
+projection qkv = [Q heads | K heads | V heads], the heads merged, grouped-query heads and the causal
+tile skip included, on multihead.qkv_av_grid (the block numbers the kernel's to map to tiles). Its
+solution is ``multihead.qkv_av_kernel``; its cases, limits and named mistakes are declared in the
+Exercise below.
 """
 
 import re
@@ -60,6 +17,7 @@ from numba import cuda
 from attention_lib import reference
 from attention_lib.checks import cases as sizes
 from attention_lib.checks.engine import Exercise, register
+from attention_lib.checks.ex06_split_heads import guarded_input
 from attention_lib.checks.launch import output_array, read_output, unwritten
 from attention_lib.checks.result import Diagnosed
 from attention_lib.checks.limits import Coalesced, MostBarriers, MostLoads, NoSerialCopy, RefilledTiles
@@ -67,126 +25,6 @@ from attention_lib.measure import sanitizer
 from attention_lib.platform.launch import ceil_div
 from attention_lib.stages import multihead, weighted_sum
 from attention_lib.stages.projection import tile_matmul
-
-
-class Case(NamedTuple):
-    """One size tried: x (B, T, n_head * d_k) split into n_head heads of width d_k."""
-
-    B: int
-    T: int
-    n_head: int
-    d_k: int
-
-    def __str__(self):
-        return f"(B {self.B}, T {self.T}, n_head {self.n_head}, d_k {self.d_k})"
-
-
-def _guarded_input(array, guard):
-    """A device copy of `array` followed by `guard` zeros, and the view of its first array.size
-    entries: an unguarded read just past the end stays inside the allocation on a GPU."""
-    full = cuda.to_device(np.concatenate([array.ravel(), np.zeros(guard, np.float32)]))
-    return full[:array.size].reshape(array.shape)
-
-
-_OUT_OF_BOUNDS = re.compile(r"out-of-bounds (read|write) (\w+)\[([-\d, ]*)\].*?block \((\d+), (\d+), (\d+)\) "
-                            r"thread \((\d+), (\d+), (\d+)\)")
-
-
-def _out_of_bounds(error):
-    """(kind, array, index, block, thread) of the sanitizer's out-of-bounds message, or None."""
-    found = _OUT_OF_BOUNDS.search(str(error))
-    if found is None:
-        return None
-    numbers = [tuple(int(x) for x in found.group(3).split(",") if x.strip())]
-    numbers += [tuple(int(found.group(g)) for g in group) for group in ((4, 5, 6), (7, 8, 9))]
-    return (found.group(1), found.group(2), *numbers)
-
-
-def _layer_out_of_range(error, inside):
-    """Diagnosed grid_layer_order when the out-of-bounds access came from a thread whose own
-    position (grid x, grid y) lies inside the output (inside(x, y) is True): only what it decoded
-    from the grid layer z can have left the array. None otherwise (a missing guard: the engine's)."""
-    parsed = _out_of_bounds(error)
-    if parsed is None:
-        return None
-    kind, array, index, block, thread = parsed
-    x, y = block[0] * 16 + thread[0], block[1] * 16 + thread[1]
-    if not inside(x, y):
-        return None
-    return Diagnosed("grid_layer_order", (
-        f"the thread at grid x {x}, y {y} of grid layer z {block[2]} lies inside the output, yet it "
-        f"{'read' if kind == 'read' else 'wrote'} {array}{list(index)}, outside {array}: the sequence or the head "
-        "it decoded from z is out of range; the launch numbers the layers z = b * n_head + h, b < B, h < n_head"))
-
-
-def _run_split(kernel, case, rng, launch):
-    B, T, n_head, d_k = case
-    d_model = n_head * d_k
-    x = rng.standard_normal((B, T, d_model)).astype(np.float32)
-    tx, ty = multihead.BLOCK
-    # Guard zones behind the input and the output: an unguarded thread of the last block reaches
-    # fewer than ty rows (of d_model in x, of d_k in out) plus tx columns past the end. On a GPU
-    # the reads stay inside the allocation and the writes are caught; on the simulator the index
-    # is caught first.
-    d_x = _guarded_input(x, ty * (d_model + 1) + tx)               # (B, T, d_model)
-    full, out = output_array((B, n_head, T, d_k), guard=ty * (d_k + 1) + tx)
-    grid, block = multihead.head_grid(B * n_head, T, d_k)
-    try:
-        launch(kernel, grid, block, d_x, out)
-    except IndexError as error:
-        raise _layer_out_of_range(error, lambda c, t: c < d_k and t < T) or error from None
-    return read_output(full, out), reference.split_heads(x, n_head), x, n_head
-
-
-def _diagnose_split(got, expected, x, n_head):
-    """Name the interleaved split; None for any other mistake (the engine shows where)."""
-    B, T, d_model = x.shape
-    d_k = d_model // n_head
-    interleaved = x.reshape(B, T, d_k, n_head).transpose(0, 3, 1, 2)   # head h: columns h, h + n_head, ...
-    if np.array_equal(got, interleaved):
-        return "heads_interleaved", (
-            f"head h got columns h, h + {n_head}, h + {2 * n_head}, ... (every n_head-th column); "
-            f"a head is a contiguous block: head h holds the h-th run of d_k = {d_k} columns "
-            "(the model axis is (n_head, d_k), not (d_k, n_head))")
-    return None
-
-
-def _split_cases():
-    """One element; then T and d_k around the 16 x 16 block (a partial block down and across, one
-    exactly full, two across), several heads (an interleaved split differs), a batch of 2."""
-    tile = multihead.BLOCK[0]
-    t_short, t_full, t_over = sizes.around(tile)
-    return [Case(1, 1, 1, 1), Case(1, 7, 3, 5), Case(2, t_over, 4, 6), Case(1, t_full, 2, t_over + 3),
-            Case(2, t_short, 3, t_full)]
-
-
-register(Exercise(
-    exercise_id="06_split_heads",
-    kind="kernel",
-    run=_run_split,
-    cases=_split_cases(),
-    hint=("one thread per output element: the grid's x and y cover a head's components and positions, its "
-          "z axis every (sequence, head) pair; head h owns the h-th run of d_k consecutive columns of x"),
-    more_hints=("the plan: the thread's component and position come from the grid's x and y, its sequence and "
-                "head from the layer number (a quotient and a remainder by the head count); its column of x "
-                "is the head's first column plus its component; threads of the edge blocks that fall past "
-                "the output do nothing. Where answers go wrong: a head's columns taken one every n_head (the "
-                "wrong reshape order), and a layer split into a sequence and a head that leave their ranges",),
-    rtol=0.0,   # a split moves values, it computes none: every entry must be exact
-    atol=0.0,
-    diagnose=_diagnose_split,
-    diagnoses=("heads_interleaved", "grid_layer_order"),
-    # Each element of x is copied once, and the 16 threads of a block row (half a warp) read 16
-    # consecutive floats: a warp's load of two rows touches at most 4 segments of 128 bytes (each
-    # row may straddle a boundary, as a head's columns start anywhere).
-    limits=(MostLoads("x", 1, why="a copy reads each element once"), NoSerialCopy("x"),
-            NoSerialCopy("out", access="store"), Coalesced("x", 4)),
-    solution=multihead.split_heads_kernel,
-    forbidden=(multihead.split_heads, multihead.launch_heads),
-))
-
-
-# --- The main exercise: every head's weighted sum, V read in place, the heads written merged -------
 
 TILE = multihead.TILE
 
@@ -343,7 +181,6 @@ def _assumes_mha(kernel, launch):
 
 
 def _qkv_width(case):
-    """qkv's last axis: n_head + 2 n_kv_head heads of d_k columns."""
     return (case.n_head + 2 * case.n_kv_head) * case.d_k
 
 
@@ -375,8 +212,8 @@ def _run_qkv_av(kernel, case, rng, launch):
     s = rng.standard_normal((B * n_head, T, T))
     a = reference.softmax(reference.apply_causal_mask(s) if causal else s).astype(np.float32)
     grid, block = multihead.qkv_av_grid(B, T, n_head, d_k)
-    d_a = _guarded_input(a, TILE * (T + 1))
-    d_qkv = _guarded_input(qkv, TILE * (_qkv_width(case) + 1))
+    d_a = guarded_input(a, TILE * (T + 1))
+    d_qkv = guarded_input(qkv, TILE * (_qkv_width(case) + 1))
     full, out = output_array((B, T, n_head * d_k), guard=TILE * (n_head * d_k + 1))
     expected = _emulated_av(a, qkv, case, d_k, lambda h: n_head + n_kv_head + h // (n_head // n_kv_head))
     try:
@@ -410,6 +247,15 @@ def _run_qkv_av(kernel, case, rng, launch):
     return got, expected
 
 
+def _most_qkv_loads(case):
+    """V's elements are read once per tile of queries by each query head of the group."""
+    return case.n_head // case.n_kv_head * ceil_div(case.T, TILE)
+
+
+_QKV_LOADS = MostLoads("qkv", _most_qkv_loads, why="a tile of values in shared memory serves all of a block's "
+                       "queries, for each query head that reads that V head")
+
+
 @dataclass
 class WholeTiles:
     """A limit measured only on the cases whose heads are whole tiles wide: in a narrower head a warp's
@@ -417,22 +263,27 @@ class WholeTiles:
 
     limit: object
 
-    def __post_init__(self):
-        self.code = self.limit.code
+    @property
+    def code(self):
+        return self.limit.code
 
     def broken(self, traces, case, compiled):
-        return self.limit.broken(traces, case, compiled) if case.d_k % TILE == 0 else None
+        if case.d_k % TILE:
+            return None
+        broken = self.limit.broken(traces, case, compiled)
+        return (self.code, broken) if broken and not isinstance(broken, tuple) else broken
 
 
 @dataclass
 class OneHeadOfV:
     """A block's loads of qkv stay within one head's d_k columns. Checked where the reads of qkv break
-    their limit, so that a column guard on qkv's width alone is named before no_reuse."""
+    their limit `loads`, so that a column guard on qkv's width alone is named before no_reuse."""
 
+    loads: MostLoads
     code: str = "reads_next_head"
 
     def broken(self, traces, case, compiled):
-        if not MostLoads("qkv", _most_qkv_loads).broken(traces, case, compiled):
+        if not self.loads.broken(traces, case, compiled):
             return None
         width = _qkv_width(case)
         for traced in (t for t in traces if "qkv" in t.arrays()):
@@ -448,11 +299,6 @@ class OneHeadOfV:
                             "columns read the next head's values, which no output of the block needs. Those loads "
                             "repeat what the next head's blocks read, so qkv is read more often than its limit")
         return None
-
-
-def _most_qkv_loads(case):
-    """V's elements are read once per tile of queries by each query head of the group."""
-    return case.n_head // case.n_kv_head * ceil_div(case.T, TILE)
 
 
 def _steps_why(case):
@@ -490,9 +336,7 @@ register(Exercise(
                "reads_next_head", "grid_layer_order"),
     limits=(MostLoads("a", lambda case: ceil_div(case.d_k, TILE), why="a tile of weights in shared memory serves "
                       "all of a block's columns"),
-            OneHeadOfV(),
-            MostLoads("qkv", _most_qkv_loads, why="a tile of values in shared memory serves all of a block's "
-                      "queries, for each query head that reads that V head"),
+            OneHeadOfV(_QKV_LOADS), _QKV_LOADS,
             NoSerialCopy("a"), WholeTiles(NoSerialCopy("qkv")), NoSerialCopy("out", access="store"),
             Coalesced("a", 4), Coalesced("qkv", 4), Coalesced("out", 4, access="store"),
             RefilledTiles(), MostBarriers(lambda case: 2 * ceil_div(case.T, TILE), why=_steps_why)),

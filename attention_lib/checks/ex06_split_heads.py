@@ -1,0 +1,139 @@
+"""``06_split_heads`` (notebook 06, warm-up): a kernel with split_heads_kernel's signature ``(x, out)``
+that copies x (B, T, n_head * d_k) into out (B, n_head, T, d_k), out[b, h, t, c] = x[b, t, h * d_k + c],
+one thread an element on the library's grid (``multihead.head_grid``: x along c, y along t, z along
+b * n_head + h). Its solution is ``multihead.split_heads_kernel``; its cases, limits and named mistakes
+are declared in the Exercise below.
+"""
+
+import re
+from typing import NamedTuple
+
+import numpy as np
+from numba import cuda
+
+from attention_lib import reference
+from attention_lib.checks import cases as sizes
+from attention_lib.checks.engine import Exercise, register
+from attention_lib.checks.launch import output_array, read_output
+from attention_lib.checks.result import Diagnosed
+from attention_lib.checks.limits import Coalesced, MostLoads, NoSerialCopy
+from attention_lib.stages import multihead
+
+
+class Case(NamedTuple):
+    """One size tried: x (B, T, n_head * d_k) split into n_head heads of width d_k."""
+
+    B: int
+    T: int
+    n_head: int
+    d_k: int
+
+    def __str__(self):
+        return f"(B {self.B}, T {self.T}, n_head {self.n_head}, d_k {self.d_k})"
+
+
+def guarded_input(array, guard):
+    """A device copy of `array` followed by `guard` zeros, and the view of its first array.size
+    entries: an unguarded read just past the end stays inside the allocation on a GPU."""
+    full = cuda.to_device(np.concatenate([array.ravel(), np.zeros(guard, np.float32)]))
+    return full[:array.size].reshape(array.shape)
+
+
+_OUT_OF_BOUNDS = re.compile(r"out-of-bounds (read|write) (\w+)\[([-\d, ]*)\].*?block \((\d+), (\d+), (\d+)\) "
+                            r"thread \((\d+), (\d+), (\d+)\)")
+
+
+def _out_of_bounds(error):
+    """(kind, array, index, block, thread) of the sanitizer's out-of-bounds message, or None."""
+    found = _OUT_OF_BOUNDS.search(str(error))
+    if found is None:
+        return None
+    numbers = [tuple(int(x) for x in found.group(3).split(",") if x.strip())]
+    numbers += [tuple(int(found.group(g)) for g in group) for group in ((4, 5, 6), (7, 8, 9))]
+    return (found.group(1), found.group(2), *numbers)
+
+
+def _layer_out_of_range(error, inside):
+    """Diagnosed grid_layer_order when the out-of-bounds access came from a thread whose own
+    position (grid x, grid y) lies inside the output (inside(x, y) is True): only what it decoded
+    from the grid layer z can have left the array. None otherwise (a missing guard: the engine's)."""
+    parsed = _out_of_bounds(error)
+    if parsed is None:
+        return None
+    kind, array, index, block, thread = parsed
+    x, y = block[0] * 16 + thread[0], block[1] * 16 + thread[1]
+    if not inside(x, y):
+        return None
+    return Diagnosed("grid_layer_order", (
+        f"the thread at grid x {x}, y {y} of grid layer z {block[2]} lies inside the output, yet it "
+        f"{'read' if kind == 'read' else 'wrote'} {array}{list(index)}, outside {array}: the sequence or the head "
+        "it decoded from z is out of range; the launch numbers the layers z = b * n_head + h, b < B, h < n_head"))
+
+
+def _run_split(kernel, case, rng, launch):
+    B, T, n_head, d_k = case
+    d_model = n_head * d_k
+    x = rng.standard_normal((B, T, d_model)).astype(np.float32)
+    tx, ty = multihead.BLOCK
+    # Guard zones behind the input and the output: an unguarded thread of the last block reaches
+    # fewer than ty rows (of d_model in x, of d_k in out) plus tx columns past the end. On a GPU
+    # the reads stay inside the allocation and the writes are caught; on the simulator the index
+    # is caught first.
+    d_x = guarded_input(x, ty * (d_model + 1) + tx)               # (B, T, d_model)
+    full, out = output_array((B, n_head, T, d_k), guard=ty * (d_k + 1) + tx)
+    grid, block = multihead.head_grid(B * n_head, T, d_k)
+    # Which layer copies which (sequence, head) does not matter: out is indexed by both, so any
+    # one-to-one reading of z is right; only a reading that leaves the arrays is named.
+    try:
+        launch(kernel, grid, block, d_x, out)
+    except IndexError as error:
+        raise _layer_out_of_range(error, lambda c, t: c < d_k and t < T) or error from None
+    return read_output(full, out), reference.split_heads(x, n_head), x, n_head
+
+
+def _diagnose_split(got, expected, x, n_head):
+    """Name the interleaved split; None for any other mistake (the engine shows where)."""
+    B, T, d_model = x.shape
+    d_k = d_model // n_head
+    interleaved = x.reshape(B, T, d_k, n_head).transpose(0, 3, 1, 2)   # head h: columns h, h + n_head, ...
+    if np.array_equal(got, interleaved):
+        return "heads_interleaved", (
+            f"head h got columns h, h + {n_head}, h + {2 * n_head}, ... (every n_head-th column); "
+            f"a head is a contiguous block: head h holds the h-th run of d_k = {d_k} columns "
+            "(the model axis is (n_head, d_k), not (d_k, n_head))")
+    return None
+
+
+def _split_cases():
+    """One element; then T and d_k around the 16 x 16 block (a partial block down and across, one
+    exactly full, two across), several heads (an interleaved split differs), a batch of 2."""
+    tile = multihead.BLOCK[0]
+    t_short, t_full, t_over = sizes.around(tile)
+    return [Case(1, 1, 1, 1), Case(1, 7, 3, 5), Case(2, t_over, 4, 6), Case(1, t_full, 2, t_over + 3),
+            Case(2, t_short, 3, t_full)]
+
+
+register(Exercise(
+    exercise_id="06_split_heads",
+    kind="kernel",
+    run=_run_split,
+    cases=_split_cases(),
+    hint=("one thread per output element: the grid's x and y cover a head's components and positions, its "
+          "z axis every (sequence, head) pair; head h owns the h-th run of d_k consecutive columns of x"),
+    more_hints=("the plan: the thread's component and position come from the grid's x and y, its sequence and "
+                "head from the layer number (a quotient and a remainder by the head count); its column of x "
+                "is the head's first column plus its component; threads of the edge blocks that fall past "
+                "the output do nothing. Where answers go wrong: a head's columns taken one every n_head (the "
+                "wrong reshape order), and a layer split into a sequence and a head that leave their ranges",),
+    rtol=0.0,   # a split moves values, it computes none: every entry must be exact
+    atol=0.0,
+    diagnose=_diagnose_split,
+    diagnoses=("heads_interleaved", "grid_layer_order"),
+    # Each element of x is copied once, and the 16 threads of a block row (half a warp) read 16
+    # consecutive floats: a warp's load of two rows touches at most 4 segments of 128 bytes (each
+    # row may straddle a boundary, as a head's columns start anywhere).
+    limits=(MostLoads("x", 1, why="a copy reads each element once"), NoSerialCopy("x"),
+            NoSerialCopy("out", access="store"), Coalesced("x", 4)),
+    solution=multihead.split_heads_kernel,
+    forbidden=(multihead.split_heads, multihead.launch_heads),
+))
