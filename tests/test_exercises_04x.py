@@ -8,7 +8,7 @@ import pytest
 from numba import cuda
 
 from attention_lib.checks import EXERCISES, check, mutation
-from attention_lib.checks.ex04_softmax import OCCUPANCY_CASES, OCCUPANCY_MISTAKES, occupancy_without
+from attention_lib.checks.ex04x_warps_per_sm import OCCUPANCY_CASES, OCCUPANCY_MISTAKES, occupancy_without
 from attention_lib.measure import kernel_report
 from attention_lib.stages.softmax import FULL_MASK, WARP_SIZE, WARPS_PER_BLOCK, merge_stats, strided_write, strided_zeros
 
