@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from attention_lib.checks import EXERCISES, check, ex11_backward, mutation
+from attention_lib.checks import EXERCISES, check, ex11_dkdv_pass, mutation
 from attention_lib.stages import backward
 from attention_lib.stages.kv_cache import row_dot
 
@@ -317,7 +317,7 @@ def test_every_named_pass_mistake_is_planted():
 def test_dkdv_pass_mistakes_get_their_diagnosis(diagnosis):
     result = verdict("11_dkdv_pass", pass_answer(PLANTED[diagnosis]))
     assert (result.passed, result.diagnosis) == (False, diagnosis), result
-    message = ex11_backward.PASS_MISTAKES.get(diagnosis)
+    message = ex11_dkdv_pass.PASS_MISTAKES.get(diagnosis)
     assert message is None or message in result.message, result
 
 

@@ -1,44 +1,10 @@
-"""Notebook 11's exercises: the softmax's backward as a kernel (warm-up), and the dK/dV pass's walk (main).
-
-``11_score_grad`` (warm-up): a kernel with ``backward.score_grad_kernel``'s signature ``(p, dp,
-d_rows, scale, d_raw)``: p, dp (BH, T_q, T_k) float32, the weights and their gradient; d_rows
-(BH, T_q), the row sums D_i = rowsum(dO o O)_i; scale 1/sqrt(d_k); it writes d_raw (BH, T_q,
-T_k) = scale * P o (dP - D), one thread per entry, on the scores' grid (x over keys j, y over
-queries i, z over heads h). The inputs are those of a real head (causal cases have P = 0 above
-the diagonal). Limit: a warp's loads of p and dp touch at most 2 segments of 128 bytes on average
-(``uncoalesced``: threads along x walking down a column). Besides the engine's diagnoses, a wrong
-answer is compared with the usual slips:
-
-- ``gradient_to_masked_keys``: an entry where P = 0 (a key the query cannot see) got a nonzero
-  gradient: the row-sum term was not multiplied by P (P o dP - D);
-- ``missing_row_sum``: scale * P o dP, the softmax's Jacobian reduced to its diagonal;
-- ``transposed_p``: P read at [j, i] instead of [i, j] (the cases with T_q = T_k);
-- ``missing_scale``: P o (dP - D), the 1/sqrt(d_k) forgotten;
-- ``scale_applied_twice``: scale^2 * P o (dP - D);
-- ``scale_inverted``: P o (dP - D) / scale, multiplied by sqrt(d_k) instead of divided;
-- ``scale_on_one_term``: P o (scale dP - D) or P o (dP - scale D), the scale inside the bracket.
-
-``11_dkdv_pass`` (main): a ``@cuda.jit(device=True)`` walk with ``backward.dkdv_walk``'s contract,
-``(q, d_out, lse, d_rows, t_k, q_tile, do_tile, stats, k_row, v_row, dk_acc, dv_acc, scale)``, which
-every thread of block (x, h) of ``backward.dkdv_pass_kernel`` calls (the kernel loads each key's k and v
-rows and stores its sums): it walks the query tiles that see the block's keys, copies each tile's q, dO,
-lse and D into the given shared arrays itself (no copy helper is given), and folds the queries that see
-its key j into its sums, P_ij rebuilt from the lse. Causal, the queries the last T_q of T_k positions.
-The check compiles the kernel around the answer (``backward.pass_kernel_with``) at the simulator's tiles
-and a GPU's, and compares dK and dV (concatenated on the last axis) with the NumPy backward. Limits:
-each element of q, d_out, lse and d_rows read at most once by a block and from no query tile above its
-diagonal (measured in ``run`` from the trace, block by block: ``no_reuse``, ``tile_above_diagonal``),
-coalesced loads with every lane side by side, two barriers a query tile (the contract states the budget
-the check counts; the hints give its arithmetic), every slot read written in its step. Named besides the
-engine's: the walk's and rows' slips (``diagonal_skipped``, ``last_query_row_skipped``,
-``first_query_row_skipped``, ``first_query_tile_skipped``, ``last_query_tile_skipped``,
-``walk_stops_early`` (capped at a number of tiles, or a number past the diagonal band),
-``walk_ends_at_t_k`` (the last tile from T_k: values, or the barriers of the tiles past T_q),
-``tile_size_written_as_number`` (16 for BLOCK_Q at a GPU's launch: values, or barriers),
-``offset_ignored``, ``masked_pairs_folded``, ``block_ignored``, ``head_ignored``), the recomputation's
-(``lse_not_subtracted``, ``scores_not_scaled``, ``lse_and_d_swapped``, ``missing_row_sum``,
-``row_sum_not_weighted``, ``dv_weighted_by_ds``, ``dk_weighted_by_p``, ``p_and_ds_swapped``,
-``dk_scaled_twice``) and ``unstable_softmax``.
+"""``11_dkdv_pass`` (notebook 11, main): a ``@cuda.jit(device=True)`` walk with ``backward.dkdv_walk``'s
+contract, which every thread of block (x, h) of ``backward.dkdv_pass_kernel`` calls (the kernel loads each
+key's k and v rows and stores its sums): it walks the query tiles that see the block's keys, copies each
+tile's q, dO, lse and D into shared memory itself, and folds the queries that see its key into its dK and
+dV sums, P rebuilt from the lse. The check compiles the kernel around it (``backward.pass_kernel_with``)
+at the simulator's tiles and a GPU's and compares dK and dV with the NumPy backward. Its solution is
+``backward.dkdv_walk``; its cases, limits and named mistakes are declared in the ``Exercise`` below.
 """
 
 import math
@@ -51,103 +17,11 @@ from attention_lib.checks import shapes
 from attention_lib.checks.engine import Exercise, register
 from attention_lib.checks.launch import host_output, traced_launch
 from attention_lib.checks.result import Diagnosed
-from attention_lib.checks.limits import (Coalesced, MostAccessesPerThread, MostBarriers, MostLoads, NoSerialCopy,
-                                         RefilledTiles)
+from attention_lib.checks.limits import Coalesced, MostBarriers, NoSerialCopy, RefilledTiles
 from attention_lib.measure import sanitizer
 from attention_lib.platform.launch import ceil_div
 from attention_lib.stages import backward, scores
 
-
-class Case(NamedTuple):
-    """One size tried: BH heads of T_q queries against T_k keys, width d_k, causal or not."""
-
-    BH: int
-    T_q: int
-    T_k: int
-    d_k: int
-    causal: bool
-
-    def __str__(self):
-        return (f"(BH {self.BH}, T_q {self.T_q}, T_k {self.T_k}, d_k {self.d_k}, "
-                f"{'causal' if self.causal else 'not causal'})")
-
-
-def _run(kernel, case, rng, launch):
-    q, k, v, d_out = (rng.standard_normal((case.BH, t, d)) for t, d in
-                      ((case.T_q, case.d_k), (case.T_k, case.d_k), (case.T_k, 4), (case.T_q, 4)))
-    p = reference.attention_weights(q, k, case.causal)          # (BH, T_q, T_k) float64
-    dp = d_out @ np.swapaxes(v, -1, -2)                         # (BH, T_q, T_k)
-    d_rows = np.sum(d_out * (p @ v), axis=-1)                   # (BH, T_q)
-    scale = scores.scale_factor(case.d_k)
-    p32, dp32, d_rows32 = (a.astype(np.float32) for a in (p, dp, d_rows))
-    d_raw = host_output(p.shape)                                # copied back by the launch
-    launch(kernel, *scores.score_grid(case.BH, case.T_q, case.T_k), p32, dp32, d_rows32, scale, d_raw)
-    expected = float(scale) * p * (dp - d_rows[..., None])
-    return d_raw, expected, p, dp, d_rows, float(scale)
-
-
-def _diagnose(got, expected, p, dp, d_rows, scale):
-    """Name the slip when `got` equals a known wrong formula; None otherwise."""
-    d = d_rows[..., None]
-    wrong = [("missing_row_sum", scale * p * dp,
-              "the row sum D was not subtracted: the softmax's Jacobian has an off-diagonal part, "
-              "because raising one score lowers every other weight of the row")]
-    if p.shape[-1] == p.shape[-2]:
-        wrong.append(("transposed_p", scale * np.swapaxes(p, -1, -2) * (dp - d),
-                      "P was read transposed: entry (i, j) needs the weight of query i on key j"))
-    wrong += [("missing_scale", p * (dp - d),
-               f"the result was not multiplied by scale = 1/sqrt(d_k) = {scale:.4g}"),
-              ("scale_applied_twice", scale * scale * p * (dp - d),
-               f"the scale 1/sqrt(d_k) = {scale:.4g} was applied twice"),
-              ("scale_inverted", p * (dp - d) / scale,
-               f"the result was divided by scale = {scale:.4g} (multiplied by sqrt(d_k)): the scores were "
-               "multiplied by 1/sqrt(d_k), so their gradient is multiplied by it too"),
-              ("scale_on_one_term", p * (scale * dp - d),
-               "the scale multiplies dP but not D: it belongs outside the bracket, on the whole P (dP - D)"),
-              ("scale_on_one_term", p * (dp - scale * d),
-               "the scale multiplies D but not dP: it belongs outside the bracket, on the whole P (dP - D)")]
-    for code, candidate, message in wrong:
-        if not np.allclose(candidate, expected, rtol=1e-4, atol=1e-5) and np.allclose(got, candidate, rtol=1e-4,
-                                                                                      atol=1e-5):
-            return code, message
-    masked = p == 0
-    if np.any(np.abs(got[masked]) > 1e-6):
-        where = tuple(int(i) for i in np.argwhere(masked & (np.abs(got) > 1e-6))[0])
-        return ("gradient_to_masked_keys",
-                f"entry {where} has P = 0 (a key that query cannot see) but got gradient {got[where]:.4g}: "
-                "every term of dS must carry the factor P, the row-sum term too")
-    return None
-
-
-register(Exercise(
-    exercise_id="11_score_grad",
-    kind="kernel",
-    run=_run,
-    # One query and one key first (P = 1, dS = 0: a check of indexing and the guard); then square
-    # causal heads (a transposed P has the right shape there, so it is named), a partial 16 x 16
-    # block each way; then T_q != T_k, not causal, two heads.
-    cases=[Case(1, 1, 1, 3, True), Case(1, 7, 7, 4, True), Case(2, 19, 19, 8, True), Case(2, 5, 23, 16, False)],
-    hint=("each thread owns one entry (i, j) of one head; the softmax's Jacobian turns dP into dS by "
-          "subtracting the row's weighted mean of dP (the row sum D), everything weighted by P; and the "
-          "scores were scaled"),
-    more_hints=("where answers go wrong: subtracting D without the factor P (then keys the query cannot see "
-                "get a gradient), putting the scale inside the bracket on one term only, and the threads of "
-                "the edge blocks that fall outside the matrix",),
-    # One float32 multiply and subtraction against float64: errors around 1e-7.
-    rtol=1e-5,
-    atol=1e-6,
-    diagnose=_diagnose,
-    diagnoses=("gradient_to_masked_keys", "missing_row_sum", "transposed_p", "missing_scale",
-               "scale_applied_twice", "scale_inverted", "scale_on_one_term"),
-    # x along the keys: a warp's 32 threads read two rows of 16 neighbouring floats.
-    limits=(MostAccessesPerThread("d_raw", 1, access="store", why="one thread per entry writes its own entry"),
-            Coalesced("p", 2), Coalesced("dp", 2)),
-    solution=backward.score_grad_kernel,
-    forbidden=(backward.attention_backward, backward.launch_naive_backward),
-))
-
-
-# --- 11_dkdv_pass (main): the whole dK/dV pass of a block of keys --------------------------------
 
 class PassCase(NamedTuple):
     """One launch of a dK/dV kernel: BH heads of T_q queries (the last T_q positions) against T_k keys,
@@ -491,71 +365,4 @@ register(Exercise(
                backward.query_ranges, backward.queries_seeing,
                backward.dq_tile, backward.flash_backward_dkdv_kernel, backward.launch_fused_backward,
                backward.flash_attention_backward, backward.dkdv_pass),
-))
-
-
-# --- 11x_group_sum (the deep dive's): a shared K/V head's gradient sums its group --------------
-
-class GroupCase(NamedTuple):
-    """BH query heads' gradients summed into BH_kv key/value heads' of (T, d)."""
-
-    BH: int
-    BH_kv: int
-    T: int
-    d: int
-
-    def __str__(self):
-        return f"({self.BH} query heads on {self.BH_kv} K/V heads, T {self.T}, d {self.d})"
-
-
-def _run_group_sum(kernel, case, rng, launch):
-    per_head = rng.standard_normal((case.BH, case.T, case.d)).astype(np.float32)
-    shared = host_output((case.BH_kv, case.T, case.d))                 # written in place
-    launch(kernel, *backward.group_sum_grid(case.BH_kv, case.T, case.d), per_head, shared)
-    expected = backward.fold_kv_heads(per_head.astype(np.float64), shared.shape)
-    return shared, expected, per_head
-
-
-def _diagnose_group_sum(got, expected, per_head):
-    """Name a wrong grouping of the query heads; None otherwise."""
-    bh, bh_kv = per_head.shape[0], got.shape[0]
-    group, p = bh // bh_kv, per_head.astype(np.float64)
-    wrong = [("group_interleaved", p.reshape(group, bh_kv, *p.shape[1:]).sum(axis=0),
-              "K/V head g summed query heads g, g + BH_kv, g + 2 BH_kv, ...: query head h reads K/V head h // group, "
-              "so K/V head g's group is the consecutive heads g * group to (g + 1) * group - 1"),
-             ("group_not_summed", p[::group], "K/V head g got only the first query head of its group: every query "
-                                              "head of the group read it, and each adds its gradient")]
-    for code, candidate, message in wrong:
-        if not np.allclose(candidate, expected, rtol=1e-5, atol=1e-5) and np.allclose(got, candidate, rtol=1e-5,
-                                                                                      atol=1e-5):
-            return code, message
-    return None
-
-
-register(Exercise(
-    exercise_id="11x_group_sum",
-    kind="kernel",
-    run=_run_group_sum,
-    # No group (1 on 1); a group of 3 (6 on 2) whose T x d entries fill one block and a part (T 9, d 4:
-    # 36 entries in blocks of 32); multi-query (4 on 1); a group of 2 over several blocks.
-    cases=[GroupCase(1, 1, 1, 1), GroupCase(6, 2, 9, 4), GroupCase(4, 1, 5, 7), GroupCase(4, 2, 17, 3)],
-    hint=("each element of a K/V head's gradient is the sum of group numbers, one from each query head that "
-          "reads that K/V head, all at the same position and column; one thread can own that sum, and "
-          "neighbouring threads can own neighbouring elements"),
-    more_hints=("the plan: the block's second grid index is the K/V head g; the thread's flat index along the "
-                "first axis splits into a position (the quotient by d) and a column (the remainder), so that "
-                "neighbouring threads touch neighbouring addresses; the last block hangs past T times d entries "
-                "and its extra threads write nothing. Query head h reads K/V head h // group, so g's group is the "
-                "group consecutive query heads starting at g times group, not every BH_kv-th head. Start the "
-                "sum from a float32 zero, add the group's values at the thread's position and column, and "
-                "store it once",),
-    # Sums of at most 4 float32 standard normals against float64.
-    rtol=1e-5,
-    atol=1e-5,
-    diagnose=_diagnose_group_sum,
-    diagnoses=("group_interleaved", "group_not_summed"),
-    limits=(MostLoads("per_head", 1, why="each query head's element is added into exactly one sum"),
-            Coalesced("per_head", 2)),
-    solution=backward.group_sum_kernel,
-    forbidden=(backward.fold_kv_heads, backward.launch_grouped_naive_backward),
 ))
