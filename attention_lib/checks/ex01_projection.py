@@ -1,23 +1,11 @@
-"""Notebook 01's exercises: the projection x @ w (+ b), first one thread per output, then tiled; and
-the deep dive 01x's register micro-tile.
-
-``01_projection_naive`` (warm-up): projection_kernel_v1's signature ``(x, w, b, out)``, one
-thread per output element, written before any kernel of the stage is shown. Limits: every warp
-load of x and w within 2 segments of 128 bytes; float32 throughout (the engine compiles it).
-Named mistakes: ``w_transposed`` (w[col, k] for w[k, col], seen on a square w, where it stays in
-bounds), ``bias_missing`` and ``grid_axes_swapped`` (the row taken from the grid's x).
-
-``01_tiled_matmul`` (main): the device function ``tile_matmul(x, w, row, col)`` of
-projection_kernel_v2, tiles and all: the student declares the shared tiles and writes the walk
-along d_model. The check runs it inside v2's kernel, every case traced: races (``race``), a
-barrier some threads skip (``divergent_barrier``), and the declared limits: every slot read written
-in its step (``stale_tile``), each element of x read at most ceil(d_out / TILE) times and of w
-ceil(T / TILE) times (``no_reuse``), every warp load within 4 segments (``uncoalesced``), at most
-two barriers per step of the walk (``extra_barriers``).
-
-``01x_multiply_wide_tiles`` (deep dive 01x): the device function of projection_kernel_v3 that adds
-one step's products to a thread's 2 x 2 sums, run inside v3's kernel. Limits: at most 4 shared
-reads per k (``no_register_reuse``), no local memory (``local_memory``).
+"""Notebook 01's exercises and deep dive 01x's: ``01_projection_naive`` (warm-up), a kernel
+``(x, w, b, out)`` computing the projection x @ w (+ b), one thread per output element
+(``projection.projection_kernel_v1``); ``01_tiled_matmul`` (main), the device function
+``tile_matmul(x, w, row, col)``, shared tiles and all, walking d_model a tile at a time inside
+projection_kernel_v2 (``projection.tile_matmul``); ``01x_multiply_wide_tiles``, the device function
+adding one step's products to a thread's 2 x 2 sums inside projection_kernel_v3
+(``projection.multiply_wide_tiles``). Their cases, limits and named mistakes are declared in the
+Exercises below.
 """
 
 from typing import NamedTuple
