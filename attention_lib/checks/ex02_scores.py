@@ -1,30 +1,10 @@
-"""Notebook 02's exercises: the scaled scores, one thread per score, then a whole tiled kernel.
-
-``02_scaled_scores`` (warm-up): scores_kernel_v1's signature ``(q, k, inv_sqrt_dk, s)``,
-launched on the library's grid. A wrong answer is compared with the usual wrong formulas:
-``missing_scale`` (q k^T), ``scaled_by_d_k`` (q k^T / d_k: the scale applied twice, or d_k in
-place of its root), ``scale_ignored`` (1/sqrt(d_k) computed in the kernel: the last case passes
-another scale) and ``transposed``: either Q K instead of Q K^T (q[i] . k[:, j]), or q and k
-swapped (S^T). Both stay in bounds only on a square case with T_q = T_k = d_k, which is why one
-comes second, after the all-ones case. ``grid_axes_swapped``: the row taken from the grid's x,
-so rows past the x extent of the grid are never written (and on a GPU neighbouring threads
-would write a row apart).
-
-``02_scores_tiled`` (main): the tiled kernel for K as the projection writes it, (BH, T_k, d_k),
-written whole from its contract (scores.scores_tiled_kernel): who copies which element of q and
-k, where k's element lands in its tile, the walk along d_k, the barriers and the guards are the
-student's. Every case is traced (races, divergent barriers, the engine's ``stale_tile``) and
-passes a scale other than 1/sqrt(d_k). On wrong values: ``edge_not_zeroed`` (a thread that
-writes a score read a slot its block's latest fill did not write), ``missing_scale``,
-``scale_applied_twice``, ``scale_ignored``, ``tile_not_transposed`` (k's tile read as if its
-rows and columns were exchanged, when they were not, or the other way round),
-``key_block_dropped`` (every block copied the first 16 keys) and ``d_k_cut_short`` (the sum
-stopped at a multiple of 16 columns: a d_k fixed in the code). With right values, measured from
-the trace in ``run``: ``scale_not_folded`` (after FOLD_CASE no shared array holds q times the
-scale) and ``bank_conflict`` (a warp's read of a tile puts two different words in one bank, or
-its store three); then the declared limits: ``no_reuse``, ``serial_copy``, ``uncoalesced`` (q,
-k loaded and s stored at most 4 segments a warp), ``extra_barriers`` (two a step along d_k) and
-``stale_tile`` (a slot read that its step did not write).
+"""Notebook 02's exercises: ``02_scaled_scores`` (warm-up), a kernel ``(q, k, inv_sqrt_dk, s)`` computing
+the scores q k^T times inv_sqrt_dk, one thread per score on the library's grid
+(``scores.scores_kernel_v1``); ``02_scores_tiled`` (main), the whole tiled kernel for K as the
+projection writes it, (BH, T_k, d_k), from its contract: who copies which element of q and k, where
+k's element lands in its tile, the walk along d_k, the barriers and the guards are the student's
+(``scores.scores_tiled_kernel``). Their cases, limits and named mistakes are declared in the
+Exercises below.
 """
 
 from collections import defaultdict
