@@ -1,31 +1,10 @@
-"""Notebook 03's exercises: the in-place causal mask, the fused causal scores kernel's block-wide
-early exit, then the tile test of a sliding-window kernel.
-
-``03_causal_mask`` (warm-up): the answer has mask_kernel's signature ``(s, window)`` and is
-launched on the library's grid over random finite scores, with window 0 (none) and, in the last
-cases, a sliding window. A wrong answer is named by the set of entries it changed:
-``mask_not_applied`` (none), ``mask_includes_diagonal`` (j >= i: a position may not even see
-itself), ``mask_wrong_side`` (the past masked instead of the future), ``mask_ignores_offset``
-(j > i when T_k > T_q: the queries are the last T_q positions), ``mask_value_not_neg_inf`` (the
-right entries, set to something else than -inf, such as -1e9 or 0), ``grid_axes_swapped`` (i
-taken from the grid's x: with T_q much larger than T_k, whole rows are never reached, and on a
-GPU neighbouring threads would write addresses a row apart), ``mask_ignores_window`` (only the
-future masked when a window was given), ``window_off_by_one`` (the band one key too wide or too
-narrow) and ``window_zero_not_none`` (window 0 taken as a window: 0 means none).
-
-``03_causal_scores`` (main): causal_scores_kernel's body, tile_dot given. Every case is traced
-on the simulator; the blocks that loaded q or k are the tiles computed. A per-thread early exit
-before tile_dot's barriers is the engine's ``divergent_barrier``. Then ``skips_visible_tile``
-(a skipped tile holds a visible score), ``skipped_tile_not_written`` (a skipped tile left its
-scores unwritten), on wrong values ``diagonal_tile_unmasked``, ``mask_includes_diagonal``,
-``mask_ignores_offset``, ``missing_scale``, ``scaled_by_d_k``, and with right values
-``skips_too_few`` (tiles wholly in the future were computed).
-
-``03_tile_skip``: the library's window_scores_kernel, rebuilt around the student's device
-function ``tile_is_masked(row_block, col_block, t_q, t_k, window)``; the tiles it skipped (traced)
-are compared with the tiles that are wholly masked: ``skips_visible_tile``, ``skips_too_few``
-(the message says which edge was missed) and ``window_zero_not_none`` (with window 0, tiles
-behind the diagonal skipped).
+"""Notebook 03's exercises: ``03_causal_mask`` (warm-up), a kernel ``(s, window)`` writing -inf in place
+over the scores the causal mask, and a sliding window (0: none), hide (``mask.mask_kernel``);
+``03_causal_scores`` (main), the fused causal scores kernel, tile_dot given, whose blocks leave
+early from tiles wholly in the future (``mask.causal_scores_kernel``); ``03_tile_skip``, the device
+function ``tile_is_masked(row_block, col_block, t_q, t_k, window)``, run inside the library's
+window_scores_kernel (``mask.tile_is_masked``). Their cases and named mistakes are declared in the
+Exercises below.
 """
 
 import numpy as np
