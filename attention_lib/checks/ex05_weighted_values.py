@@ -1,51 +1,10 @@
-"""Notebook 05's exercises: A . V with one thread per output, then tiled for causal weights, then a
-prediction of what a trained induction head attends to.
-
-``05_weighted_sum`` (warm-up): a kernel with weighted_sum_kernel_v1's signature ``(a, v, out)``:
-a (BH, T_q, T_k) weights, v (BH, T_k, d_v) values, out (BH, T_q, d_v), all float32, launched on
-weighted_sum_grid (x over out's columns, y over the queries, z over the heads; blocks of TILE x
-TILE). Besides the engine's diagnoses (``float64_arithmetic`` for a sum started from 0.0):
-
-- ``grid_axes_swapped``: the query was taken from the grid's x (and the column from y), so
-  the outputs the grid does not reach that way were never written;
-- ``weights_transposed``: query i read column i of the weights, a[h, j, i], for its row
-  (seen on a square case, T_q = T_k).
-
-``05_causal_av`` (main): a kernel with weighted_sum_causal_kernel's signature, on the same grid,
-for causal weights (zero for every key j > i + T_k - T_q: the queries are the last positions),
-from its contract. Race-checked and traced on every case, its limits measured:
-
-- ``no_reuse``: an element of a read more than ceil(d_v / TILE) times, or of v more than
-  ceil(T_q / TILE) times, from global memory (a kernel without shared tiles);
-- ``uncoalesced``: a warp's load of a or of v touching more than 4 segments of 128 bytes on
-  average (a warp of a 16 x 16 block reads two rows of 16 floats, each within at most two);
-- ``stale_tile``: a tile slot read that its step did not write (a tile not zeroed past an edge:
-  on the first step the slot holds the garbage the check fills shared memory with, later an older
-  step's value);
-- ``no_tiles_skipped``: right values, but weights were loaded from key tiles that lie wholly
-  above the diagonal of the block's queries;
-- ``extra_barriers``: right values and no such load, but a thread passed more barriers than two for
-  each key tile its block sees: a step past the block's last visible key (``MostBarriers``,
-  a limit of this module);
-- ``diagonal_tile_skipped``: the tile on the diagonal was skipped too: it holds weights that
-  are not zero;
-- ``mask_ignores_offset``: with T_q != T_k the stop ignored that the queries are the last
-  positions (query i sees keys up to i + T_k - T_q);
-and the engine's ``race``, ``divergent_barrier`` (a stopping point that differs between the
-threads of a block), ``out_of_bounds``, ``float64_arithmetic``. The cases come from TILE: T_k -
-T_q at 0, +1, -1, a block row that sees no key, a last visible key on a tile's edge, three block
-rows with tiles above the diagonal, d_v of a whole tile.
-
-``05_induction_key`` (predict, then check): ``induction_key(tokens, i)``, a NumPy function: the
-key the induction head of the trained toy model (notebook 11x) puts its largest weight on at a
-query i of the repeated segment, predicted from the tokens alone. The check compares it with the
-head's own choice (the argmax of its row) at every query of the repeat (L <= i < 2L - 1) of eight
-sequences, L from 4 to 11. Besides the engine's diagnoses:
-
-- ``reads_the_future``: an answer that changes when the tokens after its query change (the head
-  cannot see them);
-- ``earlier_occurrence_itself``: the key holding the query's token earlier, not the one after it;
-- ``previous_token``: key i - 1, layer 0's previous-token pattern.
+"""Notebook 05's exercises: ``05_weighted_sum`` (warm-up), a kernel ``(a, v, out)`` computing out = a . v
+for every head, one thread per output on weighted_sum_grid (``weighted_sum.weighted_sum_kernel_v1``);
+``05_causal_av`` (main), the same product tiled for causal weights, each block's walk along the keys
+stopping after its last visible key (``weighted_sum.weighted_sum_causal_kernel``); ``05_induction_key``
+(predict, then check), a NumPy function ``induction_key(tokens, i)`` naming the key the trained toy
+model's induction head weighs most at query i, held to the head's own choice (``induction_key``
+below). Their cases, limits and named mistakes are declared in the Exercises below.
 """
 
 from functools import lru_cache
@@ -229,6 +188,7 @@ register(Exercise(
            Case(1, TILE + 1, TILE, 3), Case(1, 2 * TILE + 1, TILE - 1, 1), Case(1, 2 * TILE + 1, 2 * TILE + 1, 8)],
     limits=(MostLoads("a", lambda case: ceil_div(case.d_v, TILE)),
             MostLoads("v", lambda case: ceil_div(case.T_q, TILE)),
+            # A warp of a 16 x 16 block reads two rows of 16 floats, each within at most two segments.
             Coalesced("a", 4), Coalesced("v", 4), RefilledTiles(), MostBarriers(lambda case: 2 * _visible_key_tiles(case), why=_steps_why)),
     hint=("a block's threads share what they load: a tile of weights serves a block's columns, a tile of "
           "values its queries; and the queries of one block share one stopping point along the keys, the "
