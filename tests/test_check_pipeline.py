@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from numba import cuda, float32
 
-from attention_lib.checks import EXERCISES, budget, check, engine, limits, result, reveal, shapes
+from attention_lib.checks import EXERCISES, budget, check, engine, limits, mutation, result, reveal, shapes
 from attention_lib.checks.launch import output_array, read_output
 from attention_lib.measure import compiler
 from attention_lib.platform import where
@@ -306,3 +306,20 @@ def test_the_same_code_typed_in_two_places_is_compiled_once_and_placed_in_each(t
     assert [{f.filename for f in c.float64} for c in placed] == [{"/tmp/ipykernel_1/cell.py"},
                                                                  {"/tmp/ipykernel_2/cell.py"}]
     assert all(f.line == 4 for c in placed for f in c.float64)
+
+
+def test_a_device_functions_float64_is_named_at_its_own_line_never_at_the_checks():
+    """The float64 of a device function's result shows in the PTX at the line of the check's kernel
+    that stores it: the verdict names the answer's Python float and no line of the library's."""
+    answer = mutation.variant(EXERCISES["04_block_reduction"], ("    result = partial[0]\n",
+                                                               "    result = partial[0] * 1.0\n"))
+    result = check("04_block_reduction", answer, verbose=False)
+    assert result.diagnosis == "float64_arithmetic", result
+    assert "it returns a float64" in result.message and "line 15: result = partial[0] * 1.0" in result.message
+    assert "attention_lib" not in result.message, result.message
+
+
+def test_values_that_differ_in_the_last_bits_print_until_they_differ():
+    said = result.got_and_expected(np.float32(-0.9579261), -0.95792603)
+    assert said.startswith("got -0.957926095, expected -0.95792603") and "last bits: 1.08 units" in said
+    assert result.got_and_expected(1.5, 2.0) == "got 1.5, expected 2"

@@ -3,6 +3,7 @@ broken, what the GPU compiler made of the answer), each as (code, message), and 
 line in a terminal, the line in colour in Jupyter, and the record the grader reads beside it)."""
 
 import html
+import linecache
 import re
 import sys
 from dataclasses import dataclass
@@ -108,6 +109,19 @@ def _first_difference(got, expected, rtol, atol):
     return index, got[where], expected[where], int(bad.sum())
 
 
+def got_and_expected(value, want):
+    """"got X, expected Y" with as many digits as it takes for X and Y to differ, and the float32 ulps
+    between them when they differ only in the last bits."""
+    for digits in (6, 9, 17):
+        shown = f"got {value:.{digits}g}, expected {want:.{digits}g}"
+        if f"{value:.{digits}g}" != f"{want:.{digits}g}":
+            break
+    if digits == 6 or not (np.isfinite(value) and np.isfinite(want)):
+        return shown
+    ulps = abs(float(value) - float(want)) / float(np.spacing(np.float32(abs(want))))
+    return f"{shown} (they differ in the last bits: {ulps:.3g} units of float32's last place)"
+
+
 def _where_in(mask):
     """Where the True entries of a bool array lie, in words: 'everywhere', 'in rows 16-31',
     'in rows 0-7, columns 16-20' (the last two axes; leading ones when they are the only ones)."""
@@ -161,10 +175,12 @@ def values_verdict(exercise, where, got, expected, inputs, traces):
     if named:
         return named[0], f"at {where}: {named[1]}"
     index, value, want, count = _first_difference(got, expected, exercise.rtol, exercise.atol)
+    if got.size == 1:
+        return "wrong_values", f"at {where}: {got_and_expected(value, want)}"
     bad = ~np.isclose(got, expected, rtol=exercise.rtol, atol=exercise.atol)
     return "wrong_values", (f"at {where}: {count} of {got.size} entries differ, "
                             f"{_where_in(bad)}; "
-                            f"first at [{index}]: got {value:.6g}, expected {want:.6g}")
+                            f"first at [{index}]: {got_and_expected(value, want)}")
 
 
 def limits_verdict(exercise, where, case, traces, compiled=None, compiled_limits=False):
@@ -183,16 +199,19 @@ _said_unavailable = []
 
 
 def _float64_message(instructions, answer):
-    """What float64 instructions in the PTX say, with the answer's Python floats (their likely cause)."""
+    """What float64 instructions in the PTX say: the answer's own lines that hold them, with their code
+    (never the check's or the library's lines), then the answer's Python floats (their likely cause)."""
     own = {f.__code__.co_filename for f in answer_code.functions_reached(answer)}
-    lines = sorted({(f.filename, f.line) for f in instructions if f.line > 0})
-    lines = [line for line in lines if line[0] in own] or lines or [(instructions[0].filename, 0)]
-    shown = ", ".join(str(line) for _, line in lines[:6]) + (", ..." if len(lines) > 6 else "")
-    at = f"lines {shown} of {describe_file(lines[0][0])}"
+    lines = sorted({(f.filename, f.line) for f in instructions if f.line > 0 and f.filename in own})
+    if lines:
+        shown = "; ".join(f"line {line}: {linecache.getline(name, line).strip()}" for name, line in lines[:3])
+        at = f"in {describe_file(lines[0][0])}, at {shown}{'; ...' if len(lines) > 3 else ''}"
+    else:                                 # a device function's float64 result, converted where the check stores it
+        at = "where the check's kernel uses what your function returns: it returns a float64"
     floats = answer_code.python_floats(answer)
     causes = "; ".join(f"line {line}: {code}" for _, line, code in floats[:3])
     suspects = f" Python floats, each a float64, at {causes}." if causes else ""
-    return (f"the compiled kernel computes in float64 ({len(instructions)} instructions, from {at}).{suspects} "
+    return (f"the compiled kernel computes in float64 ({len(instructions)} instructions, {at}).{suspects} "
             "A GPU computes float64 at a fraction of its float32 speed: make every number float32 "
             "(np.float32(...))")
 
