@@ -358,7 +358,7 @@ def grade_notebook(notebook_name, course, student, assignment, limits, hidden):
             answer.source, solutions[f"{exercise}_answer"].source) else ""
         row["report"] = report
         rows.append(row)
-    return rows, rebuild.without_prologue(executed if executed is not None else built.notebook)
+    return rows, executed if executed is not None else built.notebook
 
 
 def with_nbgrader(rows, gradebook, assignment, student, notebook_id, notes):

@@ -35,7 +35,7 @@ import nbformat
 import pytest
 from numba import cuda
 
-from attention_lib.checks import EXERCISES as EXERCISES_REGISTERED, check
+from attention_lib.checks import EXERCISES as EXERCISES_REGISTERED, check, engine
 
 ROOT = Path(__file__).resolve().parent.parent
 COURSE_ID = "attention-course"
@@ -721,20 +721,19 @@ def test_the_allowlist_takes_honest_answers_of_any_style(source):
 
 
 def test_a_stub_is_a_function_that_raises_not_implemented_in_its_body_not_in_a_guard(tmp_path):
-    """The grader's rule (its prologue, run before any cell): a right answer with an input guard is
-    judged by what it computes; the released stub is not_implemented."""
-    assert rebuild.PROLOGUE.endswith("_engine._still_a_stub = _grading_stub")
+    """The check's own rule, which grading uses as it is (the rebuilt notebook holds no code of the
+    grader's): a right answer with an input guard is judged by what it computes; the released stub
+    is not_implemented."""
     module = tmp_path / "answers.py"
-    module.write_text("import ast as _ast, inspect as _inspect, textwrap as _textwrap\nimport numpy as np\n\n\n"
-                      + rebuild.STUB_RULE + "\n\n" + WARPS.format(body=GUARD_BODY).replace("divergent_warps", "guarded")
+    module.write_text("import numpy as np\n\n\n" + WARPS.format(body=GUARD_BODY).replace("divergent_warps", "guarded")
                       + "\n\n\n" + WARPS.format(body="    # YOUR CODE HERE\n    raise NotImplementedError()"))
     spec = importlib.util.spec_from_file_location("answers", module)
     answers = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(answers)
-    assert answers._grading_stub(answers.divergent_warps) is True
-    assert answers._grading_stub(answers.guarded) is False
-    assert answers._grading_stub((answers.guarded, answers.divergent_warps)) is True
-    assert answers.guarded(9, 9, (8, 8)).shape == (2, 2, 2)
+    assert engine._still_a_stub(answers.divergent_warps) is True
+    assert engine._still_a_stub(answers.guarded) is False
+    assert engine._still_a_stub((answers.guarded, answers.divergent_warps)) is True
+    assert check("00x_warp_divergence", answers.guarded, verbose=False).passed
 
 
 @pytest.mark.parametrize("source, finding", [

@@ -7,11 +7,10 @@
   course wrote, check cells with their hidden tests), each answer cell's source where it parses
   against the allowlist (scripts/grader/allowlist.py), else the released stub; the student's other
   cells are left out. ``Rebuilt.not_gradable`` holds {exercise: ["line N: construct", ...]}.
-- ``PROLOGUE``: the grader's own first cell: an answer is a stub when a function of it still
-  raises NotImplementedError as a statement of its body, not when an input guard does.
+  The grader adds no code of its own: an answer is a stub by the check's own rule (a function whose
+  body, not a branch of it, raises NotImplementedError), the same in class and in grading.
 """
 
-import ast
 import copy
 import json
 from dataclasses import dataclass, field
@@ -21,24 +20,7 @@ import nbformat
 from . import allowlist
 
 HIDDEN = "### BEGIN HIDDEN TESTS"
-STUB_RULE = '''def _grading_stub(answer):
-    """A stub: a function of the answer whose body (not a branch of it) raises NotImplementedError."""
-    if isinstance(answer, tuple):
-        return any(_grading_stub(part) for part in answer)
-    try:
-        tree = _ast.parse(_textwrap.dedent(_inspect.getsource(getattr(answer, "py_func", answer))))
-    except (OSError, TypeError, SyntaxError):
-        return False
-    for node in _ast.walk(tree):
-        if isinstance(node, (_ast.FunctionDef, _ast.AsyncFunctionDef)):
-            for statement in node.body:
-                if isinstance(statement, _ast.Raise) and "NotImplementedError" in _ast.unparse(statement.exc or ""):
-                    return True
-    return False
-'''
-PROLOGUE = ("import ast as _ast, inspect as _inspect, textwrap as _textwrap\n"
-            "from attention_lib.checks import engine as _engine\n\n\n" + STUB_RULE + "\n\n"
-            "_engine._still_a_stub = _grading_stub")
+
 
 
 def grade_id(cell):
@@ -132,8 +114,6 @@ def rebuild(source, released, submitted):
             mine.setdefault(grade_id(cell), []).append(cell)
     cells, given_sources, defined = [], [], set()
     result = Rebuilt(None)
-    prologue = nbformat.v4.new_code_cell(PROLOGUE, metadata={"grading": "prologue"})
-    cells.append(prologue)
     for cell in source.cells:
         cell = copy.deepcopy(cell)
         if cell.cell_type == "code":
@@ -163,9 +143,3 @@ def rebuild(source, released, submitted):
     result.notebook = notebook
     return result
 
-
-def without_prologue(notebook):
-    """The executed notebook as nbgrader and the feedback see it: the grader's cell taken out."""
-    notebook = copy.deepcopy(notebook)
-    notebook.cells = [c for c in notebook.cells if c.get("metadata", {}).get("grading") != "prologue"]
-    return notebook
