@@ -20,6 +20,9 @@ verdict, with what was measured and the limit beside it:
   ``serial_reduction``.
 - ``MostBarriers(most, why)``: no thread passes more than `most` barriers (a tiled loop's steps, each
   with its two barriers; a step more makes the whole block wait once more); ``extra_barriers``.
+- ``MostBarriersPerBlock(most, why)``: no thread passes more barriers than `most(case, block)`, its
+  own block's limit (the steps over the tiles that block's rows see, not the launch's busiest
+  block's); ``extra_barriers``.
 - ``NoUnwrittenReads(why)``: no thread reads a shared slot its block never wrote, even where the
   values come out right (``stale_tile``).
 - ``RefilledTiles()``: every step of a tiled loop writes every slot of its tiles that it reads
@@ -176,6 +179,26 @@ class MostBarriers:
             why = _value(self.why, case)
             return (f"the values are right, but a thread passed {passed} barriers, where the limit is {limit}"
                     f"{': ' + why if why else ''}")
+        return None
+
+
+@dataclass
+class MostBarriersPerBlock:
+    """No thread passes more than `most(case, block)` barriers, `block` its blockIdx (x, y, z); `why`
+    (a text, or a function of the case) says what the limit counts."""
+
+    most: Callable
+    why: Union[str, Callable] = ""
+    code: str = "extra_barriers"
+
+    def broken(self, traces, case, compiled):
+        for traced in traces:
+            for block, passed in sorted(traced.barriers_by_block.items()):
+                limit = self.most(case, block)
+                if passed > limit:
+                    why = _value(self.why, case)
+                    return (f"the values are right, but a thread of block {block} passed {passed} barriers, where "
+                            f"that block's limit is {limit}{': ' + why if why else ''}")
         return None
 
 

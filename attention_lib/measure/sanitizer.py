@@ -289,6 +289,7 @@ class _Launch:
         self.device_copies = []  # (GPU device array, its host copy) to write back after the launch
         self.warp_events = {}  # (blockIdx, threadIdx) -> ids of the warp collectives it joined
         self.barriers = self.warp_collectives = 0  # the most any thread passed, and joined
+        self.barriers_by_block = {}  # blockIdx (x, y, z) -> the most barriers a thread of that block passed
         from attention_lib.platform import simulator  # greenlets: only once something is simulated
         simulator.install()
         self.current_thread = simulator.current_thread
@@ -340,7 +341,9 @@ class _Launch:
 
     def block_done(self, threads):
         """A block has finished (simulator.block_recorder): keep its barriers and warp collectives."""
-        self.barriers = max(self.barriers, max(t.barriers for t in threads))
+        most = max(t.barriers for t in threads)
+        self.barriers = max(self.barriers, most)
+        self.barriers_by_block[tuple(threads[0].blockIdx)] = most
         self.warp_collectives = max(self.warp_collectives, max(len(t.warp_events) for t in threads))
 
     @property

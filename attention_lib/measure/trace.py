@@ -18,7 +18,7 @@ questions a check asks of a kernel's structure, each from that one run:
   loop takes many times its share; every lane of every warp side by side, its share);
 - ``shared_loads_per_thread()``: the most shared-memory reads one thread made (a tree reduction
   reads about 2 log2(n) slots a thread, a serial loop in one thread n);
-- ``barriers``: the most barriers a thread passed;
+- ``barriers``: the most barriers a thread passed; ``barriers_by_block``: the same, block by block;
 - ``unwritten_read()``: the first read of a shared slot that no thread of its block had written
   (on a GPU it holds whatever the memory held);
 - ``stale_read()``: in a kernel that refills its tiles every step, the first read of a slot that
@@ -71,6 +71,12 @@ class Traced:
     def barriers(self):
         """The most barriers one thread passed."""
         return self.launch.barriers
+
+    @property
+    def barriers_by_block(self):
+        """{blockIdx (x, y, z): the most barriers a thread of that block passed}: a limit that
+        depends on the block (the tiles its own rows see) is compared block by block."""
+        return dict(self.launch.barriers_by_block)
 
     def arrays(self, space=None):
         """The names of the recorded arrays (of `space`, "global" or "shared", if given)."""
