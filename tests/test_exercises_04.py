@@ -623,6 +623,18 @@ UNWRITTEN_SLOTS = (PROLOGUE + MAX_WALK +
                    "    row_max = partial[0]\n"
                    "    cuda.syncthreads()\n" + SHIFT + SUM_WALK + REDUCE_SUM + WRITE)
 
+# The sum's walk stores each exponential in out, the last pass divides it there: right values, each
+# weight stored twice (and read back from main memory).
+DIVIDED_IN_OUT = (PROLOGUE + MAX_WALK + REDUCE_MAX + SHIFT +
+                  "    total = np.float32(0.0)\n"
+                  "    for j in range(tid, s.shape[1], THREADS_PER_ROW):\n"
+                  "        e = math.exp(s[row, j] - shift)\n"
+                  "        out[row, j] = e\n"
+                  "        total += e\n" + REDUCE_SUM +
+                  "    inv_total = np.float32(1.0) / total if total > 0 else np.float32(0.0)\n"
+                  "    for j in range(tid, s.shape[1], THREADS_PER_ROW):\n"
+                  "        out[row, j] = out[row, j] * inv_total\n")
+
 BY_THE_LIBRARY = ("    row, tid = cuda.blockIdx.x, cuda.threadIdx.x\n"
                   "    partial = cuda.shared.array(THREADS_PER_ROW, np.float32)\n"
                   "    m = softmax.block_max(partial, softmax.strided_max(s, row, tid, THREADS_PER_ROW))\n"
@@ -685,6 +697,8 @@ AT_31 = "at rows = 3, T_k = 31 (normal scores): "
      AT_31 + "the values are right, but a thread passed 15 barriers, where the limit is 14"),
     (UNWRITTEN_SLOTS, "stale_tile", AT_31 + "the values are right, but thread (15, 0, 0) of block (0, 0, 0) read "
                                     "partial[31]"),
+    (DIVIDED_IN_OUT, "output_rewritten", AT_31 + "the values are right, but thread (0, 0, 0) of block (0, 0, 0) "
+                                         "stored out[0, 0] 2 times"),
     (ZEROS_BY_THREAD_0, "serial_copy", "at rows = 5, T_k = 33 (masked scores): the values are right, but one warp "
                                        "made 33 store instructions of out"),
     # barriers, guards, float32, given code

@@ -14,7 +14,7 @@ from attention_lib.stages import softmax
 from attention_lib.stages.softmax import strided_max, strided_sum_exp, strided_write, strided_zeros
 from attention_lib.checks.engine import Exercise, register
 from attention_lib.checks.limits import (Coalesced, MostBarriers, MostLoads, NoSerialCopy, NoUnwrittenReads,
-                                         SharedLoadsPerThread)
+                                         SharedLoadsPerThread, StoredOnce)
 from attention_lib.checks.ex04_row_softmax import (BAND, STAGE, computed_nan, fully_masked, run_softmax,
                                                    unstable)
 from attention_lib.checks.ex04_block_reduction import reads_per_reduction, thread_columns
@@ -159,7 +159,8 @@ register(Exercise(
                 "are all masked) while the others wait for it at a barrier inside block_reduce; a max "
                 "started from 0, wrong on rows whose every score lies far below 0; each thread dividing "
                 "by its own sum instead of the row's; a thread that takes a contiguous chunk of the row, "
-                "so that a warp's load spreads over many segments; the block size written as 32"),
+                "so that a warp's load spreads over many segments; exponentials written to out and divided "
+                "there afterwards, so that each weight is stored twice; the block size written as 32"),
     # float32 exp and sums of up to 261 terms against float64: relative errors around 1e-6.
     rtol=1e-5,
     atol=1e-6,
@@ -168,6 +169,10 @@ register(Exercise(
                 "thread gathers its part of the row as it walks, and the block shares the parts")),
             NoSerialCopy("s"), NoSerialCopy("out", access="store"),
             Coalesced("out", 2, access="store"), Coalesced("s", 2),
+            # The contract gives each weight one writer and one value: a thread that stores exp(s - m) and
+            # then divides out in place stores each of its weights twice (and reads them back).
+            StoredOnce("out", why=("store each weight once, when its value is final: an exponential stored in "
+                                   "out and divided there later is stored twice")),
             SharedLoadsPerThread(lambda case: 2 * reads_per_reduction(), why=(
                 "two trees (the max, then the sum) read at most 2 log2(THREADS_PER_ROW) + 2 slots a thread "
                 "each; a loop over the slots in one thread reads all THREADS_PER_ROW of them")),
@@ -177,7 +182,7 @@ register(Exercise(
                                  "thread with no column")),
     diagnose=_diagnose_block_softmax,
     diagnoses=("max_misses_a_column", "wrong_neutral_value", "unstable_softmax", "fully_masked_row",
-               "sum_not_reduced"),
+               "sum_not_reduced", "output_rewritten"),
     solution=softmax.block_softmax_kernel,
     forbidden=STAGE + (strided_max, strided_sum_exp, strided_write, strided_zeros, softmax.block_max,
                         softmax.block_sum),
