@@ -287,7 +287,7 @@ def test_the_walks_cases_come_from_both_launches_tiles():
 
 
 def test_the_walks_score_cases_spread_past_88_in_a_tile_and_lie_below_minus_90():
-    from attention_lib.checks import ex07_fused_attention as ex07
+    from attention_lib.checks import ex07_walk_keys as ex07
     rng = np.random.default_rng(0)
     large = ex07.large_scores(rng, 1, 17, 17, 16)
     s = large[0][0].astype(np.float64) @ large[1][0].T.astype(np.float64) / 4
