@@ -424,6 +424,23 @@ def tree_for_32_threads(partial, value, take_max):
     return result
 
 
+@cuda.jit(device=True)
+def tree_by_atomics(partial, value, take_max):
+    """Right values, no tree: every thread's atomic on slot 0, one shared read a thread."""
+    tid = cuda.threadIdx.x
+    if tid == 0:
+        partial[0] = -math.inf if take_max else 0.0
+    cuda.syncthreads()
+    if take_max:
+        cuda.atomic.max(partial, 0, value)
+    else:
+        cuda.atomic.add(partial, 0, value)
+    cuda.syncthreads()
+    result = partial[0]
+    cuda.syncthreads()
+    return result
+
+
 @pytest.mark.parametrize("answer", [lambda: mutation.solution_copy(EXERCISES["04_block_reduction"]),
                                     lambda: tree_solution, lambda: tree_interleaved])
 def test_the_block_reduction_solution_passes(answer):
@@ -455,6 +472,8 @@ def test_the_block_reduction_runs_at_a_gpus_block_size_too():
     (tree_stub, "not_implemented", "Hint"),
     (tree_serial_in_thread_0, "serial_reduction", "read shared memory 66 times, where the limit is 24"),
     (tree_every_thread_adds_every_slot, "serial_reduction", "a tree shares the work"),
+    (tree_by_atomics, "serial_reduction", "made 2 atomic operations on partial, where the limit is 0: atomics "
+                                          "on one slot take turns, 32 updates one after another"),
     (tree_for_32_threads, "tree_starts_narrow", "threads 0-31 only, out of 128"),
 ])
 def test_block_reduction_mistakes_get_their_diagnosis(answer, diagnosis, says):

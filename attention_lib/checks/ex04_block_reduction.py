@@ -7,6 +7,7 @@ are declared in the ``Exercise`` below.
 """
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from numba import cuda
@@ -17,6 +18,7 @@ from attention_lib.checks.engine import Exercise, register
 from attention_lib.checks.launch import output_array, race_finding_launch, read_output
 from attention_lib.checks.limits import SharedLoadsPerThread
 from attention_lib.checks.ex04_row_softmax import BAND, STAGE, case_scores
+from attention_lib.measure import sanitizer
 
 _AROUND = {}
 
@@ -100,6 +102,29 @@ def reads_per_reduction():
     return 2 * int(math.log2(softmax.THREADS_PER_ROW)) + 2
 
 
+@dataclass
+class NoSharedAtomics:
+    """No thread makes an atomic operation on a shared array, counted from the traced launch
+    (Traced.most_accesses_by_a_thread of sanitizer.ATOMIC). The block's atomics on one slot take
+    turns: THREADS_PER_ROW updates one after another, the serial reduction a tree replaces with
+    log2(THREADS_PER_ROW) rounds. Each thread makes one, so SharedLoadsPerThread cannot see it, and
+    the race finder lets atomics touch one slot together."""
+
+    code: str = "serial_reduction"
+
+    def broken(self, traces, case, compiled):
+        for traced in traces:
+            for name in traced.arrays(sanitizer.SHARED):
+                made, block, thread = traced.most_accesses_by_a_thread(name, kind=sanitizer.ATOMIC)
+                if made:
+                    threads = softmax.THREADS_PER_ROW
+                    return (f"the values are right, but thread {thread} of block {block} made {made} atomic "
+                            f"operation{'s' if made > 1 else ''} on {name}, where the limit is 0: atomics on one "
+                            f"slot take turns, {threads} updates one after another, where a tree takes "
+                            f"{int(math.log2(threads))} rounds")
+        return None
+
+
 def _diagnose_block_reduction(got, expected, s):
     close = dict(rtol=1e-5, atol=1e-6)
     first = got[:, 0]                                              # thread 0's view, (rows, 2)
@@ -143,7 +168,10 @@ register(Exercise(
     limits=(SharedLoadsPerThread(lambda case: 2 * reads_per_reduction(), why=(
         "the check's kernel runs two reductions (the max, then the sum), each allowed 2 log2(THREADS_PER_ROW) "
         "+ 2 reads a thread: a tree shares the work round after round; a loop over the slots in one thread "
-        "reads all THREADS_PER_ROW of them")),),
+        "reads all THREADS_PER_ROW of them")),
+            # The contract's tree reads and writes partial with plain loads and stores; an atomic of every
+            # thread on one slot is a serial reduction that makes one shared read a thread.
+            NoSharedAtomics()),
     describe_case=lambda c: f"rows = {c[0]}, T_k = {c[1]} ({c[2]} scores)",
     hint=("each thread puts its value in its own slot; then, round after round, the lower half of the "
           "slots still in play takes in the upper half, until slot 0 holds the whole block's result, "
@@ -158,7 +186,7 @@ register(Exercise(
                 "round (every thread of the block must reach every barrier); a barrier missing after "
                 "the values are written, after a round, or after the result is read (the next "
                 "reduction reuses the slots); the first stride written as a number (32 threads here, 128 "
-                "on a GPU)"),
+                "on a GPU); every thread's atomic on one slot, whose updates take turns"),
     # float32 exp and sums of up to 69 terms against float64: relative errors around 1e-6.
     rtol=1e-5,
     atol=1e-6,
