@@ -1,6 +1,7 @@
 """Notebook 00's exercises: each solution gets ok, each typical mistake its own diagnosis, in one line
 (deep dive 00x's: tests/test_exercises_00x.py)."""
 
+import numpy as np
 import pytest
 from numba import cuda, float32
 
@@ -79,6 +80,21 @@ def reads_x_twice(alpha, x, y, out):
 
 
 @cuda.jit
+def one_thread_does_everything(alpha, x, y, out):
+    """Right values, each element read once, each load one segment: but thread 0 does every element."""
+    if cuda.grid(1) == 0:
+        for i in range(out.shape[0]):
+            out[i] = alpha * x[i] + y[i]
+
+
+@cuda.jit
+def grid_stride_loop(alpha, x, y, out):
+    """A right answer in another style: a loop over the grid's stride, one pass on this launch."""
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        out[i] = alpha * x[i] + y[i]
+
+
+@cuda.jit
 def calls_the_library(alpha, x, y, out):
     basics.scale_add_kernel(alpha, x, y, out)
 
@@ -94,13 +110,20 @@ def test_the_solution_passes(capsys):
     assert capsys.readouterr().out.startswith("✔ 00_scale_add [ok]")
 
 
+def test_a_grid_stride_loop_passes():
+    result = verdict("00_scale_add", grid_stride_loop)
+    assert (result.diagnosis, result.passed) == ("ok", True), result.message
+
+
 @pytest.mark.parametrize("answer, diagnosis, says", [
     (no_bounds_guard, "out_of_bounds", "out-of-bounds "),
-    (forgets_alpha, "wrong_values", "entries differ"),
+    (forgets_alpha, "wrong_values", "at n = 1 (blocks of 64): got "),
     (skips_the_last_element, "wrong_values", "never written"),
     (only_the_first_block, "race", "blocks never wait for each other"),     # every block writes the same elements: an inter-block race
     (blocks_interleaved, "uncoalesced", "at n = 65 (blocks of 64): the values are right, but a warp's load of x"),
     (reads_x_twice, "no_reuse", "an element of x was read up to 3 times from global memory, where the limit is 1"),
+    (one_thread_does_everything, "serial_copy", "at n = 63 (blocks of 64): the values are right, but thread (0, 0, 0) "
+                                                "of block (0, 0, 0) made 63 loads of x, where the limit is 1"),
     (calls_the_library, "calls_given_code", "scale_add_kernel"),
     (basics.scale_add_kernel, "calls_given_code", "scale_add_kernel"),
     (not_written_yet, "not_implemented", "not implemented yet"),
@@ -140,8 +163,18 @@ def true_division(rows, cols, block):
     return cols / block[0], rows / block[1]
 
 
+def ceil_of_floats(rows, cols, block):
+    return np.ceil(cols / block[0]), np.ceil(rows / block[1])
+
+
+def numpy_integers(rows, cols, block):
+    """A right answer in another style: NumPy integers, which a launch takes as it takes ints."""
+    return np.int64(-(-cols // block[0])), np.int32(-(-rows // block[1]))
+
+
 @pytest.mark.parametrize("answer, diagnosis, says", [
     (transpose_grid, "ok", "correct on every case tried"),
+    (numpy_integers, "ok", "correct on every case tried"),
     (swapped_grid, "grid_axes_swapped",
      "at a matrix of 7 rows and 15 columns in blocks of 16 threads across (x) and 8 down (y): the grid (x, y) "
      "is (1, 2), expected (1, 1): the grid's x counts blocks across the columns"),
@@ -153,6 +186,9 @@ def true_division(rows, cols, block):
      "is (2, 2), expected (1, 1): it covers 16 rows and 32 columns, with whole blocks that have nothing to do"),
     (hard_coded_block, "grid_too_small", "at a matrix of 9 rows and 100 columns in blocks of 32 threads across"),
     (true_division, "wrong_values", "a grid counts whole blocks"),
+    (ceil_of_floats, "grid_not_integers",
+     "at a matrix of 1 rows and 1 columns in blocks of 16 threads across (x) and 8 down (y): the grid (x, y) is "
+     "(1.0, 1.0), the right counts, but as float64: a launch takes its numbers of blocks as integers"),
     (lambda rows, cols, block: (1, 1, 1), "wrong_shape", "the result has shape (3,), expected (2,)"),
     (lambda rows, cols, block: 1, "wrong_shape", "expected a pair (blocks along x, blocks along y)"),
     (basics.grid_2d, "calls_given_code", "grid_2d"),
@@ -318,8 +354,8 @@ TILE, PADDED = basics.TRANSPOSE_TILE, basics.TRANSPOSE_TILE_PADDED
 
 @cuda.jit
 def tiled_transpose(a, out):
-    """A right answer written in another style: an unpadded tile, corners named for out."""
-    tile = cuda.shared.array((TILE, TILE), float32)
+    """A right answer written in another style: the padded width as a number, corners named for out."""
+    tile = cuda.shared.array((16, 17), float32)
     x, y = cuda.threadIdx.x, cuda.threadIdx.y
     if cuda.blockIdx.y * TILE + y < a.shape[0] and cuda.blockIdx.x * TILE + x < a.shape[1]:
         tile[y, x] = a[cuda.blockIdx.y * TILE + y, cuda.blockIdx.x * TILE + x]
@@ -327,6 +363,46 @@ def tiled_transpose(a, out):
     out_row, out_col = cuda.blockIdx.x * TILE + y, cuda.blockIdx.y * TILE + x
     if out_row < out.shape[0] and out_col < out.shape[1]:
         out[out_row, out_col] = tile[x, y]
+
+
+@cuda.jit
+def tile_filled_transposed(a, out):
+    """A right answer of another design: the tile filled down its columns (a transposed store, 2 words a
+    bank with the padding), then read along its rows."""
+    tile = cuda.shared.array((TILE, PADDED), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    r0, c0 = cuda.blockIdx.y * TILE, cuda.blockIdx.x * TILE
+    if r0 + ty < a.shape[0] and c0 + tx < a.shape[1]:
+        tile[tx, ty] = a[r0 + ty, c0 + tx]
+    cuda.syncthreads()
+    if c0 + ty < out.shape[0] and r0 + tx < out.shape[1]:
+        out[c0 + ty, r0 + tx] = tile[ty, tx]
+
+
+@cuda.jit
+def unpadded_tile(a, out):
+    """Right values, coalesced: but a tile of 16-word rows read down a column, 8 words in one bank."""
+    tile = cuda.shared.array((TILE, TILE), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    r0, c0 = cuda.blockIdx.y * TILE, cuda.blockIdx.x * TILE
+    if r0 + ty < a.shape[0] and c0 + tx < a.shape[1]:
+        tile[ty, tx] = a[r0 + ty, c0 + tx]
+    cuda.syncthreads()
+    if c0 + ty < out.shape[0] and r0 + tx < out.shape[1]:
+        out[c0 + ty, r0 + tx] = tile[tx, ty]
+
+
+@cuda.jit
+def unpadded_tile_filled_transposed(a, out):
+    """Right values, coalesced: but a tile of 16-word rows stored down a column, 8 words in one bank."""
+    tile = cuda.shared.array((TILE, TILE), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    r0, c0 = cuda.blockIdx.y * TILE, cuda.blockIdx.x * TILE
+    if r0 + ty < a.shape[0] and c0 + tx < a.shape[1]:
+        tile[tx, ty] = a[r0 + ty, c0 + tx]
+    cuda.syncthreads()
+    if c0 + ty < out.shape[0] and r0 + tx < out.shape[1]:
+        out[c0 + ty, r0 + tx] = tile[ty, tx]
 
 
 @cuda.jit
@@ -423,6 +499,17 @@ SIXTEEN = "at a of 16 rows and 16 columns (blocks of 16 x 16 threads): "
 
 @pytest.mark.parametrize("answer, diagnosis, says", [
     (tiled_transpose, "ok", "correct at every size"),
+    (tile_filled_transposed, "ok", "correct at every size"),
+    (unpadded_tile, "bank_conflict", SIXTEEN + "the values are right, but a warp's read of tile at"),
+    (unpadded_tile, "bank_conflict", "puts 8 different words in one bank of shared memory (8 rounds instead of 1), "
+                                     "where the limit is 2"),
+    (unpadded_tile_filled_transposed, "bank_conflict", SIXTEEN + "the values are right, but a warp's store of tile "
+                                                       "at"),
+    (_tiled("    if c0 + ty < out.shape[0] and r0 + tx < out.shape[1]:\n"
+            "        out[c0 + ty, r0 + tx] = float32(0.0)\n"
+            "        out[c0 + ty, r0 + tx] = tile[tx, ty]\n"),
+     "output_rewritten", SIXTEEN + "the values are right, but thread (0, 0, 0) of block (0, 0, 0) stored out[0, 0] "
+                                   "2 times"),
     (transpose_kernel, "uncoalesced", SIXTEEN + "the values are right, but a warp's store of out at"),
     (tile_copy_by_one_thread, "serial_copy", SIXTEEN + "the values are right, but one warp made 256 load instructions "
                                              "of a"),

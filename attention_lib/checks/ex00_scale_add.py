@@ -11,7 +11,7 @@ from attention_lib.stages import basics
 from attention_lib.checks.cases import edges
 from attention_lib.checks.engine import Exercise, register
 from attention_lib.checks.launch import output_array, read_output
-from attention_lib.checks.limits import Coalesced, MostLoads
+from attention_lib.checks.limits import Coalesced, MostAccessesPerThread, MostLoads
 from attention_lib.platform.launch import ceil_div
 
 
@@ -40,7 +40,13 @@ register(Exercise(
                 "length of the vector, which the last block overshoots",),
     limits=(MostLoads("x", 1, why="one thread per element reads its own element once"),
             MostLoads("y", 1, why="one thread per element reads its own element once"),
-            Coalesced("x", 1), Coalesced("y", 1)),
+            Coalesced("x", 1), Coalesced("y", 1),
+            # One thread per element: the launch has a thread for every element, so no thread needs more
+            # than its own (a grid-stride loop over this launch makes one pass too).
+            MostAccessesPerThread("x", 1, why="one thread per element: each thread reads its own element of x"),
+            MostAccessesPerThread("y", 1, why="one thread per element: each thread reads its own element of y"),
+            MostAccessesPerThread("out", 1, access="store",
+                                  why="one thread per element: each thread writes its own element of out")),
     solution=basics.scale_add_kernel,
     forbidden=(basics.scale_add,),
 ))

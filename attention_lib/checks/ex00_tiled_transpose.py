@@ -13,7 +13,7 @@ from attention_lib.checks.engine import Exercise, register
 from attention_lib.checks.ex00_transpose import diagnose_one_short
 from attention_lib.checks.launch import output_array, read_output
 from attention_lib.checks.result import Diagnosed
-from attention_lib.checks.limits import Coalesced, MostBarriers, MostLoads, NoSerialCopy
+from attention_lib.checks.limits import Coalesced, MostBarriers, MostLoads, NoSerialCopy, SharedBanks, StoredOnce
 
 
 def _tiled_cases(tile=basics.TRANSPOSE_TILE):
@@ -100,8 +100,17 @@ register(Exercise(
                       why="neighbouring threads of a warp should {verb} neighbouring addresses; a warp that "
                           "writes down a column of out touches a segment a lane. Go through the shared tile "
                           "so that the block writes rows of out"),
-            MostBarriers(1, why="one barrier between filling the tile and reading it")),
-    diagnoses=("tile_not_transposed", "tile_not_moved", "guard_one_short"),
+            MostBarriers(1, why="one barrier between filling the tile and reading it"),
+            # A warp is two rows of 16 threads. A tile row of 17 words (16 and a padding word) puts a
+            # column's 16 words in 16 banks, and a row's 16 in 16; the warp's second row shifts them by
+            # one word (a column) or 17 (a row), so one bank gets 2 words: 2 rounds, for a read along
+            # columns or rows, a store either way. An unpadded tile of 16-word rows puts a column's 16
+            # words in 2 banks, 8 a bank.
+            SharedBanks(reads=2, stores=2,
+                        why="a column of a tile 16 words wide lies in 2 banks; lay the tile out so that the "
+                            "words a warp touches at once fall in different banks"),
+            StoredOnce("out", why="each element of out is written once, by one thread, when its value is known")),
+    diagnoses=("tile_not_transposed", "tile_not_moved", "guard_one_short", "bank_conflict", "output_rewritten"),
     solution=basics.transpose_tiled_kernel,
     forbidden=(basics.transpose,),
 ))

@@ -4,6 +4,8 @@ matrix, as the pair (blocks along x, blocks along y), x across the columns (the 
 ``blocks_words`` names a block in the cases of notebook 00's and deep dive 00x's 2-D exercises.
 """
 
+import numbers
+
 import numpy as np
 
 from attention_lib.stages import basics
@@ -36,6 +38,14 @@ def _run_grid(transpose_grid, case, rng, launch):
         raise Diagnosed("wrong_shape", f"the grid is {got!r}, expected a pair (blocks along x, blocks along y)")
     if len(got) == 2 and got != want:
         _diagnose_grid(got, want, rows, cols, block)
+    if got == want and not all(isinstance(g, numbers.Integral) for g in got):
+        # Right numbers of the wrong type: Numba's launch takes a grid of numbers.Integral (Python or
+        # NumPy integers) and refuses any other, a float even when whole (2.0).
+        kinds = ", ".join(sorted({type(g).__name__ for g in got if not isinstance(g, numbers.Integral)}))
+        raise Diagnosed("grid_not_integers", (
+            f"the grid (x, y) is ({', '.join(str(g) for g in got)}), the right counts, but as {kinds}: a launch "
+            "takes its numbers of blocks as integers (a Python int or a NumPy integer), and Numba refuses a "
+            "float grid"))
     return np.asarray(got, np.float64), np.asarray(want, np.float64)
 
 
@@ -72,6 +82,6 @@ register(Exercise(
                 "partly used block at the edge still gets launched",),
     rtol=0.0,
     atol=0.0,
-    diagnoses=("grid_axes_swapped", "grid_too_small", "grid_too_large"),
+    diagnoses=("grid_axes_swapped", "grid_too_small", "grid_too_large", "grid_not_integers"),
     solution=basics.grid_2d,
 ))
