@@ -134,6 +134,27 @@ def rows_down_the_lanes(x, w, b, out):
 
 
 @cuda.jit
+def sum_kept_in_out(x, w, b, out):
+    """Right values: but the sum is added up in out, one read-modify-write of main memory a product."""
+    col, row = cuda.grid(2)
+    if row < out.shape[0] and col < out.shape[1]:
+        out[row, col] = b[col] if b.shape[0] > 0 else float32(0.0)
+        for k in range(x.shape[1]):
+            out[row, col] += x[row, k] * w[k, col]
+
+
+@cuda.jit
+def sum_from_the_bias(x, w, b, out):
+    """A right answer in another style: the sum starts from the bias, the k loop walks backwards."""
+    col, row = cuda.grid(2)
+    if row < out.shape[0] and col < out.shape[1]:
+        acc = b[col] if b.shape[0] > 0 else float32(0.0)
+        for k in range(x.shape[1] - 1, -1, -1):
+            acc += x[row, k] * w[k, col]
+        out[row, col] = acc
+
+
+@cuda.jit
 def calls_tile_matmul(x, w, b, out):
     col, row = cuda.grid(2)
     acc = projection.tile_matmul(x, w, row, col)
@@ -148,6 +169,9 @@ def not_written_yet(x, w, b, out):
 
 @pytest.mark.parametrize("answer, diagnosis, says", [
     (naive, "ok", "correct at every size tried"),
+    (sum_from_the_bias, "ok", "correct at every size tried"),
+    (sum_kept_in_out, "output_rewritten", "at (T 1, d_model 5, d_out 5): the values are right, but thread (0, 0, 0) "
+                                          "of block (0, 0, 0) stored out[0, 0] 6 times"),
     (no_bounds_guard, "out_of_bounds", "out-of-bounds read "),   # of x or of w: whichever thread gets there first
     (transposed_w, "w_transposed", "at (T 1, d_model 5, d_out 5): the result is x @ w^T"),
     (only_the_first_block, "race", "blocks never wait for each other"),     # every block writes the same elements: an inter-block race

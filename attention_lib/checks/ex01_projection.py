@@ -21,7 +21,7 @@ from attention_lib.checks.engine import Exercise, register
 from attention_lib.checks.launch import host_output, output_array, read_output, traced_launch, unwritten
 from attention_lib.checks.result import Diagnosed
 from attention_lib.checks.limits import (Coalesced, MostBarriers, MostLoads, NoLocalMemory, NoSerialCopy, RefilledTiles,
-                                         SharedLoadsPerThread)
+                                         SharedLoadsPerThread, StoredOnce)
 
 
 class Case(NamedTuple):
@@ -106,15 +106,21 @@ register(Exercise(
           "thread computes one dot product, of a row of x with a column of w"),
     more_hints=("where answers go wrong: the grid's x axis runs across the columns of out; w is "
                 "(d_model, d_out), so the summed index picks w's row; threads of the edge blocks "
-                "that fall outside out must do nothing; and the bias, when b is not empty",),
+                "that fall outside out must do nothing; the bias, when b is not empty; and the sum, which "
+                "builds up in a local variable and reaches out once, when it is done",),
     # float32 sums of up to 32 products of standard normals, against a float64 reference.
     rtol=1e-4,
     atol=1e-4,
     # A warp is two rows of 16 threads of out: x's two rows, one number each (two segments at most);
     # w's 16 neighbouring columns of one row, 64 bytes (one segment, or two across a boundary).
-    limits=(Coalesced("x", 2), Coalesced("w", 2)),
+    # A thread owns one output, whose value is known once its whole sum is: one store of it is enough,
+    # where a sum kept in out takes d_model read-modify-writes of main memory.
+    limits=(Coalesced("x", 2), Coalesced("w", 2),
+            StoredOnce("out", why="keep the running sum in a local variable and store the output once, when its "
+                                  "sum (and bias) is done: a sum added up in out costs a main-memory store per "
+                                  "product")),
     diagnose=_diagnose,
-    diagnoses=("w_transposed", "bias_missing", "grid_axes_swapped"),
+    diagnoses=("w_transposed", "bias_missing", "grid_axes_swapped", "output_rewritten"),
     solution=projection.projection_kernel_v1,
     forbidden=(projection.tile_matmul, projection.project),
 ))
