@@ -323,3 +323,38 @@ def test_values_that_differ_in_the_last_bits_print_until_they_differ():
     said = result.got_and_expected(np.float32(-0.9579261), -0.95792603)
     assert said.startswith("got -0.957926095, expected -0.95792603") and "last bits: 1.08 units" in said
     assert result.got_and_expected(1.5, 2.0) == "got 1.5, expected 2"
+
+
+SEEN_BY_THE_KERNEL = []
+
+
+@cuda.jit
+def scale_add_reaching_python(a, x, y, out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        SEEN_BY_THE_KERNEL.append(i)                  # a Python object: the simulator runs it, a GPU cannot
+        out[i] = a * x[i] + y[i]
+
+
+@cuda.jit
+def scale_add_typing_a_string(a, x, y, out):
+    i = cuda.grid(1)
+    if i < out.shape[0] and len(str(i)) > 0:       # nopython mode has no str(): the compiler refuses it
+        out[i] = a * x[i] + y[i]
+
+
+def test_a_graded_check_compiles_an_answer_before_it_runs_it(monkeypatch):
+    """In class the simulator runs any Python and the compile comes once the cases are right; in a
+    graded class the answer is compiled for sm_90 first, so code a GPU cannot run never runs."""
+    SEEN_BY_THE_KERNEL.clear()
+    assert check("00_scale_add", scale_add_typing_a_string, verbose=False).diagnosis == "not_gpu_code"
+    check("00_scale_add", scale_add_reaching_python, verbose=False)
+    assert SEEN_BY_THE_KERNEL, "in class the simulator runs it"
+    monkeypatch.setenv(engine.GRADED_VARIABLE, "1")
+    SEEN_BY_THE_KERNEL.clear()
+    for answer, says in ((scale_add_reaching_python, "cannot be given this code"),
+                         (scale_add_typing_a_string, "refuses it, so it was not run")):
+        result = check("00_scale_add", answer, verbose=False)
+        assert result.diagnosis == "not_gpu_code" and says in result.message and result.message.startswith("at n = 1")
+    assert SEEN_BY_THE_KERNEL == []
+    assert check("00_scale_add", mutation.solution_copy(EXERCISES["00_scale_add"]), verbose=False).passed

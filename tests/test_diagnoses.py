@@ -51,3 +51,8 @@ def test_the_instructors_guide_lists_every_exercise_and_code():
             assert code in guide, f"INSTRUCTORS.md does not mention {code}"
     for code in ENGINE_CODES | LIMIT_CODES:
         assert code in guide, f"INSTRUCTORS.md does not mention {code}"
+
+
+def test_the_engine_lists_the_codes_it_gives_itself():
+    from attention_lib.checks import engine
+    assert set(engine.ENGINE_CODES) == ENGINE_CODES and len(engine.ENGINE_CODES) == len(ENGINE_CODES)

@@ -881,12 +881,10 @@ SESSIONS = ROOT / "classroom" / "sessions"
 
 
 def _known_codes():
-    """Every diagnosis a check can give: the engine's (its docstring's list), each exercise's own
-    and its limits' codes."""
+    """Every diagnosis a check can give: the engine's, each exercise's own and its limits' codes."""
     from attention_lib.checks import EXERCISES as registered, engine
 
-    listed = re.findall(r"^- (``.*?``):", engine.__doc__, re.M)          # "- ``wrong_shape``, ``wrong_values``:"
-    codes = {code for line in listed for code in re.findall(r"``(\w+)``", line)}
+    codes = set(engine.ENGINE_CODES)
     for exercise in registered.values():
         codes |= set(exercise.diagnoses) | {getattr(limit, "code", None) for limit in exercise.limits}
     return codes - {None}

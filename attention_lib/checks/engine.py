@@ -26,6 +26,11 @@ from attention_lib.checks.launch import plain_launch, race_finding_launch
 from attention_lib.checks.result import CheckResult, compiled_verdict, error_verdict, limits_verdict, show, values_verdict
 
 SEED = 2024
+# The diagnoses the engine itself gives, for any exercise (INSTRUCTORS.md says what each means);
+# each exercise adds its own (Exercise.diagnoses) and its limits'.
+ENGINE_CODES = ("ok", "not_implemented", "not_a_kernel", "calls_given_code", "out_of_bounds", "race",
+                "divergent_barrier", "stale_tile", "raised_error", "wrong_shape", "wrong_values", "timeout",
+                "not_gpu_code", "float64_arithmetic")
 
 
 class Kind(Enum):
@@ -202,7 +207,7 @@ def _judge(exercise, answer, seed=None):
     static = _static_verdict(exercise, answer)
     if static is not None:
         return static
-    with session.Session(gpu_code=exercise.gpu_code) as judging:
+    with session.Session(gpu_code=exercise.gpu_code, compile_first=graded()) as judging:
         judging.where = "the start"
         try:
             # A wrong answer's overflows warn in every simulated thread, in its run and in the diagnoses'
@@ -251,6 +256,12 @@ _passed = set()
 GRADED_VARIABLE = "ATTENTION_LIB_GRADED"
 
 
+def graded():
+    """Whether this process runs a graded class's checks (GRADED_VARIABLE set, as a grading sandbox
+    and a hub's graded profile set it): no solution revealed, every answer compiled before it runs."""
+    return os.environ.get(GRADED_VARIABLE, "") not in ("", "0")
+
+
 def reveal(exercise_id, give_up=False):
     """Print the library's version of an exercise's solution, its source as the library has it,
     once check(exercise_id, ...) has passed in this kernel, or when you give up (give_up=True);
@@ -259,7 +270,7 @@ def reveal(exercise_id, give_up=False):
     parts = exercise.solution if isinstance(exercise.solution, tuple) else (exercise.solution,)
     if parts == (None,):
         raise ValueError(f"exercise_id {exercise_id!r} has no library version to reveal")
-    if os.environ.get(GRADED_VARIABLE, "") not in ("", "0"):
+    if graded():
         print(f"The library's version of {exercise_id} is not shown in a graded class.")
         return
     if exercise_id not in _passed and not give_up:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attention_lib.checks import answer_code, record
+from attention_lib.checks import answer_code, record, session
 from attention_lib.checks.launch import RaceFound, unwritten
 from attention_lib.platform.where import describe_file
 
@@ -145,6 +145,8 @@ def error_verdict(error, where):
         return "not_implemented", "not implemented yet"
     if isinstance(error, Diagnosed):
         return error.code, f"at {where}: {error.message}"
+    if isinstance(error, session.RefusedByCompiler):
+        return "not_gpu_code", f"at {where}: {error}"
     if isinstance(error, RaceFound):
         return "race", f"at {where}: {error}. {error.advice()}"
     if isinstance(error, IndexError):

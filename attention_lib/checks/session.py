@@ -10,11 +10,20 @@ an answer compiled before (the same code, the same library) is read from the com
 and its process is started only for an answer it has not seen. An answer whose cases fail is not
 compiled: its verdict is already given. A kernel of the library alone is not
 compiled: the kernel report holds it.
+
+In a graded class (``compile_first``) each kernel holding the answer's code is compiled for sm_90
+in nopython mode at its first launch, before it runs: code the GPU compiler takes cannot reach a
+Python object, so what the simulator then runs is only what a GPU would. A refusal stops the check
+there (``not_gpu_code``).
 """
 
 from attention_lib.measure import compiler, shipping, signatures
 
 _current = None
+
+
+class RefusedByCompiler(Exception):
+    """A graded check's answer that the GPU compiler refused before it ran (not_gpu_code)."""
 
 
 def current():
@@ -25,8 +34,9 @@ def current():
 class Session:
     """One check's record: open it with ``with Session(gpu_code=...):`` (whether the answer is GPU code)."""
 
-    def __init__(self, gpu_code=True):
+    def __init__(self, gpu_code=True, compile_first=False):
         self.gpu_code = gpu_code
+        self.compile_first = compile_first
         self.launches = {}           # id(kernel) -> (kernel, described argument types), first launch
         self.traces = []             # the current case's traced launches (measure.trace.Traced)
         self.simulate = False        # launch every kernel on the simulator (the other configuration)
@@ -46,6 +56,21 @@ class Session:
         if not self.gpu_code or id(kernel) in self.launches or shipping.importable(kernel) is not None:
             return
         self.launches[id(kernel)] = (kernel, [signatures.describe(a) for a in args])
+        if self.compile_first:
+            self._compile_now(kernel, self.launches[id(kernel)][1])
+
+    @staticmethod
+    def _compile_now(kernel, described):
+        """Compile before the first run; RefusedByCompiler when the GPU compiler refuses the code (a
+        machine with no compiler runs it as the class does, and says so after)."""
+        try:
+            made = compiler.submit(kernel, described).result()
+        except shipping.SourceUnavailable:
+            return
+        except shipping.Unshippable as error:
+            raise RefusedByCompiler(f"the GPU compiler cannot be given this code: {error}") from None
+        if made.error:
+            raise RefusedByCompiler(f"a GPU's compiler refuses it, so it was not run: {made.error}")
 
     def compiled(self):
         """[compiler.Compiled, or the message saying why a kernel cannot be sent to the compiler] for
