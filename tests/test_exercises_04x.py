@@ -202,8 +202,139 @@ def warp_lanes_take_chunks(s, out):
         out[row, j] = math.exp(s[row, j] - m) / l if m > -math.inf else np.float32(0.0)
 
 
+@cuda.jit
+def warp_merged_by_lane_0_from_shuffles(s, out):
+    """Right values, no rounds: lane 0 takes in the 31 other lanes' pairs one by one, each read by a shuffle."""
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    m, l = np.float32(-math.inf), np.float32(0.0)
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    for other in range(1, WARP_SIZE):                  # lane 0 takes in the 31 others' pairs, one by one
+        m_other = cuda.shfl_sync(FULL_MASK, m, other)
+        l_other = cuda.shfl_sync(FULL_MASK, l, other)
+        if lane == 0:
+            m, l = merge_stats(m, l, m_other, l_other)
+    m = cuda.shfl_sync(FULL_MASK, m, 0)
+    l = cuda.shfl_sync(FULL_MASK, l, 0)
+    if m == -math.inf:
+        strided_zeros(out, row, lane, WARP_SIZE)
+        return
+    strided_write(s, out, row, lane, WARP_SIZE, m, np.float32(1.0) / l)
+
+
+@cuda.jit
+def warp_merged_by_lane_0_from_shared(s, out):
+    """Right values, no rounds: every lane leaves its pair in shared memory, lane 0 reads the 31 others."""
+    ms = cuda.shared.array((WARPS_PER_BLOCK, WARP_SIZE), np.float32)
+    ls = cuda.shared.array((WARPS_PER_BLOCK, WARP_SIZE), np.float32)
+    warp = cuda.threadIdx.x // WARP_SIZE
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + warp
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    m, l = np.float32(-math.inf), np.float32(0.0)
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    ms[warp, lane] = m
+    ls[warp, lane] = l
+    cuda.syncwarp()
+    if lane == 0:
+        for other in range(1, WARP_SIZE):
+            m, l = merge_stats(m, l, ms[warp, other], ls[warp, other])
+        ms[warp, 0] = m
+        ls[warp, 0] = l
+    cuda.syncwarp()
+    m = ms[warp, 0]
+    l = ls[warp, 0]
+    if m == -math.inf:
+        strided_zeros(out, row, lane, WARP_SIZE)
+        return
+    strided_write(s, out, row, lane, WARP_SIZE, m, np.float32(1.0) / l)
+
+
+@cuda.jit
+def warp_shuffled_down_then_broadcast(s, out):
+    """Another right design: a tree of shfl_down leaves the pair in lane 0, which hands it out by shfl_sync."""
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    m, l = np.float32(-math.inf), np.float32(0.0)
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    step = 16
+    while step > 0:
+        m_other = cuda.shfl_down_sync(FULL_MASK, m, step)
+        l_other = cuda.shfl_down_sync(FULL_MASK, l, step)
+        m, l = merge_stats(m, l, m_other, l_other)
+        step //= 2
+    m = cuda.shfl_sync(FULL_MASK, m, 0)
+    l = cuda.shfl_sync(FULL_MASK, l, 0)
+    if m == -math.inf:
+        strided_zeros(out, row, lane, WARP_SIZE)
+        return
+    strided_write(s, out, row, lane, WARP_SIZE, m, np.float32(1.0) / l)
+
+
+@cuda.jit
+def warp_tree_in_shared_memory(s, out):
+    """Another right design: the pairs merged by a tree in shared memory, a syncwarp a round."""
+    ms = cuda.shared.array((WARPS_PER_BLOCK, WARP_SIZE), np.float32)
+    ls = cuda.shared.array((WARPS_PER_BLOCK, WARP_SIZE), np.float32)
+    warp = cuda.threadIdx.x // WARP_SIZE
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + warp
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    m, l = np.float32(-math.inf), np.float32(0.0)
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    ms[warp, lane] = m
+    ls[warp, lane] = l
+    cuda.syncwarp()
+    stride = WARP_SIZE // 2
+    while stride > 0:
+        if lane < stride:
+            m, l = merge_stats(ms[warp, lane], ls[warp, lane], ms[warp, lane + stride], ls[warp, lane + stride])
+            ms[warp, lane] = m
+            ls[warp, lane] = l
+        cuda.syncwarp()
+        stride //= 2
+    m = ms[warp, 0]
+    l = ls[warp, 0]
+    if m == -math.inf:
+        strided_zeros(out, row, lane, WARP_SIZE)
+        return
+    strided_write(s, out, row, lane, WARP_SIZE, m, np.float32(1.0) / l)
+
+
+@cuda.jit
+def warp_butterfly_with_a_syncwarp_a_round(s, out):
+    """Another right answer: the butterfly with a (needless) syncwarp after each round, and one write loop."""
+    row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+    lane = cuda.threadIdx.x % WARP_SIZE
+    if row >= s.shape[0]:
+        return
+    m, l = np.float32(-math.inf), np.float32(0.0)
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        m, l = merge_stats(m, l, s[row, j], np.float32(1.0))
+    for step in (16, 8, 4, 2, 1):
+        m_other = cuda.shfl_xor_sync(FULL_MASK, m, step)
+        l_other = cuda.shfl_xor_sync(FULL_MASK, l, step)
+        m, l = merge_stats(m, l, m_other, l_other)
+        cuda.syncwarp()
+    shift = m if m > -math.inf else np.float32(0.0)
+    inv = np.float32(1.0) / l if l > 0 else np.float32(0.0)
+    for j in range(lane, s.shape[1], WARP_SIZE):
+        out[row, j] = math.exp(s[row, j] - shift) * inv
+
+
 @pytest.mark.parametrize("answer", [lambda: mutation.solution_copy(EXERCISES["04x_warp_softmax"]),
-                                    lambda: warp_softmax_solution])
+                                    lambda: warp_softmax_solution, lambda: warp_shuffled_down_then_broadcast,
+                                    lambda: warp_tree_in_shared_memory, lambda: warp_butterfly_with_a_syncwarp_a_round])
 def test_the_warp_softmax_solution_passes(answer):
     result = verdict("04x_warp_softmax", answer())
     assert result.passed and result.diagnosis == "ok", result
@@ -220,6 +351,10 @@ def test_the_warp_softmax_solution_passes(answer):
     (warp_raw_exponentials, "unstable_softmax", "Subtract the row maximum"),
     (warp_nan_on_fully_masked_rows, "fully_masked_row", "row 3 has every score -inf"),
     (warp_softmax_stub, "not_implemented", "Hint"),
+    (warp_merged_by_lane_0_from_shuffles, "serial_reduction", "a lane joined 64 warp collectives (shuffles and "
+                                                             "syncwarps), where the limit is 18"),
+    (warp_merged_by_lane_0_from_shared, "serial_reduction", "one thread read shared memory 64 times, where the "
+                                                           "limit is 24"),
 ])
 def test_warp_softmax_mistakes_get_their_diagnosis(answer, diagnosis, says):
     result = verdict("04x_warp_softmax", answer)

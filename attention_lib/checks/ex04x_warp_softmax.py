@@ -5,14 +5,55 @@ Its cases, limits and named mistakes are declared in the ``Exercise`` below; its
 the diagnoses it shares are notebook 04's (``ex04_row_softmax``).
 """
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 
 from attention_lib.stages import softmax
 from attention_lib.stages.softmax import WARP_SIZE, strided_max, strided_sum_exp
 from attention_lib.checks.engine import Exercise, register
-from attention_lib.checks.limits import Coalesced, MostLoads
+from attention_lib.checks.limits import Coalesced, MostLoads, SharedLoadsPerThread
 from attention_lib.checks.ex04_row_softmax import (BAND, STAGE, computed_nan, fully_masked, run_softmax,
                                                    unstable)
+
+
+# A pair is two numbers (m and l), so one round of exchanges is two shuffles; log2(WARP_SIZE) = 5 rounds.
+_ROUNDS = int(math.log2(WARP_SIZE))
+
+
+def most_warp_collectives():
+    """The warp collectives one lane may join: 3 a round (m's shuffle, l's, and a syncwarp if the
+    design has one) for log2(WARP_SIZE) rounds, and one round more to hand the result out (a tree
+    that leaves it in lane 0): 18. The butterfly joins 10; lane 0 taking in the 31 other pairs one
+    by one joins 62 and more."""
+    return 3 * (_ROUNDS + 1)
+
+
+def most_shared_reads():
+    """The shared reads one lane may make: two values a pair, each a tree's worth, 2 a round
+    (its slot and the one a stride above) for log2(WARP_SIZE) rounds and one for the result: 24.
+    The butterfly reads none; lane 0 reading the 31 other pairs from shared memory reads 62."""
+    return 2 * (2 * _ROUNDS + 2)
+
+
+@dataclass
+class MostWarpCollectives:
+    """No thread joins more than `most()` warp collectives (shuffles, votes, syncwarps), the sanitizer's
+    count of the traced launch: a merge in rounds, not one lane taking in the others one by one."""
+
+    most: object = most_warp_collectives
+    code: str = "serial_reduction"
+
+    def broken(self, traces, case, compiled):
+        limit = self.most()
+        joined = max((t.launch.warp_collectives for t in traces), default=0)
+        if joined > limit:
+            return (f"the values are right, but a lane joined {joined} warp collectives (shuffles and syncwarps), "
+                    f"where the limit is {limit}: {_ROUNDS} rounds of exchanges, two shuffles (m and l) and a "
+                    "syncwarp a round, and one round to hand the result out; a lane that takes in the other "
+                    "lanes' pairs one by one makes the warp wait 31 times")
+        return None
 
 
 def _run_warp_softmax(kernel, case, rng, launch):
@@ -75,7 +116,11 @@ register(Exercise(
     limits=(MostLoads("s", 2, code="stats_not_in_one_pass", why=(
                 "fold each score into the lane's (m, l) pair in one pass, then read it once more to write its "
                 "weight (2 reads, where kernels 1 and 2 take 3)")),
-            Coalesced("s", 2)),
+            Coalesced("s", 2),
+            SharedLoadsPerThread(lambda case: most_shared_reads(), why=(
+                "two trees (m and l) over the warp's 32 slots read at most 2 log2(32) + 2 slots a lane each; a "
+                "lane that reads the other 31 pairs one by one reads 62 and more")),
+            MostWarpCollectives()),
     describe_case=lambda c: f"rows = {c[0]}, T_k = {c[1]} ({c[2]} scores)",
     hint=("each lane folds its own columns into one (m, l) pair as it reads them; then five exchanges "
           "with the lane whose number differs in one bit give every lane the pair of the whole row"),
@@ -88,7 +133,9 @@ register(Exercise(
                 "where answers go wrong: a lane with no column that leaves before the exchanges (every "
                 "lane the mask names must make every shuffle call); adding two sums without bringing "
                 "them to the common maximum; an exchange that leaves the result in lane 0 alone; a lane "
-                "that takes a contiguous chunk of the row, so a warp's load spreads over many segments"),
+                "that takes a contiguous chunk of the row, so a warp's load spreads over many segments; one "
+                "lane taking in the 31 other pairs one by one, by shuffles or through shared memory, where "
+                "five rounds merge them all"),
     # float32 exp and sums of up to 135 terms against float64: relative errors around 1e-6.
     rtol=1e-5,
     atol=1e-6,
