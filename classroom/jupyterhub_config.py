@@ -20,6 +20,8 @@ Settings, from the environment:
   profile when starting a server: "GPU" (ATTENTION_LIB_BACKEND=gpu, while a seat is free) or
   "Simulator" (ATTENTION_LIB_BACKEND=simulator: Numba's CUDA simulator on the CPU). Unset, there
   is no choice and the course decides as it does on any machine (a GPU if one works);
+- CLASSROOM_GRADED: set to 1 for a graded class: every server runs the checks as grading does
+  (ATTENTION_LIB_GRADED: no library solution revealed, each answer compiled for a GPU before it runs);
 - CLASSROOM_TEST_PASSWORD: set only for a test or a demonstration on one machine. Then anyone
   listed logs in with this one password (JupyterHub's DummyAuthenticator) and every server runs
   as the hub's own system user with a home under CLASSROOM_DATA/homes/ (SimpleLocalProcessSpawner).
@@ -105,6 +107,9 @@ if gpu_seats:
     c.Spawner.pre_spawn_hook = take_seat
     c.Spawner.post_stop_hook = free_seat
     c.Spawner.environment["ATTENTION_LIB_BACKEND"] = lambda spawner: spawner.user_options.get("backend", "simulator")
+
+if os.environ.get("CLASSROOM_GRADED", "") not in ("", "0"):
+    c.Spawner.environment["ATTENTION_LIB_GRADED"] = "1"
 
 # A server on the simulator starts in seconds, but a loaded machine may take longer.
 c.Spawner.start_timeout = 120

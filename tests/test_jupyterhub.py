@@ -269,8 +269,17 @@ def test_a_shared_gpu_gives_each_server_a_profile_and_holds_to_its_seats(tmp_pat
 
 
 def test_without_gpu_seats_there_is_no_choice_and_the_course_decides(tmp_path, monkeypatch):
+    monkeypatch.delenv("CLASSROOM_GRADED", raising=False)
     config = _hub_config(tmp_path, monkeypatch, seats=None)
     assert "ATTENTION_LIB_BACKEND" not in config.Spawner.environment
+    assert "ATTENTION_LIB_GRADED" not in config.Spawner.environment
+
+
+def test_a_graded_class_runs_every_servers_checks_as_grading_does(tmp_path, monkeypatch):
+    from attention_lib.checks import engine
+    monkeypatch.setenv("CLASSROOM_GRADED", "1")
+    config = _hub_config(tmp_path, monkeypatch, seats=None)
+    assert config.Spawner.environment[engine.GRADED_VARIABLE] == "1"
     assert not config.Spawner.get("options_form")
 
 

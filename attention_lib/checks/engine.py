@@ -252,7 +252,7 @@ def hint(exercise_id, level=1):
 
 # The exercises whose check passed in this process: reveal shows their library version.
 _passed = set()
-# Set (to 1) in a graded class's environment (a hub's graded profile): reveal shows no solution.
+# Set (to 1) where a class is graded (each grading sandbox; a hub started with CLASSROOM_GRADED=1).
 GRADED_VARIABLE = "ATTENTION_LIB_GRADED"
 
 

@@ -112,7 +112,8 @@ def transpose_tiled_kernel(a, out):
     writes along a row of out. a: (rows, cols) float32, out: (cols, rows) float32. Launch on
     grid_2d(rows, cols, TILED_TRANSPOSE_BLOCK): block (bx, by) moves a's tile at rows by * TILE,
     columns bx * TILE to out's tile at rows bx * TILE, columns by * TILE."""
-    # The padding column puts a tile's column in 16 different banks: reading it is conflict-free.
+    # The padding column puts a tile's column in 16 different banks: a warp reads two columns, so at most
+    # two words share a bank (two rounds, where an unpadded tile takes eight).
     tile = cuda.shared.array((TRANSPOSE_TILE, TRANSPOSE_TILE_PADDED), float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     a_row0, a_col0 = cuda.blockIdx.y * TRANSPOSE_TILE, cuda.blockIdx.x * TRANSPOSE_TILE
