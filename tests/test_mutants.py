@@ -45,11 +45,19 @@ def test_the_catalogue_makes_each_kind_of_change(monkeypatch):
     expected = ["< -> <=", "< -> >", "statement deleted: i = cuda.grid(1)", "barrier deleted: cuda.syncthreads()",
                 "barrier moved into the end of the if before it", "barrier moved into the start of the if after it",
                 "arguments 0 and 1 of max(...) swapped", "float32(0.0) -> float(0.0)", "i -> i + 1", "i -> i - 1",
-                "indices 0 and 1 of out[i, 0] swapped"]
+                "indices 0 and 1 of out[i, 0] swapped",
+                "cuda.grid(1) -> cuda.threadIdx.x"]                  # a design slip: the block's place dropped
     assert all(change in changes for change in expected), sorted(set(changes))
     assert len(changes) == len(set(m.source for m in mutation.mutants(exercise)))     # no two the same
     for m in mutation.mutants(exercise):
         ast.parse(m.source)
+
+
+def test_design_slips_are_mutants_too():
+    """Changes of the design, not of a token: the block dropped from an index, a walk started at 0
+    instead of the thread's or the block's own start."""
+    changes = [m.change for m in mutation.mutants(EXERCISES["04_block_softmax"])]
+    assert "cuda.blockIdx.x -> 0" in changes and "range(tid, ...) -> range(0, ...)" in changes, changes
 
 
 def count(s):

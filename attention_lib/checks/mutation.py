@@ -254,6 +254,46 @@ def _simulator_constants(node):
         yield f"{node.id} -> {value}", replace
 
 
+def _replace_node(tree, node, new):
+    """Put `new` where `node` stands in `tree`; False when it is not found."""
+    for parent in ast.walk(tree):
+        for name, value in ast.iter_fields(parent):
+            if value is node:
+                setattr(parent, name, new)
+                return True
+            if isinstance(value, list) and any(v is node for v in value):
+                value[[i for i, v in enumerate(value) if v is node][0]] = new
+                return True
+    return False
+
+
+def _block_dropped(node):
+    """A design slip, not a token's: the block's place dropped from an index, as if the launch had
+    one block (cuda.blockIdx.x -> 0; cuda.grid(n) -> the thread's place in its block)."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
+            and node.value.attr == "blockIdx" and node.attr in "xyz":
+        yield f"{ast.unparse(node)} -> 0", lambda n, tree: _replace_node(tree, n, ast.Constant(0))
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "grid" and len(node.args) == 1 \
+            and isinstance(node.args[0], ast.Constant) and node.args[0].value in (1, 2, 3):
+        axes = "xyz"[:node.args[0].value]
+        threads = [ast.parse(f"cuda.threadIdx.{a}", mode="eval").body for a in axes]
+        local = threads[0] if len(threads) == 1 else ast.Tuple(threads, ast.Load())
+        yield (f"{ast.unparse(node)} -> {ast.unparse(local)}",
+               lambda n, tree, local=local: _replace_node(tree, n, copy.deepcopy(local)))
+
+
+def _walk_from_zero(node):
+    """A design slip: a loop that starts at 0 instead of where this thread's share, or this block's
+    band, starts (range(first, end, step) -> range(0, end, step)): every thread walks the same
+    elements, or a block walks tiles it never needed."""
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "range" and len(node.args) >= 2 \
+            and not (isinstance(node.args[0], ast.Constant) and node.args[0].value == 0):
+        def from_zero(n, tree):
+            n.args[0] = ast.Constant(0)
+            return True
+        yield f"range({ast.unparse(node.args[0])}, ...) -> range(0, ...)", from_zero
+
+
 _ARITHMETIC = {ast.Add: (ast.Sub, "+", "-"), ast.Sub: (ast.Add, "-", "+"), ast.Mult: (ast.Add, "*", "+")}
 
 
@@ -278,7 +318,7 @@ def _arithmetic(node):
 _ORDINALS = ("1st", "2nd", "3rd", "4th", "5th", "6th", "7th", "8th", "9th", "nth")
 
 OPERATORS = (_comparisons, _plus_minus_one, _swapped_indices, _swapped_arguments, _python_float, _statements,
-             _simulator_constants)
+             _simulator_constants, _block_dropped, _walk_from_zero)
 
 
 def mutants(exercise):
