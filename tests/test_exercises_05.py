@@ -143,10 +143,13 @@ def causal_av_solution(a, v, out):
 
 
 def causal_av(stop="block", barriers=(True, True), guard_loads=True, zeroed=("a", "v"), a_across=True,
-              extra_step=False):
+              extra_step=False, walk="to the stop", col_from_grid=True):
     """The solution with one thing changed: the stopping point (`stop`), a barrier left out, the
     loads unguarded, a tile not zeroed past the edges (`zeroed`), a's tile loaded down its columns
-    (neighbouring threads reading rows T_k apart), or one step more than the visible keys need."""
+    (neighbouring threads reading rows T_k apart), one step more than the visible keys need
+    (`extra_step`), the walk past the stop, the loads still guarded at it (`walk`: "every tile", to
+    T_k; "a tile past", one step more up to T_k), or the column taken from threadIdx.x alone
+    (`col_from_grid` False)."""
     first_barrier, second_barrier = barriers
     zero_a, zero_v = "a" in zeroed, "v" in zeroed
 
@@ -156,6 +159,8 @@ def causal_av(stop="block", barriers=(True, True), guard_loads=True, zeroed=("a"
         v_tile = cuda.shared.array((TILE, TILE), float32)
         col, row = cuda.grid(2)
         tx, ty, h = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockIdx.z
+        if not col_from_grid:
+            col = tx                                   # every block of a row of blocks: columns 0 to TILE - 1
         (t_q, t_k), d_v, acc = a.shape[1:], v.shape[2], float32(0.0)
         if stop == "block":
             k_end = min(t_k, (cuda.blockIdx.y + 1) * TILE + t_k - t_q)
@@ -169,7 +174,12 @@ def causal_av(stop="block", barriers=(True, True), guard_loads=True, zeroed=("a"
             k_end = min(t_k, (cuda.blockIdx.y + 1) * TILE)
         else:                                          # "own query": differs between a block's threads
             k_end = min(t_k, row + 1 + t_k - t_q)
-        for start in range(0, k_end + 1 if extra_step else k_end, TILE):
+        walk_end = k_end + 1 if extra_step else k_end
+        if walk == "every tile":
+            walk_end = t_k
+        elif walk == "a tile past":
+            walk_end = min(t_k, k_end + TILE)
+        for start in range(0, walk_end, TILE):
             if not a_across:                           # thread (tx, ty) loads query block_row + tx, key start + ty
                 query = cuda.blockIdx.y * TILE + tx
                 a_tile[tx, ty] = a[h, query, start + ty] if query < t_q and start + ty < k_end else float32(0.0)
@@ -215,13 +225,38 @@ def causal_av_without_tiles(a, v, out):
 
 
 @cuda.jit
+def causal_av_by_tile_count(a, v, out):
+    """Another right design: the walk counts the block's visible key tiles, and guards its loads at T_k
+    and the last query (inside the diagonal tile every weight past the stop is a 0 of a)."""
+    a_tile = cuda.shared.array((TILE, TILE), float32)
+    v_tile = cuda.shared.array((TILE, TILE), float32)
+    tx, ty, h = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockIdx.z
+    row, col = cuda.blockIdx.y * TILE + ty, cuda.blockIdx.x * TILE + tx
+    t_q, t_k, d_v = a.shape[1], a.shape[2], v.shape[2]
+    last_key = min(t_q, (cuda.blockIdx.y + 1) * TILE) - 1 + t_k - t_q        # the block's last query's
+    tiles = (last_key + TILE) // TILE if last_key >= 0 else 0
+    acc = float32(0.0)
+    for t in range(tiles):
+        key = t * TILE
+        a_tile[ty, tx] = a[h, row, key + tx] if row < t_q and key + tx < t_k else float32(0.0)
+        v_tile[ty, tx] = v[h, key + ty, col] if key + ty < t_k and col < d_v else float32(0.0)
+        cuda.syncthreads()
+        for j in range(TILE):
+            acc += a_tile[ty, j] * v_tile[j, tx]
+        cuda.syncthreads()
+    if row < t_q and col < d_v:
+        out[h, row, col] = acc
+
+
+@cuda.jit
 def causal_av_stub(a, v, out):
     raise NotImplementedError()
 
 
 @pytest.mark.parametrize("answer", [lambda: mutation.solution_copy(EXERCISES["05_causal_av"]),
-                                    lambda: causal_av_solution, lambda: causal_av(stop="rounded up")],
-                         ids=["solution-copy", "solution", "rounded-up-stop"])
+                                    lambda: causal_av_solution, lambda: causal_av(stop="rounded up"),
+                                    lambda: causal_av_by_tile_count],
+                         ids=["solution-copy", "solution", "rounded-up-stop", "tile-count"])
 def test_the_causal_av_solution_passes(answer):
     result = verdict("05_causal_av", answer())
     assert result.passed and result.diagnosis == "ok", result
@@ -242,7 +277,12 @@ def test_the_causal_av_solution_passes(answer):
     (causal_av(a_across=False), "uncoalesced", "a warp's load of a"),
     (causal_av(zeroed=("a",)), "stale_tile", "v_tile"),
     (causal_av(zeroed=("v",)), "stale_tile", "a_tile"),
-    (causal_av(extra_step=True), "extra_barriers", "passed 4 barriers, where the limit is 2: the key tiles its block sees need two a step"),
+    (causal_av(extra_step=True), "extra_barriers", "passed 4 barriers, where that block's limit is 2: two a step"),
+    (causal_av(walk="every tile"), "extra_barriers", "(BH 1, T_q 33, T_k 15, d_v 1): the values are right, but a "
+     "thread of block (0, 0, 0) passed 2 barriers, where that block's limit is 0: two a step, one step for each "
+     "key tile the block's own queries see"),
+    (causal_av(walk="a tile past"), "extra_barriers", "block (0, 0, 0) passed 2 barriers, where that block's limit is 0"),
+    (causal_av(col_from_grid=False), "race", "(BH 1, T_q 9, T_k 9, d_v 64): race on global 'out'"),
 ])
 def test_causal_av_mistakes_get_their_diagnosis(answer, diagnosis, says):
     result = verdict("05_causal_av", answer)

@@ -20,7 +20,7 @@ from attention_lib.stages.projection import TILE
 from attention_lib.checks.engine import Exercise, register
 from attention_lib.checks.launch import host_output, output_array, read_output, traced_launch, unwritten
 from attention_lib.checks.result import Diagnosed
-from attention_lib.checks.limits import Coalesced, MostBarriers, MostLoads, RefilledTiles
+from attention_lib.checks.limits import Coalesced, MostBarriersPerBlock, MostLoads, RefilledTiles
 
 # The library code an answer to either exercise may not call: the kernels, their launchers, the
 # tiled matmul of notebook 01 that would do the tile loop, and the references.
@@ -165,15 +165,15 @@ def _diagnose_causal_av(got, expected, a, v):
     return None
 
 
-def _visible_key_tiles(case):
-    """The most key tiles one block row of 05_causal_av sees."""
-    return max(ceil_div(_visible_keys(r, case.T_q, case.T_k), TILE) for r in range(ceil_div(case.T_q, TILE)))
+def _block_barriers(case, block):
+    """The barriers a thread of `block` (its blockIdx) may pass in 05_causal_av: two a step, one step
+    for each key tile its own block row sees (up to the tile that holds its last query's last visible
+    key), whatever the other block rows see."""
+    return 2 * ceil_div(_visible_keys(block[1], case.T_q, case.T_k), TILE)
 
 
-def _steps_why(case):
-    tiles = _visible_key_tiles(case)
-    return (f"the key tiles its block sees need two a step, {tiles} step{'s' if tiles != 1 else ''}: a step past "
-            "the block's last visible key loads nothing and still waits twice")
+_STEPS_WHY = ("two a step, one step for each key tile the block's own queries see, up to its last query's last "
+              "visible key: a step past it loads nothing and still waits twice")
 
 
 register(Exercise(
@@ -183,13 +183,19 @@ register(Exercise(
     # One weight; two heads of 7 (one tile, its first step already past every edge: a tile not
     # zeroed there holds the check's garbage); from TILE: T_k - T_q = 0 with the last visible key
     # on a tile's edge and d_v a whole tile, +1, -1 (a second block row); 33 queries of 15 keys
-    # (the first block row sees no key); 33 of 33 (three block rows, tiles above the diagonal).
+    # (the first block row sees no key); 33 of 33 (three block rows, tiles above the diagonal, each
+    # row of blocks with its own steps); the model's head width, 64, at T 9 (four blocks across: a
+    # column not taken from blockIdx.x shows; T small, so the simulator stays fast).
     cases=[Case(1, 1, 1, 1), Case(2, 7, 7, 5), Case(1, TILE, TILE, TILE), Case(1, TILE, TILE + 1, 7),
-           Case(1, TILE + 1, TILE, 3), Case(1, 2 * TILE + 1, TILE - 1, 1), Case(1, 2 * TILE + 1, 2 * TILE + 1, 8)],
+           Case(1, TILE + 1, TILE, 3), Case(1, 2 * TILE + 1, TILE - 1, 1), Case(1, 2 * TILE + 1, 2 * TILE + 1, 8),
+           Case(1, 9, 9, 64)],
     limits=(MostLoads("a", lambda case: ceil_div(case.d_v, TILE)),
             MostLoads("v", lambda case: ceil_div(case.T_q, TILE)),
             # A warp of a 16 x 16 block reads two rows of 16 floats, each within at most two segments.
-            Coalesced("a", 4), Coalesced("v", 4), RefilledTiles(), MostBarriers(lambda case: 2 * _visible_key_tiles(case), why=_steps_why)),
+            Coalesced("a", 4), Coalesced("v", 4), RefilledTiles(),
+            # Block by block: a walk over every key tile (loads guarded at the stop), or a step past the
+            # stop capped at T_k, takes no more steps than the last block row's, which sees every tile.
+            MostBarriersPerBlock(_block_barriers, why=_STEPS_WHY)),
     hint=("a block's threads share what they load: a tile of weights serves a block's columns, a tile of "
           "values its queries; and the queries of one block share one stopping point along the keys, the "
           "last key the block's last query may see, after which every key tile is all zeros"),
@@ -204,7 +210,9 @@ register(Exercise(
                 "threads of a block then take different numbers of steps, and every step waits at "
                 "barriers); stopping before the tile on the diagonal, which is not all zeros; forgetting "
                 "that with fewer queries than keys the queries are the last positions; one of the two "
-                "tiles left unzeroed past an edge; a step more than the visible keys need"),
+                "tiles left unzeroed past an edge; a step more than the visible keys need, or a walk over "
+                "every key tile with its loads guarded at the stop; a column taken from the thread alone, "
+                "not from its block too, which holds only while the values fit one tile"),
     # float32 sums of at most 33 products of order 1 against float64: errors around 1e-7.
     rtol=1e-5,
     atol=1e-5,
