@@ -98,6 +98,66 @@ def split_one_thread_per_row(x, out):
 
 
 @cuda.jit
+def split_thread_0_stages_the_tile(x, out):
+    """Right values, each element read once: but thread (0, 0) copies its block's tile into shared
+    memory in a loop, and every thread stores its element from there."""
+    tile = cuda.shared.array((16, 16), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    c0, t0, bh = cuda.blockIdx.x * 16, cuda.blockIdx.y * 16, cuda.blockIdx.z
+    n_head, T, d_k = out.shape[1], out.shape[2], out.shape[3]
+    b, h = bh // n_head, bh % n_head
+    if tx == 0 and ty == 0:
+        for r in range(16):
+            for c in range(16):
+                if t0 + r < T and c0 + c < d_k:
+                    tile[r, c] = x[b, t0 + r, h * d_k + c0 + c]
+    cuda.syncthreads()
+    if t0 + ty < T and c0 + tx < d_k:
+        out[b, h, t0 + ty, c0 + tx] = tile[ty, tx]
+
+
+@cuda.jit
+def split_by_one_thread(x, out):
+    """Right values, each element read once: but the launch's first thread does the whole copy."""
+    if cuda.grid(2) == (0, 0) and cuda.blockIdx.z == 0:
+        for b in range(out.shape[0]):
+            for h in range(out.shape[1]):
+                for t in range(out.shape[2]):
+                    for c in range(out.shape[3]):
+                        out[b, h, t, c] = x[b, t, h * out.shape[3] + c]
+
+
+@cuda.jit
+def split_through_a_tile(x, out):
+    """A right answer in another style: each thread copies its element into a shared tile, and stores
+    it from there after a barrier."""
+    tile = cuda.shared.array((16, 16), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    c, t = cuda.grid(2)
+    n_head, d_k = out.shape[1], out.shape[3]
+    b, h = cuda.blockIdx.z // n_head, cuda.blockIdx.z % n_head
+    inside = t < out.shape[2] and c < d_k
+    if inside:
+        tile[ty, tx] = x[b, t, h * d_k + c]
+    cuda.syncthreads()
+    if inside:
+        out[b, h, t, c] = tile[ty, tx]
+
+
+def split_head_width_from(axis):
+    """The solution with d_k read from out's axis `axis` for the column of x (the guard still on d_k)."""
+    @cuda.jit
+    def kernel(x, out):
+        c, t = cuda.grid(2)
+        bh = cuda.blockIdx.z
+        n_head, d_k = out.shape[1], out.shape[axis]
+        b, h = bh // n_head, bh % n_head
+        if t < out.shape[2] and c < out.shape[3]:
+            out[b, h, t, c] = x[b, t, h * d_k + c]
+    return kernel
+
+
+@cuda.jit
 def split_stub(x, out):
     raise NotImplementedError()
 
@@ -111,11 +171,19 @@ def split_stub(x, out):
     (split_transposed_in_block, "uncoalesced", "segments of 128 bytes"),
     (split_reads_twice, "no_reuse", "read up to"),
     (split_one_thread_per_row, "serial_copy", "the values are right, but one warp made"),
+    (split_thread_0_stages_the_tile, "serial_copy", "the values are right, but one warp made 35 load instructions"),
+    (split_by_one_thread, "serial_copy", "the values are right, but one warp made 105 load instructions"),
+    (split_through_a_tile, "ok", "correct at every size"),
+    (split_head_width_from(2), "wrong_head_width", "read x[0, 0, 15], past x's 15 columns: it took head 2's columns "
+                                                   "of x from column 2 * 7 = 14 on, a head width of 7: T, the length "
+                                                   "of out's position axis"),
+    (split_head_width_from(1), "wrong_head_width", "a head width of 3: n_head, the length of out's head axis"),
     (split_stub, "not_implemented", "Hint:"),
     (lambda x, out: None, "not_a_kernel", "@cuda.jit"),
     (multihead.split_heads_kernel, "calls_given_code", "split_heads_kernel"),
 ], ids=["solution", "interleaved", "no_guard", "batch_ignored", "layer_misread", "transposed_in_block",
-        "reads_twice", "one_thread_per_row", "stub", "plain_function", "library_kernel"])
+        "reads_twice", "one_thread_per_row", "thread_0_stages_the_tile", "one_thread", "through_a_tile",
+        "d_k_from_positions", "d_k_from_heads", "stub", "plain_function", "library_kernel"])
 def test_split_heads_diagnoses(answer, diagnosis, says):
     result = check("06_split_heads", answer, verbose=False)
     assert (result.diagnosis, result.passed, says in result.message) == (diagnosis, diagnosis == "ok", True), result
@@ -213,6 +281,34 @@ def av_from_global(a, qkv, n_head, n_kv_head, causal, out):
         out[b, row, h * d_k + col] = acc
 
 
+PADDED = TILE + 1   # a row of the tile of values, one word of padding
+
+
+@cuda.jit
+def av_values_by_column(a, qkv, n_head, n_kv_head, causal, out):
+    """A right answer in another style: the tile of values holds a column per row, its rows padded to
+    17 words (a warp's 16 columns of one key fall in 16 banks), the weights' tile a key per row."""
+    w_tile = cuda.shared.array((TILE, TILE), float32)          # [key, query]: its stores meet in banks
+    v_tile = cuda.shared.array((TILE, PADDED), float32)        # [column, key]
+    tx, ty, T = cuda.threadIdx.x, cuda.threadIdx.y, a.shape[1]
+    d_k = qkv.shape[2] // (n_head + 2 * n_kv_head)
+    col_tiles = (d_k + TILE - 1) // TILE
+    z, row = cuda.blockIdx.x // col_tiles % a.shape[0], cuda.blockIdx.x // col_tiles // a.shape[0] * TILE + ty
+    col = cuda.blockIdx.x % col_tiles * TILE + tx
+    first = (n_head + n_kv_head + z % n_head // (n_head // n_kv_head)) * d_k
+    stop = min(T, row - ty + TILE) if causal else T
+    acc = float32(0.0)
+    for start in range(0, stop, TILE):
+        w_tile[tx, ty] = a[z, row, start + tx] if row < T and start + tx < stop else float32(0.0)
+        v_tile[tx, ty] = qkv[z // n_head, start + ty, first + col] if start + ty < stop and col < d_k else float32(0.0)
+        cuda.syncthreads()
+        for j in range(TILE):
+            acc += w_tile[j, ty] * v_tile[tx, j]
+        cuda.syncthreads()
+    if row < T and col < d_k:
+        out[z // n_head, row, z % n_head * d_k + col] = acc
+
+
 @cuda.jit
 def av_stub(a, qkv, n_head, n_kv_head, causal, out):
     raise NotImplementedError()
@@ -227,8 +323,11 @@ SERIAL_LOAD = ("        tiles[0, ty, tx] = a[z, row, start + tx] if row < T and 
                "else float32(0.0)\n")
 BARRIER_IN_GUARD = ("        cuda.syncthreads()\n        for j",
                     "        if row < T:\n            cuda.syncthreads()\n        for j")
+STORE_IN_LOOP = ("        cuda.syncthreads()\n    if row < T and col < d_k:\n        out",
+                 "        cuda.syncthreads()\n        if row < T and col < d_k:\n            out")
 FIRST = "at (B 2, T 7, n_head 4, n_kv_head 2, d_k 5, causal): "
 SECOND = "at (B 1, T 17, n_head 6, n_kv_head 3, d_k 6, causal): "
+WHOLE_TILE = "at (B 1, T 16, n_head 3, n_kv_head 1, d_k 16, causal): "
 V0 = "(n_head + n_kv_head + z % n_head // (n_head // n_kv_head)) * d_k"
 GUARDED_A = "        tiles[0, ty, tx] = a[z, row, start + tx] if row < T and start + tx < k_end else float32(0.0)\n"
 
@@ -236,6 +335,7 @@ GUARDED_A = "        tiles[0, ty, tx] = a[z, row, start + tx] if row < T and sta
 @pytest.mark.parametrize("answer, diagnosis, says", [
     (av_kernel(), "ok", "correct at every size tried"),
     (av_heads_fastest, "ok", "correct at every size tried"),
+    (av_values_by_column, "ok", "correct at every size tried"),
     # the contract's own mistakes, each named
     (av_kernel(("z % n_head * d_k + col] = acc", "col * n_head + z % n_head] = acc")),
      "heads_interleaved", FIRST + "head h's component c was written at column c * n_head + h"),
@@ -283,6 +383,10 @@ GUARDED_A = "        tiles[0, ty, tx] = a[z, row, start + tx] if row < T and sta
      "extra_barriers", "a thread passed 4 barriers, where the limit is 2"),
     (av_kernel(BARRIER_IN_GUARD), "divergent_barrier", FIRST),
     (av_kernel(("        cuda.syncthreads()\n    if row", "    if row")), "race", "race on shared"),
+    (av_kernel(STORE_IN_LOOP), "output_rewritten", SECOND + "the values are right, but thread (0, 0, 0) of block "
+                                                   "(6, 0, 0) stored out[0, 16, 0] 2 times"),
+    (av_kernel(("tiles[1, ty, tx] = qkv", "tiles[1, tx, ty] = qkv"), ("tiles[1, j, tx]", "tiles[1, tx, j]")),
+     "bank_conflict", WHOLE_TILE + "the values are right, but a warp's read of tiles at"),
     (av_kernel((" if row < T and start + tx < k_end else", " if start + tx < k_end else")),
      "out_of_bounds", "out-of-bounds read a["),
     (av_kernel((GUARDED_A, "        if row < T and start + tx < k_end:\n"
@@ -301,12 +405,12 @@ GUARDED_A = "        tiles[0, ty, tx] = a[z, row, start + tx] if row < T and sta
     (lambda a, qkv, n_head, n_kv_head, causal, out: None, "not_a_kernel", "@cuda.jit"),
     (multihead.qkv_av_kernel, "calls_given_code", "qkv_av_kernel"),
     (multihead.qkv_weighted_sum_kernel, "calls_given_code", "qkv_weighted_sum_kernel"),
-], ids=["solution", "heads_fastest", "interleaved", "kv_interleaved", "group_by_n_kv", "group_zero", "k_block",
+], ids=["solution", "heads_fastest", "values_by_column", "interleaved", "kv_interleaved", "group_by_n_kv", "group_zero", "k_block",
         "own_block", "head_width", "not_shared", "layer_order", "mha_offset", "mha_offset_own_head",
         "column_guard_on_width", "diagonal_skipped", "every_tile", "causal_ignored",
         "d_k_hard_coded",
         "block_dropped", "serial_load", "from_global", "extra_step", "barrier_in_guard", "no_second_barrier",
-        "no_row_guard", "not_zeroed", "load_down_columns", "no_store_guard", "python_float", "stub",
+        "store_in_key_loop", "values_by_column_unpadded", "no_row_guard", "not_zeroed", "load_down_columns", "no_store_guard", "python_float", "stub",
         "plain_function", "library_kernel", "layer_kernel"])
 def test_qkv_av_answers_get_their_diagnosis(answer, diagnosis, says):
     result = check("06_qkv_av", answer, verbose=False)

@@ -20,7 +20,8 @@ from attention_lib.checks.engine import Exercise, register
 from attention_lib.checks.ex06_split_heads import guarded_input
 from attention_lib.checks.launch import output_array, read_output, unwritten
 from attention_lib.checks.result import Diagnosed
-from attention_lib.checks.limits import Coalesced, MostBarriers, MostLoads, NoSerialCopy, RefilledTiles
+from attention_lib.checks.limits import (Coalesced, MostBarriers, MostLoads, NoSerialCopy, RefilledTiles, SharedBanks,
+                                         StoredOnce)
 from attention_lib.measure import sanitizer
 from attention_lib.platform.launch import ceil_div
 from attention_lib.stages import multihead, weighted_sum
@@ -301,6 +302,26 @@ class OneHeadOfV:
         return None
 
 
+@dataclass
+class OneWholeTile:
+    """A limit measured only on the cases of one whole tile of queries and of columns (T and d_k both
+    TILE): a shared tile's shape is a constant of the kernel, so its layout is the same in every case,
+    and there every lane of every warp reads the tiles. Counting a warp's words in each bank on every
+    case would add about two thirds to the check's time and find nothing more."""
+
+    limit: object
+
+    @property
+    def code(self):
+        return self.limit.code
+
+    def broken(self, traces, case, compiled):
+        if (case.T, case.d_k) != (TILE, TILE):
+            return None
+        broken = self.limit.broken(traces, case, compiled)
+        return (self.code, broken) if broken and not isinstance(broken, tuple) else broken
+
+
 def _steps_why(case):
     tiles = ceil_div(case.T, TILE)
     return (f"two a step, and the last row of query tiles sees {tiles} key tile{'s' if tiles != 1 else ''}: a step "
@@ -327,19 +348,32 @@ register(Exercise(
                 "different numbers of steps between barriers); stopping before the tile on the diagonal; a "
                 "tile not zeroed past an edge; V's heads placed before K's, or a query head given its own V "
                 "head instead of its group's; the head's output written every n_head columns instead of as a "
-                "run of d_k"),
+                "run of d_k; the output stored at every step of the walk instead of once after it; a tile of "
+                "values that holds a column per row in rows of 16 words, so a warp's 16 columns of one key meet "
+                "in two banks"),
     # float32 sums of at most 33 products of order 1 against float64: errors around 1e-7.
     rtol=1e-5,
     atol=1e-5,
     diagnoses=("no_tiles_skipped", "diagonal_tile_skipped", "heads_interleaved", "kv_head_interleaved", "wrong_group",
                "wrong_v_block", "wrong_head_width", "view_past_the_end", "v_offset_assumes_mha",
-               "reads_next_head", "grid_layer_order"),
+               "reads_next_head", "grid_layer_order", "output_rewritten", "bank_conflict"),
     limits=(MostLoads("a", lambda case: ceil_div(case.d_k, TILE), why="a tile of weights in shared memory serves "
                       "all of a block's columns"),
             OneHeadOfV(_QKV_LOADS), _QKV_LOADS,
             NoSerialCopy("a"), WholeTiles(NoSerialCopy("qkv")), NoSerialCopy("out", access="store"),
             Coalesced("a", 4), Coalesced("qkv", 4), Coalesced("out", 4, access="store"),
-            RefilledTiles(), MostBarriers(lambda case: 2 * ceil_div(case.T, TILE), why=_steps_why)),
+            RefilledTiles(), MostBarriers(lambda case: 2 * ceil_div(case.T, TILE), why=_steps_why),
+            # A thread owns one output: its sum is done after the last key tile, so it stores it once.
+            StoredOnce("out", why="a thread's output is done after its last key tile: store it once, after the walk"),
+            # Reads only: the contract limits no store (stores=32: a warp's 32 lanes cannot put more words
+            # than that in one bank).
+            # A right answer stores out along threadIdx.x (else uncoalesced), so at each key a warp (two
+            # rows of 16 threads) reads the values of 16 columns of one key and one weight of each of its
+            # two queries: rows of 16 words put both in different banks. A value tile with the key along
+            # its rows in rows of 16 words puts the 16 columns 16 words apart: 8 in one bank.
+            OneWholeTile(SharedBanks(reads=1, stores=32, why="lay each tile out (which index is its row, how many "
+                                     "words a row holds) so that the words a warp reads at once fall in different "
+                                     "banks"))),
     solution=multihead.qkv_av_kernel,
     forbidden=(multihead.qkv_av, multihead.qkv_weighted_sum_kernel, multihead.launch_layer,
                multihead.multi_head_attention, multihead.split_heads_kernel,

@@ -53,17 +53,40 @@ def _out_of_bounds(error):
     return (found.group(1), found.group(2), *numbers)
 
 
-def _layer_out_of_range(error, inside):
-    """Diagnosed grid_layer_order when the out-of-bounds access came from a thread whose own
-    position (grid x, grid y) lies inside the output (inside(x, y) is True): only what it decoded
-    from the grid layer z can have left the array. None otherwise (a missing guard: the engine's)."""
+def _other_axes(B, T, n_head, d_k):
+    """(length, what) of the axes of x and out other than d_k: where a head width read from the wrong
+    axis comes from."""
+    axes = [(T, "T, the length of out's position axis"), (n_head, "n_head, the length of out's head axis"),
+            (B, "B, the length of the batch axis"), (n_head * d_k, "d_model, the length of x's last axis")]
+    return [(length, what) for length, what in axes if length != d_k]
+
+
+def _head_width_message(h, width, what, d_k):
+    return (f"it took head {h}'s columns of x from column {h} * {width} = {h * width} on, a head width of {width}: "
+            f"{what}. A head is d_k = {d_k} columns wide, the length of out's last axis")
+
+
+def _layer_out_of_range(error, case):
+    """Diagnosed when the out-of-bounds access came from a thread whose own position (grid x, grid y)
+    lies inside the output: wrong_head_width when it read x in its own sequence and row at the column
+    h * w + c of a head width w that is another axis's length (d_k read from the wrong axis), else
+    grid_layer_order (only what it decoded from the grid layer z can have left the array). None
+    otherwise (a missing guard: the engine's)."""
     parsed = _out_of_bounds(error)
     if parsed is None:
         return None
     kind, array, index, block, thread = parsed
+    B, T, n_head, d_k = case
     x, y = block[0] * 16 + thread[0], block[1] * 16 + thread[1]
-    if not inside(x, y):
+    if not (x < d_k and y < T):
         return None
+    b, h = divmod(block[2], n_head)
+    if kind == "read" and array == "x" and len(index) == 3 and index[:2] == (b, y) and h > 0:
+        for width, what in _other_axes(B, T, n_head, d_k):
+            if index[2] == h * width + x:
+                return Diagnosed("wrong_head_width", (
+                    f"the thread at grid x {x}, y {y} of grid layer z {block[2]} (sequence {b}, head {h}) read "
+                    f"x{list(index)}, past x's {n_head * d_k} columns: " + _head_width_message(h, width, what, d_k)))
     return Diagnosed("grid_layer_order", (
         f"the thread at grid x {x}, y {y} of grid layer z {block[2]} lies inside the output, yet it "
         f"{'read' if kind == 'read' else 'wrote'} {array}{list(index)}, outside {array}: the sequence or the head "
@@ -87,12 +110,13 @@ def _run_split(kernel, case, rng, launch):
     try:
         launch(kernel, grid, block, d_x, out)
     except IndexError as error:
-        raise _layer_out_of_range(error, lambda c, t: c < d_k and t < T) or error from None
+        raise _layer_out_of_range(error, case) or error from None
     return read_output(full, out), reference.split_heads(x, n_head), x, n_head
 
 
 def _diagnose_split(got, expected, x, n_head):
-    """Name the interleaved split; None for any other mistake (the engine shows where)."""
+    """Name the interleaved split, and a head width read from another axis; None for any other mistake
+    (the engine shows where)."""
     B, T, d_model = x.shape
     d_k = d_model // n_head
     interleaved = x.reshape(B, T, d_k, n_head).transpose(0, 3, 1, 2)   # head h: columns h, h + n_head, ...
@@ -101,6 +125,10 @@ def _diagnose_split(got, expected, x, n_head):
             f"head h got columns h, h + {n_head}, h + {2 * n_head}, ... (every n_head-th column); "
             f"a head is a contiguous block: head h holds the h-th run of d_k = {d_k} columns "
             "(the model axis is (n_head, d_k), not (d_k, n_head))")
+    for width, what in _other_axes(B, T, n_head, d_k):
+        columns = np.arange(n_head)[:, None] * width + np.arange(d_k)       # head h's columns at that width
+        if n_head > 1 and columns.max() < d_model and np.array_equal(got, x[:, :, columns].transpose(0, 2, 1, 3)):
+            return "wrong_head_width", f"the heads' columns came out of place: {_head_width_message(1, width, what, d_k)}"
     return None
 
 
@@ -124,11 +152,12 @@ register(Exercise(
                 "head from the layer number (a quotient and a remainder by the head count); its column of x "
                 "is the head's first column plus its component; threads of the edge blocks that fall past "
                 "the output do nothing. Where answers go wrong: a head's columns taken one every n_head (the "
-                "wrong reshape order), and a layer split into a sequence and a head that leave their ranges",),
+                "wrong reshape order), a head width read from another axis of out than its last, and a layer split "
+                "into a sequence and a head that leave their ranges",),
     rtol=0.0,   # a split moves values, it computes none: every entry must be exact
     atol=0.0,
     diagnose=_diagnose_split,
-    diagnoses=("heads_interleaved", "grid_layer_order"),
+    diagnoses=("heads_interleaved", "grid_layer_order", "wrong_head_width"),
     # Each element of x is copied once, and the 16 threads of a block row (half a warp) read 16
     # consecutive floats: a warp's load of two rows touches at most 4 segments of 128 bytes (each
     # row may straddle a boundary, as a head's columns start anywhere).
