@@ -352,7 +352,34 @@ PACKED_MISTAKES = {
     "row_per_thread": [("r = e // HEAD_PAD\n        c = e - r * HEAD_PAD",      # neighbouring threads, neighbouring rows
                         "r = e % tile.shape[0]\n        c = e // tile.shape[0]")],
     "read_twice": [(SOURCE_ROW + " * scale", SOURCE_ROW + " * scale + (" + SOURCE_ROW + " - " + SOURCE_ROW + ")")],
+    "offset_split": [(SOURCE_ROW, "src[h * group + (r0 + r) % group, r0 // group + r // group, c]")],
+    "thread_zero_copies": [("range(first, tile.shape[0] * HEAD_PAD, threads)",                    # thread 0 alone
+                            "range(0 if first == 0 else tile.shape[0] * HEAD_PAD, tile.shape[0] * HEAD_PAD)")],
 }
+
+
+@cuda.jit(device=True)
+def packed_by_warp_rows(tile, src, h, r0, n, group, scale):
+    """Right, another split: each warp copies whole rows, its lanes 32 columns at a time (at d_k 5, 13
+    loads by one lane where the limit is 16)."""
+    first, threads = cuda.threadIdx.x + cuda.threadIdx.y * THREADS_V3, THREADS_V3 * cuda.blockDim.y  # noqa: F821
+    for r in range(first // 32, tile.shape[0], threads // 32):
+        for c in range(first % 32, HEAD_PAD, 32):                                                    # noqa: F821
+            x = np.float32(0.0)
+            if r < n and c < HEAD:                                                                   # noqa: F821
+                x = src[h * group + (r0 + r) % group, (r0 + r) // group, c] * scale
+            tile[r, c] = x
+
+
+# Right, another split: a thread keeps one column and strides down the rows.
+PACKED_BY_COLUMN = [("r = e // HEAD_PAD\n        c = e - r * HEAD_PAD",
+                     "c = first % HEAD_PAD\n        r = (e - c) // HEAD_PAD")]
+
+
+def test_other_right_packed_copies_pass():
+    for answer in (packed_by_warp_rows, variant("08x_packed_rows", *PACKED_BY_COLUMN)):
+        result = check("08x_packed_rows", answer, verbose=False)
+        assert result.passed, result.message
 
 
 @cuda.jit(device=True)
@@ -366,6 +393,8 @@ def packed_stub(tile, src, h, r0, n, group, scale):
     ("padding_left", "stale_tile", "which no thread of its block had written"),
     ("row_per_thread", "uncoalesced", "segments of 128 bytes on average"),
     ("read_twice", "no_reuse", "read up to 3 times from global memory, where the limit is 1"),
+    ("offset_split", "row_offset_split", "r0 31 not a multiple of group 3"),
+    ("thread_zero_copies", "serial_copy", "made 200 loads of src, where the limit is 16"),
 ])
 def test_planted_load_mistakes_get_their_diagnosis(mistake, diagnosis, says):
     assert_diagnosis("08x_packed_rows", variant("08x_packed_rows", *PACKED_MISTAKES[mistake]), diagnosis, says)

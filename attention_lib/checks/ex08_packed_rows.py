@@ -15,7 +15,7 @@ from attention_lib.stages import flash
 from attention_lib.checks.engine import Exercise, register
 from attention_lib.checks.launch import RaceFound, host_output
 from attention_lib.checks.result import Diagnosed
-from attention_lib.checks.limits import Coalesced, MostLoads, NoLocalMemory
+from attention_lib.checks.limits import Coalesced, MostAccessesPerThread, MostLoads, NoLocalMemory
 from attention_lib.checks.ex08_kernel3 import (attention_v3, kernel3, quiet_launch, rebound,
                                                refuse_library_names, traced_for)
 
@@ -111,10 +111,35 @@ def _diagnose_packed(got, expected, probe):
         return "rows_not_packed", ("packed row r holds position r % T_q of head r // T_q, each head's rows one "
                                    "after another; the grouped kernel packs them interleaved: row r is position "
                                    "r // group of head h * group + r % group")
+    split = _split_offset(got, src, case, scale)
+    if split is not None:
+        return "row_offset_split", (f"tile row r was filled from {split}, r0 and r divided by the group apart: with r0 "
+                                    f"{case.r0} not a multiple of group {case.group} that is another packed row. "
+                                    "Tile row r holds packed row r0 + r, divided after the sum: position "
+                                    "(r0 + r) // group of head h * group + (r0 + r) % group")
     if case.slices > 1 and np.allclose(got[:z["TILE_M"]], expected[:z["TILE_M"]], **close) \
             and not np.allclose(got, expected, **close):
         return "slices_left_out", (f"the first slice's {z['TILE_M']} rows are right and the rest of the {rows} "
                                    f"are not: all {case.slices} slices' threads (threadIdx.y too) share the copy")
+    return None
+
+
+def _split_offset(got, src, case, scale):
+    """The packed row the answer read into tile row r, as a phrase, when it divided r0 and r by the
+    group apart (position r0 // group + r // group, head h * group + r % group, or both); else None."""
+    if case.r0 % case.group == 0:
+        return None
+    g, h, r0 = case.group, 1, case.r0
+    for head_of, position_of, said in (
+            (lambda r: (r0 + r) % g, lambda r: r0 // g + r // g, "position r0 // group + r // group"),
+            (lambda r: r % g, lambda r: r0 // g + r // g,
+             "position r0 // group + r // group of head h * group + r % group"),
+            (lambda r: r % g, lambda r: (r0 + r) // g, "position (r0 + r) // group of head h * group + r % group")):
+        wrong = np.zeros(got.shape)
+        for r in range(case.n):
+            wrong[r, :case.d_k] = src[h * g + head_of(r), position_of(r)] * np.float64(scale)
+        if np.allclose(got, wrong, rtol=1e-5, atol=1e-5):
+            return said
     return None
 
 
@@ -124,17 +149,29 @@ def _warp_segments(case):
     return math.ceil(32 / case.d_k) + 1
 
 
+def _thread_share(case):
+    """The most elements of src one thread may load: ceil(rows / warps) ceil(HEAD_PAD / 32), a
+    lane's part when each warp copies whole rows, 32 columns at a time, the least even split of a
+    right copy (16 at d_k <= 32 with the tile's 64 rows a slice on its 4 warps). A copy striding
+    over the tile's slots with every thread loads at most ceil(HEAD_PAD / 2); thread 0 alone loads
+    all n d_k (200 or more in every probe)."""
+    z = flash.v3_sizes(case.d_k)
+    rows, warps = z["TILE_M"] * case.slices, flash.THREADS_V3 * case.slices // 32
+    return math.ceil(rows / warps) * math.ceil(z["HEAD_PAD"] / 32)
+
+
 register(Exercise(
     exercise_id="08x_packed_rows",
     kind="device function",
     run=_run_packed,
     # Probes: one head (group 1, K and V's load); a group of 2 over one slice; a group of 3 over 2
-    # slices, the last rows partly filled; a group of 4 over 4 slices, starting mid-way; a group of 4
-    # over 2 slices at d_k 64 (the probe compiled for a GPU: its static tile fits 48 KB); then the
-    # grouped kernel, a group of 3 at d_k 5 (2 slices) and of 4 at d_k 16.
+    # slices, the last rows partly filled; the same from packed row 31, not a multiple of the group
+    # (r0 // group + r // group is not (r0 + r) // group there); a group of 4 over 4 slices, starting
+    # mid-way; a group of 4 over 2 slices at d_k 64 (the probe compiled for a GPU: its static tile
+    # fits 48 KB); then the grouped kernel, a group of 3 at d_k 5 (2 slices) and of 4 at d_k 16.
     cases=[PackedCase(5, 1, 40, 1, 0, 40), PackedCase(16, 2, 20, 1, 0, 40), PackedCase(5, 3, 33, 2, 0, 99),
-           PackedCase(7, 4, 40, 4, 64, 96), PackedCase(64, 4, 40, 2, 32, 100), PackedCase(5, 3, 33, kernel=True),
-           PackedCase(16, 4, 20, kernel=True)],
+           PackedCase(5, 3, 33, 2, 31, 68), PackedCase(7, 4, 40, 4, 64, 96), PackedCase(64, 4, 40, 2, 32, 100),
+           PackedCase(5, 3, 33, kernel=True), PackedCase(16, 4, 20, kernel=True)],
     hint=("a packed row is a (query head, position) pair: consecutive rows walk through the heads of the group "
           "before the position moves on; the copy itself is notebook 08's, spread over every thread of the "
           "block, slices included"),
@@ -143,15 +180,19 @@ register(Exercise(
                 "consecutive threads on consecutive columns; for element e, its row r and column c; a real entry "
                 "when r is below n and c below HEAD: packed row r0 plus r is position (r0 plus r) divided by group, "
                 "of head h times group plus the remainder, times scale; every other slot gets 0. Where answers go "
-                "wrong: the first slice's threads alone, each head's rows one after another instead of "
-                "interleaved, the padding left as it was",),
+                "wrong: the first slice's threads alone, or thread 0 alone; each head's rows one after another "
+                "instead of interleaved; r0 divided by group apart from r, which differs when r0 is not a multiple "
+                "of group; the padding left as it was",),
     rtol=1e-5,
     atol=1e-5,
     diagnose=_diagnose_packed,
-    diagnoses=("rows_not_packed", "slices_left_out"),
+    diagnoses=("rows_not_packed", "slices_left_out", "row_offset_split"),
     solution=flash.v3_load_packed,
     forbidden=(flash.v3_load_shared_tile, flash.v3_load_tile, flash.v3_block_grouped),
     limits=(MostLoads("src", 1,
                       why="each element goes into one slot of the tile, read once by one thread"),
-            Coalesced("src", _warp_segments), NoLocalMemory()),
+            Coalesced("src", _warp_segments),
+            MostAccessesPerThread("src", _thread_share,
+                                  why="every thread of the block, in all its slices, copies its share of the tile"),
+            NoLocalMemory()),
 ))
