@@ -130,6 +130,8 @@ def tiled(mistake=None):
         i = cuda.blockIdx.y * TILE + ty
         j = cuda.blockIdx.x * TILE + tx
         key = ty if mistake == "key_block_dropped" else cuda.blockIdx.x * TILE + ty
+        if mistake == "key_from_x":                  # the key copied taken from the thread's column along d_k
+            key = cuda.blockIdx.x * TILE + tx
         q_scale = float32(1.0) if mistake in ("no_scale", "scale_in_k", "scale_at_end", "own_scale") \
             else inv_sqrt_dk
         k_scale = inv_sqrt_dk if mistake in ("scale_in_k", "scale_twice") else float32(1.0)
@@ -173,6 +175,13 @@ def tiled(mistake=None):
             elif mistake == "not_transposed":         # stored as k lies, read as if transposed
                 q_tile[ty, tx] = q[h, i, c] * q_scale if q_ok else float32(0.0)
                 kt_tile[ty, tx] = k[h, key, c] if k_ok else float32(0.0)
+            elif mistake == "q_column_from_y":        # q's column from the query's thread, the guard left on x
+                q_tile[ty, tx] = q[h, i, c0 + ty] * q_scale if q_ok else float32(0.0)
+                kt_tile[tx, ty] = k[h, key, c] if k_ok else float32(0.0)
+            elif mistake == "k_column_from_y":        # k's column from the key's thread, guarded so
+                q_tile[ty, tx] = q[h, i, c] * q_scale if q_ok else float32(0.0)
+                ok = key < k.shape[1] and c0 + ty < k.shape[2]
+                kt_tile[tx, ty] = k[h, key, c0 + ty] if ok else float32(0.0)
             elif mistake == "serial_k":               # lane 0 of each row copies its key's row in a loop
                 q_tile[ty, tx] = q[h, i, c] * q_scale if q_ok else float32(0.0)
                 if tx == 0:
@@ -353,6 +362,12 @@ D_K_33 = "at BH = 1, T_q = 17, T_k = 16, d_k = 33, inv_sqrt_dk = 0.7: "
     (tiled("not_transposed"), "tile_not_transposed", FIRST + "the scores are those of a tile of k read with its row "
                                                      "and column exchanged"),
     (tiled("key_block_dropped"), "key_block_dropped", FIRST + "the scores of key j came out as those of key j mod 16"),
+    (tiled("key_from_x"), "wrong_thread_axis", FIRST + "the copy of k took the key (the row of k it reads) from "
+                                                   "threadIdx.x"),
+    (tiled("q_column_from_y"), "wrong_thread_axis", FIRST + "thread (0, 5, 0) of block (0, 0, 0) read q[0, 5, 5], "
+                                                        "outside q of shape (2, 15, 5): the copy of q took its column "
+                                                        "along d_k from threadIdx.y"),
+    (tiled("k_column_from_y"), "wrong_thread_axis", FIRST + "the copy of k took its column along d_k from threadIdx.y"),
     (tiled("d_k_of_the_simulator"), "d_k_cut_short", D_K_64 + "the sums stopped after 16 of d_k = 64 columns"),
     (one_tile_pair_of_d_k_64, "d_k_cut_short", "d_k = 128, inv_sqrt_dk = 1.5: the sums stopped after 64 of d_k = "
                                                "128 columns"),
@@ -419,6 +434,7 @@ def test_02_the_cases_reach_every_edge_of_the_tile_and_the_model_widths():
     assert sorted(c[3] for c in cases) == [5, 16, 33, 64, 128]
     assert all(not math.isclose(c[4], 1 / math.sqrt(c[3]), rel_tol=1e-3) for c in cases)
     assert cases[0][0] > 1 and cases[0][2] > TILE
+    assert min(cases[0][1:4]) > 1      # an index from the wrong thread axis changes the first case's values
 
 
 @pytest.mark.parametrize("exercise_id", ["02_scaled_scores", "02_scores_tiled"])

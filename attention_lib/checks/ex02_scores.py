@@ -7,6 +7,7 @@ k's element lands in its tile, the walk along d_k, the barriers and the guards a
 Exercises below.
 """
 
+import re
 from collections import defaultdict
 
 import numpy as np
@@ -169,7 +170,10 @@ def _run_tiled(kernel, case, rng, launch):
     grid, block = scores.score_grid(bh, t_q, t_k)
     expected = reference.scores(q, k, scale=False) * scale
     got = host_output((bh, t_q, t_k))
-    traced = traced_launch(kernel, grid, block, q, k, scale, got)
+    try:
+        traced = traced_launch(kernel, grid, block, q, k, scale, got)
+    except IndexError as error:
+        raise _axis_slip_past_the_edge(error, q.shape, k.shape) or error from None
     if np.allclose(got, expected, rtol=1e-5, atol=1e-5):
         reused = traced.loads("q").max(initial=0) <= ceil_div(t_k, scores.TILE)    # else no_reuse says it
         if case == FOLD_CASE and reused:
@@ -255,10 +259,83 @@ def _untransposed(q, k):
     return out
 
 
+def _padded(x):
+    """x (BH, T, d_k) with zeros after its rows and columns, up to whole tiles."""
+    tile = scores.TILE
+    bh, t, d_k = x.shape
+    out = np.zeros((bh, ceil_div(t, tile) * tile, ceil_div(d_k, tile) * tile))
+    out[:, :t, :d_k] = x
+    return out
+
+
+def _copied_along(x, slip):
+    """What each row of x's tile gives its sums when the copy takes one index from the other thread
+    axis (0 past an edge): "row" (the row from the thread along d_k: every row of the tile holds the
+    tile's diagonal, x[r0 + c, c]) or "column" (the column from the row's thread: row r holds
+    x[r0 + r, c0 + r] in every column of the step)."""
+    tile = scores.TILE
+    padded = _padded(x)
+    r, c = np.indices(padded.shape[1:])
+    if slip == "row":
+        return padded[:, r // tile * tile + c % tile, c]
+    return padded[:, r, c // tile * tile + r % tile]
+
+
+_AXIS_SLIPS = {
+    ("q", "row"): ("the copy of q took the query (the row of q it reads) from threadIdx.x, the thread's column "
+                   "along d_k: thread x copied query x of the block at column c0 + x, so every row of q's tile held "
+                   "the same diagonal. The query a thread copies is its own, from threadIdx.y"),
+    ("q", "column"): ("the copy of q took its column along d_k from threadIdx.y, the thread's query: row y of q's "
+                      "tile held one element, q[i, c0 + y], in every column. The column comes from threadIdx.x"),
+    ("k", "row"): ("the copy of k took the key (the row of k it reads) from threadIdx.x, the thread's column along "
+                   "d_k: thread x copied key x of the block at column c0 + x, so every key of the tile held the same "
+                   "diagonal. The key a thread copies is the block's first key plus threadIdx.y"),
+    ("k", "column"): ("the copy of k took its column along d_k from threadIdx.y, the key's thread: key y of the tile "
+                      "held one element, k[key, c0 + y], in every column. The column comes from threadIdx.x")}
+
+
+_OUT_OF_BOUNDS = re.compile(r"out-of-bounds read ([qk])\[(\d+), (\d+), (\d+)\].*?block \((\d+), (\d+), (\d+)\) "
+                            r"thread \((\d+), (\d+), (\d+)\)")
+
+
+def _axis_slip_past_the_edge(error, q_shape, k_shape):
+    """Diagnosed wrong_thread_axis when a read of q or k past its edge took its row or column from the
+    other thread axis than the contract's copy (q's row: the block's query y, k's row: its key y, the
+    column c0 + x in both), the thread's own index differing; None otherwise (the engine's
+    out_of_bounds: a guard left out)."""
+    found = _OUT_OF_BOUNDS.search(str(error))
+    if found is None:
+        return None
+    array, (h, row, col, bx, by, bz, tx, ty, _) = found.group(1), [int(g) for g in found.groups()[1:]]
+    tile = scores.TILE
+    first_row = (by if array == "q" else bx) * tile
+    if tx == ty or col % tile not in (tx, ty):
+        return None
+    if row == first_row + tx:
+        slip = "row"
+    elif row == first_row + ty and col % tile == ty:
+        slip = "column"
+    else:
+        return None
+    shape = q_shape if array == "q" else k_shape
+    return Diagnosed("wrong_thread_axis", (
+        f"thread ({tx}, {ty}, 0) of block ({bx}, {by}, {bz}) read {array}[{h}, {row}, {col}], outside {array} of "
+        f"shape {shape}: " + _AXIS_SLIPS[array, slip]))
+
+
+def _wrong_thread_axis(q, k, scale):
+    """(code, scores, message) of the copies of q or k that take one index from the other thread axis."""
+    for (array, slip), message in _AXIS_SLIPS.items():
+        q_rows = _copied_along(q, slip) if array == "q" else _padded(q)
+        k_rows = _copied_along(k, slip) if array == "k" else _padded(k)
+        got = (q_rows @ np.swapaxes(k_rows, -1, -2))[:, :q.shape[1], :k.shape[1]] * scale
+        yield "wrong_thread_axis", got, message
+
+
 def _diagnose_tiled(got, expected, q, k, scale, traced):
     """edge_not_zeroed (a score summed a slot its step did not write), then the usual wrong formulas:
-    missing_scale, scale_applied_twice, scale_ignored, tile_not_transposed, key_block_dropped and
-    d_k_cut_short; None for any other wrong value."""
+    missing_scale, scale_applied_twice, scale_ignored, tile_not_transposed, key_block_dropped,
+    wrong_thread_axis and d_k_cut_short; None for any other wrong value."""
     tile = scores.TILE
     t_q, t_k = got.shape[-2:]
     stale = _read_before_refill(traced, t_q, t_k)
@@ -284,6 +361,7 @@ def _diagnose_tiled(got, expected, q, k, scale, traced):
             f"the scores of key j came out as those of key j mod {tile}: every block copied the first {tile} "
             "keys. The key a thread copies is the block's first key (blockIdx.x times 16) plus its row in "
             "the block")))
+    wrong += list(_wrong_thread_axis(q, k, scale))
     for cut in range(tile, d_k, tile):
         wrong.append(("d_k_cut_short", reference.scores(q[..., :cut], k[..., :cut], scale=False) * scale, (
             f"the sums stopped after {cut} of d_k = {d_k} columns: the walk along d_k must take "
@@ -330,7 +408,7 @@ register(Exercise(
     atol=1e-4,
     diagnose=_diagnose_tiled,
     diagnoses=("edge_not_zeroed", "missing_scale", "scale_applied_twice", "scale_ignored", "tile_not_transposed",
-               "key_block_dropped", "d_k_cut_short", "scale_not_folded", "bank_conflict"),
+               "key_block_dropped", "d_k_cut_short", "scale_not_folded", "bank_conflict", "wrong_thread_axis"),
     # The sum reads a tile 16 times a step (one round); the copy stores into it once (two rounds, which
     # one word of padding gives).
     limits=(SharedBanks(reads=1, stores=2, why=("a tile the sum reads 16 times a step must be read in one round, and "
