@@ -654,6 +654,21 @@ DIVIDED_IN_OUT = (PROLOGUE + MAX_WALK + REDUCE_MAX + SHIFT +
                   "    for j in range(tid, s.shape[1], THREADS_PER_ROW):\n"
                   "        out[row, j] = out[row, j] * inv_total\n")
 
+# Both reductions as every thread's atomic on one shared slot: right values, one shared read a thread,
+# no race (atomics may touch one slot together), but the block's updates take turns.
+BY_ATOMICS = ("    slot = cuda.shared.array(2, np.float32)\n"
+              "    row, tid = cuda.blockIdx.x, cuda.threadIdx.x\n"
+              "    if tid == 0:\n"
+              "        slot[0] = np.float32(-math.inf)\n"
+              "        slot[1] = np.float32(0.0)\n"
+              "    cuda.syncthreads()\n" + MAX_WALK +
+              "    cuda.atomic.max(slot, 0, row_max)\n"
+              "    cuda.syncthreads()\n"
+              "    row_max = slot[0]\n" + SHIFT + SUM_WALK +
+              "    cuda.atomic.add(slot, 1, total)\n"
+              "    cuda.syncthreads()\n"
+              "    total = slot[1]\n" + WRITE)
+
 BY_THE_LIBRARY = ("    row, tid = cuda.blockIdx.x, cuda.threadIdx.x\n"
                   "    partial = cuda.shared.array(THREADS_PER_ROW, np.float32)\n"
                   "    m = softmax.block_max(partial, softmax.strided_max(s, row, tid, THREADS_PER_ROW))\n"
@@ -718,6 +733,9 @@ AT_31 = "at rows = 3, T_k = 31 (normal scores): "
                                     "partial[31]"),
     (DIVIDED_IN_OUT, "output_rewritten", AT_31 + "the values are right, but thread (0, 0, 0) of block (0, 0, 0) "
                                          "stored out[0, 0] 2 times"),
+    (BY_ATOMICS, "serial_reduction", AT_31 + "the values are right, but thread (0, 0, 0) of block (0, 0, 0) made "
+                                      "2 atomic operations on slot, where the limit is 0: atomics on one slot take "
+                                      "turns"),
     (ZEROS_BY_THREAD_0, "serial_copy", "at rows = 5, T_k = 33 (masked scores): the values are right, but one warp "
                                        "made 33 store instructions of out"),
     # barriers, guards, float32, given code

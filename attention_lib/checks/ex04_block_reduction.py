@@ -7,7 +7,6 @@ are declared in the ``Exercise`` below.
 """
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 from numba import cuda
@@ -16,9 +15,8 @@ from attention_lib.stages import softmax
 from attention_lib.stages.softmax import THREADS_PER_ROW, strided_max, strided_sum_exp, strided_write, strided_zeros
 from attention_lib.checks.engine import Exercise, register
 from attention_lib.checks.launch import output_array, race_finding_launch, read_output
-from attention_lib.checks.limits import SharedLoadsPerThread
+from attention_lib.checks.limits import NoSharedAtomics, SharedLoadsPerThread
 from attention_lib.checks.ex04_row_softmax import BAND, STAGE, case_scores
-from attention_lib.measure import sanitizer
 
 _AROUND = {}
 
@@ -102,27 +100,10 @@ def reads_per_reduction():
     return 2 * int(math.log2(softmax.THREADS_PER_ROW)) + 2
 
 
-@dataclass
-class NoSharedAtomics:
-    """No thread makes an atomic operation on a shared array, counted from the traced launch
-    (Traced.most_accesses_by_a_thread of sanitizer.ATOMIC). The block's atomics on one slot take
-    turns: THREADS_PER_ROW updates one after another, the serial reduction a tree replaces with
-    log2(THREADS_PER_ROW) rounds. Each thread makes one, so SharedLoadsPerThread cannot see it, and
-    the race finder lets atomics touch one slot together."""
-
-    code: str = "serial_reduction"
-
-    def broken(self, traces, case, compiled):
-        for traced in traces:
-            for name in traced.arrays(sanitizer.SHARED):
-                made, block, thread = traced.most_accesses_by_a_thread(name, kind=sanitizer.ATOMIC)
-                if made:
-                    threads = softmax.THREADS_PER_ROW
-                    return (f"the values are right, but thread {thread} of block {block} made {made} atomic "
-                            f"operation{'s' if made > 1 else ''} on {name}, where the limit is 0: atomics on one "
-                            f"slot take turns, {threads} updates one after another, where a tree takes "
-                            f"{int(math.log2(threads))} rounds")
-        return None
+def atomics_why(case):
+    threads = softmax.THREADS_PER_ROW
+    return (f"atomics on one slot take turns, {threads} updates one after another, where a tree takes "
+            f"{int(math.log2(threads))} rounds")
 
 
 def _diagnose_block_reduction(got, expected, s):
@@ -171,7 +152,9 @@ register(Exercise(
         "reads all THREADS_PER_ROW of them")),
             # The contract's tree reads and writes partial with plain loads and stores; an atomic of every
             # thread on one slot is a serial reduction that makes one shared read a thread.
-            NoSharedAtomics()),
+            # Each thread makes one atomic, so the shared reads cannot see it, and the race finder lets
+            # atomics touch one slot together.
+            NoSharedAtomics(why=atomics_why)),
     describe_case=lambda c: f"rows = {c[0]}, T_k = {c[1]} ({c[2]} scores)",
     hint=("each thread puts its value in its own slot; then, round after round, the lower half of the "
           "slots still in play takes in the upper half, until slot 0 holds the whole block's result, "

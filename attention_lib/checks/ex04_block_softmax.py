@@ -14,10 +14,10 @@ from attention_lib.stages import softmax
 from attention_lib.stages.softmax import strided_max, strided_sum_exp, strided_write, strided_zeros
 from attention_lib.checks.engine import Exercise, register
 from attention_lib.checks.limits import (Coalesced, MostBarriers, MostLoads, NoSerialCopy, NoUnwrittenReads,
-                                         SharedLoadsPerThread, StoredOnce)
+                                         NoSharedAtomics, SharedLoadsPerThread, StoredOnce)
 from attention_lib.checks.ex04_row_softmax import (BAND, STAGE, computed_nan, fully_masked, run_softmax,
                                                    unstable)
-from attention_lib.checks.ex04_block_reduction import reads_per_reduction, thread_columns
+from attention_lib.checks.ex04_block_reduction import atomics_why, reads_per_reduction, thread_columns
 from attention_lib.measure import sanitizer
 from attention_lib.platform import where
 
@@ -176,6 +176,7 @@ register(Exercise(
             SharedLoadsPerThread(lambda case: 2 * reads_per_reduction(), why=(
                 "two trees (the max, then the sum) read at most 2 log2(THREADS_PER_ROW) + 2 slots a thread "
                 "each; a loop over the slots in one thread reads all THREADS_PER_ROW of them")),
+            NoSharedAtomics(why=atomics_why),
             MostBarriers(lambda case: 2 * _barriers_per_reduction(), why=(
                 "two trees need 2 + log2(THREADS_PER_ROW) barriers each, and the walks none")),
             NoUnwrittenReads(why="every slot a reduction reads must be written first, -inf or 0 by a "

@@ -6,14 +6,13 @@ the diagnoses it shares are notebook 04's (``ex04_row_softmax``).
 """
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from attention_lib.stages import softmax
 from attention_lib.stages.softmax import WARP_SIZE, strided_max, strided_sum_exp
 from attention_lib.checks.engine import Exercise, register
-from attention_lib.checks.limits import Coalesced, MostLoads, SharedLoadsPerThread
+from attention_lib.checks.limits import Coalesced, MostLoads, MostWarpCollectives, SharedLoadsPerThread
 from attention_lib.checks.ex04_row_softmax import (BAND, STAGE, computed_nan, fully_masked, run_softmax,
                                                    unstable)
 
@@ -35,25 +34,6 @@ def most_shared_reads():
     (its slot and the one a stride above) for log2(WARP_SIZE) rounds and one for the result: 24.
     The butterfly reads none; lane 0 reading the 31 other pairs from shared memory reads 62."""
     return 2 * (2 * _ROUNDS + 2)
-
-
-@dataclass
-class MostWarpCollectives:
-    """No thread joins more than `most()` warp collectives (shuffles, votes, syncwarps), the sanitizer's
-    count of the traced launch: a merge in rounds, not one lane taking in the others one by one."""
-
-    most: object = most_warp_collectives
-    code: str = "serial_reduction"
-
-    def broken(self, traces, case, compiled):
-        limit = self.most()
-        joined = max((t.launch.warp_collectives for t in traces), default=0)
-        if joined > limit:
-            return (f"the values are right, but a lane joined {joined} warp collectives (shuffles and syncwarps), "
-                    f"where the limit is {limit}: {_ROUNDS} rounds of exchanges, two shuffles (m and l) and a "
-                    "syncwarp a round, and one round to hand the result out; a lane that takes in the other "
-                    "lanes' pairs one by one makes the warp wait 31 times")
-        return None
 
 
 def _run_warp_softmax(kernel, case, rng, launch):
@@ -120,7 +100,10 @@ register(Exercise(
             SharedLoadsPerThread(lambda case: most_shared_reads(), why=(
                 "two trees (m and l) over the warp's 32 slots read at most 2 log2(32) + 2 slots a lane each; a "
                 "lane that reads the other 31 pairs one by one reads 62 and more")),
-            MostWarpCollectives()),
+            MostWarpCollectives(lambda case: most_warp_collectives(), why=(
+                f"{_ROUNDS} rounds of exchanges, two shuffles (m and l) and a syncwarp a round, and one round to "
+                "hand the result out; a lane that takes in the other lanes' pairs one by one makes the warp wait "
+                "31 times"))),
     describe_case=lambda c: f"rows = {c[0]}, T_k = {c[1]} ({c[2]} scores)",
     hint=("each lane folds its own columns into one (m, l) pair as it reads them; then five exchanges "
           "with the lane whose number differs in one bit give every lane the pair of the whole row"),

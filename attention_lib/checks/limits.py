@@ -18,6 +18,11 @@ verdict, with what was measured and the limit beside it:
 - ``SharedLoadsPerThread(most)``: no thread reads shared memory more than `most` times (a tree
   reduction reads about 2 log2(n) slots a thread, a serial loop in one thread about n);
   ``serial_reduction``.
+- ``NoSharedAtomics(why)``: no thread makes an atomic operation on a shared array (a block's atomics
+  on one slot take turns: a serial reduction the race finder lets through); ``serial_reduction``.
+- ``MostWarpCollectives(most, why)``: no lane joins more than `most` warp collectives (shuffles,
+  votes, syncwarps): a merge in rounds, not one lane taking the others in one by one;
+  ``serial_reduction``.
 - ``MostBarriers(most, why)``: no thread passes more than `most` barriers (a tiled loop's steps, each
   with its two barriers; a step more makes the whole block wait once more); ``extra_barriers``.
 - ``MostBarriersPerBlock(most, why)``: no thread passes more barriers than `most(case, block)`, its
@@ -160,6 +165,44 @@ class SharedLoadsPerThread:
         if reads > limit:
             return (f"the values are right, but one thread read shared memory {reads} times, where the limit "
                     f"is {limit}: {self.why}")
+        return None
+
+
+@dataclass
+class NoSharedAtomics:
+    """No thread makes an atomic operation on a shared array; `why` (a text, or a function of the case)
+    says what a tree does instead."""
+
+    why: Union[str, Callable] = ""
+    code: str = "serial_reduction"
+
+    def broken(self, traces, case, compiled):
+        for traced in traces:
+            for name in traced.arrays(sanitizer.SHARED):
+                made, block, thread = traced.most_accesses_by_a_thread(name, kind=sanitizer.ATOMIC)
+                if made:
+                    why = _value(self.why, case)
+                    return (f"the values are right, but thread {thread} of block {block} made {made} atomic "
+                            f"operation{'s' if made > 1 else ''} on {name}, where the limit is 0"
+                            f"{': ' + why if why else ''}")
+        return None
+
+
+@dataclass
+class MostWarpCollectives:
+    """No lane joins more than `most` warp collectives (shuffles, votes, syncwarps)."""
+
+    most: Union[int, Callable]
+    why: Union[str, Callable] = ""
+    code: str = "serial_reduction"
+
+    def broken(self, traces, case, compiled):
+        limit = _value(self.most, case)
+        joined = max((t.launch.warp_collectives for t in traces), default=0)
+        if joined > limit:
+            why = _value(self.why, case)
+            return (f"the values are right, but a lane joined {joined} warp collectives (shuffles and syncwarps), "
+                    f"where the limit is {limit}{': ' + why if why else ''}")
         return None
 
 
