@@ -376,6 +376,14 @@ CHUNK_MISTAKES = {
     "lse_log_l": ([(LSE, "lse_part[h, c] = math.log(l)")], "lse_without_max", "add m back"),
     "no_scale": ([("s = scale * row_dot", "s = row_dot")], "missing_scale", "1/sqrt(d_k)"),
     "float64": ([("acc = np.float32(0.0)", "acc = 0.0")], "float64_arithmetic", "float64"),
+    # the writes: each element of o_part and lse_part stored once by its thread
+    "summed_in_o_part": ([("        acc = np.float32(0.0)\n        for t in range(n_keys):\n"
+                           "            acc += a_s[t] * v_cache[g, start + t, e]\n        o_part[h, c, e] = acc / l",
+                           "        o_part[h, c, e] = np.float32(0.0)\n        for t in range(n_keys):\n"
+                           "            o_part[h, c, e] += a_s[t] * v_cache[g, start + t, e] / l")],
+                         "output_rewritten", "stored o_part[0, 0, 0] 9 times"),
+    "lse_in_two_stores": ([(LSE, "lse_part[h, c] = m\n        lse_part[h, c] += math.log(l)")], "output_rewritten",
+                          "stored lse_part[0, 0] 2 times"),
 }
 
 

@@ -22,7 +22,7 @@ from attention_lib.platform.rebuild import rebuilt
 from attention_lib.checks.launch import output_array, RaceFound, read_output, unwritten
 from attention_lib.checks.result import Diagnosed
 from attention_lib.checks.limits import (Coalesced, MostBarriers, MostLoads, NoSerialCopy, NoUnwrittenReads,
-                                         SharedLoadsPerThread)
+                                         SharedLoadsPerThread, StoredOnce)
 from attention_lib.checks.ex09_chunk_stats import FLOAT_ERRORS, log2_chunk
 
 
@@ -342,7 +342,7 @@ register(Exercise(
                 "positions join the max or the sum, weights read before every thread has written its own, a "
                 "loop over all scores in one thread (the serial limit), the values staged in shared memory "
                 "like the keys though each serves one thread once, a component loop that stops at the "
-                "block's size"),
+                "block's size, a component summed in o_part itself, stored again at every position"),
     # float32 sums of up to KEYS_PER_CHUNK terms and dot products of up to 128 against float64
     rtol=1e-5,
     atol=1e-5,
@@ -350,7 +350,7 @@ register(Exercise(
     diagnoses=("m_is_first_score", "m_is_own_score", "unstable_softmax", "max_from_zero", "partial_chunk",
                "output_not_normalised", "lse_is_max", "lse_without_max", "missing_scale",
                "blocks_overwrite_partials", "threads_overwrite_partials", "components_not_strided",
-               "values_staged"),
+               "values_staged", "output_rewritten"),
     solution=kv_cache.chunk_partial,
     forbidden=(kv_cache.decode_step, kv_cache.decode_kernel_v1, kv_cache.decode_kernel_v2, kv_cache.attend_chunk,
                kv_cache.weighted_value, kv_cache.stage_tile, kv_cache.attend_tile, kv_cache.online_step,
@@ -367,5 +367,10 @@ register(Exercise(
                                    "over all the chunk's scores by one thread (or by each) goes past it")),
             MostBarriers(lambda case: 2 * log2_chunk() + 7,
                          why="room for reductions of log2(KEYS_PER_CHUNK) rounds and a few barriers around them; "
-                             "the second hint counts them")),
+                             "the second hint counts them"),
+            # The contract writes the normalised o_c and the LSE, each element by one thread: a partial
+            # summed in o_part (a read-modify-write of main memory at every position) or stored before
+            # it is final stores an element twice.
+            StoredOnce("o_part", why="add up each component in a register and store it once, divided by l"),
+            StoredOnce("lse_part", why="compute m + log l and store it once")),
 ))
