@@ -117,7 +117,7 @@ def update_stub(s, m, l, o, tile_max):
     (variant("08_online_update", *UPDATE_MISTAKES["no_rescale"]), "online_softmax_no_rescale", "neither l nor o was rescaled"),
     (variant("08_online_update", *UPDATE_MISTAKES["l_only"]), "rescale_l_only", "o was not"),
     (variant("08_online_update", *UPDATE_MISTAKES["o_only"]), "rescale_o_only", "l was not"),
-    (variant("08_online_update", *UPDATE_MISTAKES["max_kept"]), "max_not_updated", "never stored"),
+    (variant("08_online_update", *UPDATE_MISTAKES["max_kept"]), "max_not_updated", "never kept"),
     (variant("08_online_update", *UPDATE_MISTAKES["natural_exp"]), "natural_exp", "exp2, not exp"),
     (variant("08_online_update", *UPDATE_MISTAKES["no_guard"]), "nan_before_first_key", "2^(-inf - (-inf)), NaN"),
     (variant("08_online_update", *UPDATE_MISTAKES["first_column_only"]), "missed_output_columns", "only its first was rescaled"),

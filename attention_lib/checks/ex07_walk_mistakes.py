@@ -88,17 +88,7 @@ def diagnose_walk(got, expected, q, k, v, causal, window):
         return "max_started_at_zero", ("rows whose every score lies below -104 came out 0: exp(s - m) with m 0 is 0 "
                                        "in float32 there, so l stayed 0. A running max started at 0, not at minus "
                                        "infinity, never takes the row's own maximum")
-    candidates = [
-        ("online_softmax_no_rescale", dict(rescale_l=False, rescale_acc=False),
-         "neither l nor acc was rescaled when a tile raised the max: the sums so far were taken against the "
-         "old max and must be multiplied by exp(m - m_new) before the tile's terms are added"),
-        ("rescale_l_only", dict(rescale_acc=False),
-         "l was rescaled when a tile raised the max, acc was not: its sums were taken against the same old max"),
-        ("rescale_o_only", dict(rescale_l=False),
-         "acc was rescaled when a tile raised the max, l was not: its sum was taken against the same old max"),
-        ("max_not_updated", dict(keep_max=False),
-         "each query kept only the last tile it sees: the new max was never kept as m, so every tile's "
-         "rescale against the old -inf wiped what came before"),
+    candidates = online_softmax.rescale_mistakes("acc", "query", "exp") + [
         ("nan_before_first_key", dict(guard=False),
          "queries came out NaN exactly where a walk that folds a tile the query sees no key of, while its max is "
          "still -inf, makes them NaN: exp(-inf - (-inf)) is NaN, and the NaN stays"),

@@ -196,17 +196,7 @@ def _diagnose_update(got, expected, q, k, v, causal, window, update):
                 "every score -inf) your update left l and o at 0 but the scores s at -inf, and s is what the "
                 "kernel stores as the tile's weights P: P V then multiplies -inf by values. Every score "
                 "becomes its weight 2^(s - m_new), 0 for a masked key")
-    candidates = [
-        ("online_softmax_no_rescale", dict(rescale_l=False, rescale_acc=False),
-         "neither l nor o was rescaled when a tile raised a row's max: the sums so far were taken "
-         "against the old max and must shrink to the new one"),
-        ("rescale_l_only", dict(rescale_acc=False),
-         "l was rescaled but o was not: the output's sums were taken against the same old max"),
-        ("rescale_o_only", dict(rescale_l=False),
-         "o was rescaled but l was not: l's sum was taken against the same old max"),
-        ("max_not_updated", dict(keep_max=False),
-         "each row kept only its last tile of keys: the running max m was never stored, so every "
-         "tile's rescale against it wiped what came before"),
+    candidates = online_softmax.rescale_mistakes("o", "row", "2^") + [
         ("natural_exp", dict(base=math.e),
          "the weights are too sharp by a factor log2(e): the scores arrive in base 2 (Q carries "
          "log2(e)), so their exponential is exp2, not exp"),

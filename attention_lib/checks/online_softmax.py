@@ -36,6 +36,24 @@ def fold(s, v, tiles, *, base=math.e, rescale_l=True, rescale_acc=True, keep_max
     return m, l, acc
 
 
+def rescale_mistakes(acc, row, exp):
+    """[(code, fold's switches, message)] of the rescale's usual mistakes, in the words of the exercise
+    that names them: `acc` the weighted sum's name ("acc", "o"), `row` what folds ("query", "row"),
+    `exp` the factor's base as written ("exp", "2^")."""
+    return [
+        ("online_softmax_no_rescale", dict(rescale_l=False, rescale_acc=False),
+         f"neither l nor {acc} was rescaled when a tile raised the max: the sums so far were taken against "
+         f"the old max and must be multiplied by {exp}(m - m_new) before the tile's terms are added"),
+        ("rescale_l_only", dict(rescale_acc=False),
+         f"l was rescaled when a tile raised the max, {acc} was not: its sums were taken against the same old max"),
+        ("rescale_o_only", dict(rescale_l=False),
+         f"{acc} was rescaled when a tile raised the max, l was not: its sum was taken against the same old max"),
+        ("max_not_updated", dict(keep_max=False),
+         f"each {row} kept only its last tile of keys: the new max was never kept as m, so every tile's "
+         "rescale against the old one wiped what came before"),
+    ]
+
+
 def normalised(l, acc):
     """A row's output from its fold: acc / l, zeros for a row that saw no key (l 0), NaN passed on."""
     with np.errstate(invalid="ignore"):
