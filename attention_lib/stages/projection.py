@@ -44,7 +44,7 @@ def projection_kernel_v1(x, w, b, out):
     x: (rows, d_model), w: (d_model, d_out), b: (d_out,) or (0,) for no bias,
     out: (rows, d_out), all float32.
     """
-    col, row = cuda.grid(2)                     # x runs along the columns of out
+    col, row = cuda.grid(2)                     # the grid's x axis runs along the columns of out
     if row < out.shape[0] and col < out.shape[1]:
         acc = float32(0.0)                      # float32: a bare 0.0 would make acc float64
         for k in range(x.shape[1]):
@@ -323,7 +323,7 @@ def layer_version(gpu=None):
 # --- Launchers ---------------------------------------------------------------------------
 
 def projection_grid(rows, d_out):
-    """(grid, block) for an output of (rows, d_out): one thread per element, x along columns."""
+    """(grid, block) for an output of (rows, d_out): one thread per element, the grid's x axis along the columns."""
     return (ceil_div(d_out, TILE), ceil_div(rows, TILE)), BLOCK
 
 
@@ -336,13 +336,13 @@ def launch_projection(kernel, x, w, b, out):
 
 def projection_grid_v3(rows, d_out):
     """(grid, block) of projection_kernel_v3 for an output of (rows, d_out): (TILE, TILE) blocks,
-    each covering a (WIDE_TILE, WIDE_TILE) tile of the output, x along columns."""
+    each covering a (WIDE_TILE, WIDE_TILE) tile of the output, the grid's x axis along the columns."""
     return (ceil_div(d_out, WIDE_TILE), ceil_div(rows, WIDE_TILE)), BLOCK
 
 
 def projection_grid_v4(rows, d_out):
     """(grid, block) of projection_kernel_v4 for an output of (rows, d_out): 1-D blocks of
-    THREADS_V4 threads, each covering a (128, 128) tile of the output, x along columns."""
+    THREADS_V4 threads, each covering a (128, 128) tile of the output, the grid's x axis along the columns."""
     return (ceil_div(d_out, BIG_TILE), ceil_div(rows, BIG_TILE)), (THREADS_V4,)
 
 
