@@ -358,3 +358,18 @@ def test_a_graded_check_compiles_an_answer_before_it_runs_it(monkeypatch):
         assert result.diagnosis == "not_gpu_code" and says in result.message and result.message.startswith("at n = 1")
     assert SEEN_BY_THE_KERNEL == []
     assert check("00_scale_add", mutation.solution_copy(EXERCISES["00_scale_add"]), verbose=False).passed
+
+
+@cuda.jit
+def scale_add_float_index(a, x, y, out):
+    i = cuda.grid(1)
+    j = i / 1                                          # a float: `/` between two integers
+    if i < out.shape[0]:
+        out[i] = a * x[j] + y[i]
+
+
+def test_a_float_index_is_named_with_its_line_not_numpys_raw_refusal():
+    result = check("00_scale_add", scale_add_float_index, verbose=False)
+    assert result.diagnosis == "raised_error", result
+    assert "indexed with a float at test_check_pipeline.py:" in result.message and "out[i] = a * x[j] + y[i]" in result.message
+    assert "use `//`" in result.message and "only integers" not in result.message

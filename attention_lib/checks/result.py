@@ -4,15 +4,17 @@ line in a terminal, the line in colour in Jupyter, and the record the grader rea
 
 import html
 import linecache
+import os
 import re
 import sys
+import traceback
 from dataclasses import dataclass
 
 import numpy as np
 
 from attention_lib.checks import answer_code, record, session
 from attention_lib.checks.launch import RaceFound, unwritten
-from attention_lib.platform.where import describe_file
+from attention_lib.platform.where import describe_file, describe_with_code
 
 
 @dataclass
@@ -139,6 +141,16 @@ def _where_in(mask):
     return "in " + ", ".join(ranges) if ranges else "spread over the whole output"
 
 
+def _float_index(error):
+    """NumPy's refusal of a float index, said as the slip it is, at the answer's line where the traceback
+    shows one (its last frame outside the library and the packages)."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if "site-packages" not in f.filename and f"{os.sep}attention_lib{os.sep}" not in f.filename]
+    at = f" at {describe_with_code(frames[-1].filename, frames[-1].lineno)}" if frames else ""
+    return (f"an array was indexed with a float{at}: in Python `/` gives a float even between two integers, "
+            "and an index must be an integer; use `//`")
+
+
 def error_verdict(error, where):
     """(diagnosis, message) for what a case raised."""
     if isinstance(error, NotImplementedError):
@@ -149,6 +161,8 @@ def error_verdict(error, where):
         return "not_gpu_code", f"at {where}: {error}"
     if isinstance(error, RaceFound):
         return "race", f"at {where}: {error}. {error.advice()}"
+    if isinstance(error, IndexError) and "only integers" in str(error):
+        return "raised_error", f"at {where}: {_float_index(error)}"
     if isinstance(error, IndexError):
         return "out_of_bounds", f"at {where}: {str(error).splitlines()[0].rstrip(': ')}"
     if _barrier_error(error):
