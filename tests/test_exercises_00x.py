@@ -72,6 +72,20 @@ def stub(rows, cols, block):
     raise NotImplementedError()
 
 
+def guarded(inside):
+    """The solution written out with the guard inside(row, col, rows, cols) in place of row < rows and col < cols."""
+    def answer(rows, cols, block):
+        bx, by = block
+        grid_x, grid_y = ceil_div(cols, bx), ceil_div(rows, by)
+        out = np.zeros((grid_y, grid_x, bx * by // WARP_SIZE), bool)
+        for index in np.ndindex(out.shape):
+            lanes = np.arange(index[2] * WARP_SIZE, (index[2] + 1) * WARP_SIZE)
+            row, col = index[0] * by + lanes // bx, index[1] * bx + lanes % bx
+            out[index] = split(inside(row, col, rows, cols))
+        return out
+    return answer
+
+
 def edge_inclusive(rows, cols, block):
     """col <= cols: the column just past the edge counted inside (wrong where a warp's columns end there)."""
     return warps_with(x_fastest, split)(rows, cols + 1, block)[:, :ceil_div(cols, block[0])]
@@ -85,6 +99,17 @@ def edge_inclusive(rows, cols, block):
      "down y first"),
     (warps_with(x_fastest, lambda inside: not inside.all()), "idle_warp_counted",
      "at a 1 x 1 matrix, blocks of 16 threads across (x) and 8 down (y): a warp whose threads all fail the guard"),
+    # the guard's complement (the threads outside) splits the same warps: right
+    (guarded(lambda row, col, rows, cols: (row >= rows) | (col >= cols)), "ok", "correct on every case tried"),
+    # a wrong guard gives, on the 1 x 1 matrix, the warps of an idle warp counted as split
+    (guarded(lambda row, col, rows, cols: (row < rows) | (col < cols)), "guard_or",
+     "at a 1 x 1 matrix, blocks of 16 threads across (x) and 8 down (y): your guard lets a thread in when its row or "
+     "its column is inside"),
+    (guarded(lambda row, col, rows, cols: col < cols), "guard_one_edge",
+     "at a 1 x 1 matrix, blocks of 16 threads across (x) and 8 down (y): your guard tests one edge only"),
+    (guarded(lambda row, col, rows, cols: row < rows), "guard_one_edge",
+     "at a 21 x 20 matrix, blocks of 16 threads across (x) and 8 down (y): your guard tests one edge only"),
+    (guarded(lambda row, col, rows, cols: (row < rows) ^ (col < cols)), "wrong_values", "entries differ"),
     (warps_with(lambda lanes, bx, by: (lanes // 32, lanes % 32), split), "wrong_values", "entries differ"),
     (edge_inclusive, "wrong_values", "at a 5 x 31 matrix, blocks of 16 threads across (x) and 8 down (y)"),
     (warps_with(x_fastest, lambda inside: inside.any()), "wrong_values", "entries differ"),

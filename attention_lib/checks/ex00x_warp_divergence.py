@@ -20,22 +20,63 @@ def _split(inside, warps):
 
 
 def _variants(rows, cols, block):
-    """What the usual wrong readings of the warp map give: {code: (blocks y, blocks x, warps) bool}."""
+    """What the usual wrong readings of the warp map give: [(code, (blocks y, blocks x, warps) bool)]."""
     bx, by = block
     grid_x, grid_y = basics.grid_2d(rows, cols, block)
     ids = np.arange(bx * by)
     by_index, bx_index = np.indices((grid_y, grid_x))
 
+    def place(row_in_block, col_in_block):
+        """(row, col) of each thread: (blocks y, blocks x, threads) each."""
+        return by_index[..., None] * by + row_in_block, bx_index[..., None] * bx + col_in_block
+
     def inside(row_in_block, col_in_block):
-        row = by_index[..., None] * by + row_in_block            # (blocks y, blocks x, threads)
-        col = bx_index[..., None] * bx + col_in_block
+        row, col = place(row_in_block, col_in_block)
         return (row < rows) & (col < cols)
 
     warps = bx * by // WARP_SIZE
+    row, col = place(ids // bx, ids % bx)
     y_fastest = inside(ids % by, ids // by)
     grouped = inside(ids // bx, ids % bx).reshape(grid_y, grid_x, warps, -1)
-    return {"lanes_y_fastest": _split(y_fastest, warps),
-            "idle_warp_counted": ~grouped.all(axis=-1)}
+    return [("lanes_y_fastest", _split(y_fastest, warps)),
+            ("idle_warp_counted", ~grouped.all(axis=-1)),
+            # the guard written wrong: either edge letting a thread in, or one edge tested alone
+            ("guard_or", _split((row < rows) | (col < cols), warps)),
+            ("guard_one_edge", _split(col < cols, warps)),
+            ("guard_one_edge", _split(row < rows, warps))]
+
+
+def _reading(divergent_warps, got, case):
+    """The code of the wrong reading the answer gives at this case and at every other case of the
+    exercise (one case alone can hide the reading: on a 1 x 1 matrix an idle warp counted as split
+    and a guard with `or` give the same warps); None when there is none."""
+    for n, (code, wrong) in enumerate(_variants(*case)):
+        if np.array_equal(got != 0, wrong) and all(
+                _gives(divergent_warps, other, _variants(*other)[n][1]) for other in _warp_cases() if other != case):
+            return code
+    return None
+
+
+def _gives(divergent_warps, case, wrong):
+    """Whether the answer gives the warps `wrong` at `case`."""
+    try:
+        got = np.asarray(divergent_warps(*case))
+    except Exception:  # the answer's own error shows at its own case; here it only rules the reading out
+        return False
+    return got.shape == wrong.shape and got.dtype.kind in "biuf" and np.array_equal(got != 0, wrong)
+
+
+WRONG_READINGS = {
+    "lanes_y_fastest": "your warps take the block's threads down y first; a block numbers its threads along x "
+                       "first (the id is y times the block's width plus x), and each run of 32 ids is a warp",
+    "idle_warp_counted": "a warp whose threads all fail the guard was counted as split; they all skip the body "
+                         "together, which costs nothing: a warp diverges only when some of its threads pass and "
+                         "others do not",
+    "guard_or": "your guard lets a thread in when its row or its column is inside; a thread is inside the "
+                "matrix only when both are, row < rows and col < cols",
+    "guard_one_edge": "your guard tests one edge only (the columns, or the rows); the 2-D guard has two, "
+                      "row < rows and col < cols, and a warp can split at either",
+}
 
 
 def _run_warps(divergent_warps, case, rng, launch):
@@ -43,15 +84,9 @@ def _run_warps(divergent_warps, case, rng, launch):
     got = np.asarray(divergent_warps(rows, cols, block))
     expected = basics.divergent_warps(rows, cols, block)
     if got.shape == expected.shape and got.dtype.kind in "biuf" and not np.array_equal(got != 0, expected):
-        for code, wrong in _variants(rows, cols, block).items():
-            if np.array_equal(got != 0, wrong):
-                raise Diagnosed(code, {
-                    "lanes_y_fastest": "your warps take the block's threads down y first; a block numbers "
-                                       "its threads along x first (the id is y times the block's width "
-                                       "plus x), and each run of 32 ids is a warp",
-                    "idle_warp_counted": "a warp whose threads all fail the guard was counted as split; they "
-                                         "all skip the body together, which costs nothing: a warp diverges "
-                                         "only when some of its threads pass and others do not"}[code])
+        code = _reading(divergent_warps, got, case)
+        if code is not None:
+            raise Diagnosed(code, WRONG_READINGS[code])
     return got.astype(np.float64) if got.dtype.kind in "biuf" else got, expected.astype(np.float64)
 
 
@@ -81,6 +116,6 @@ register(Exercise(
                 "warp lying wholly outside the matrix skips the body as one, without splitting",),
     rtol=0.0,
     atol=0.0,
-    diagnoses=("lanes_y_fastest", "idle_warp_counted"),
+    diagnoses=("lanes_y_fastest", "idle_warp_counted", "guard_or", "guard_one_edge"),
     solution=basics.divergent_warps,
 ))
