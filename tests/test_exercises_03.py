@@ -183,6 +183,10 @@ def skip_test(mistake=None):
     """The solution of 03_tile_skip, or the same with one typical mistake."""
     @cuda.jit(device=True)
     def tile_is_masked(row_block, col_block, t_q, t_k, window):
+        if mistake == "blocks_swapped":                     # the tile's rows taken from col_block
+            row_block, col_block = col_block, row_block
+        if mistake == "block_idx_read":                     # blockIdx.x for the rows, blockIdx.y for the columns
+            row_block, col_block = cuda.blockIdx.x, cuda.blockIdx.y
         offset = 0 if mistake == "no_offset" else t_k - t_q
         first_row, first_col = row_block * TILE, col_block * TILE
         last_row = min(first_row + TILE, t_q) - 1
@@ -204,8 +208,25 @@ def skip_test(mistake=None):
     return tile_is_masked
 
 
+@cuda.jit(device=True)
+def tile_is_masked_row_by_row(row_block, col_block, t_q, t_k, window):
+    """A right answer of another design: the tile is masked when none of its rows sees one of its keys."""
+    first_col = col_block * TILE
+    last_col = min(first_col + TILE, t_k) - 1
+    for i in range(row_block * TILE, min(row_block * TILE + TILE, t_q)):
+        newest = min(i + t_k - t_q, last_col)              # the latest key row i sees, within the tile
+        oldest = first_col if window == 0 else max(first_col, i + t_k - t_q - window + 1)
+        if oldest <= newest:
+            return False
+    return True
+
+
 @pytest.mark.parametrize("mistake, diagnosis, says", [
     (None, "ok", "correct at every size"),
+    ("row_by_row", "ok", "correct at every size"),
+    ("blocks_swapped", "tile_axes_swapped", "T_q = 17, T_k = 16, window = 0: tile (row block 1, col block 0) was "
+                                            "skipped as if it were tile (row block 0, col block 1)"),
+    ("block_idx_read", "tile_axes_swapped", "the tiles' rows and columns were swapped"),
     ("future_only", "skips_too_few", "the ones missed lie before the window"),
     ("past_only", "skips_too_few", "the ones missed lie above the diagonal"),
     ("first_row_for_future", "skips_visible_tile", "was skipped but holds a visible score"),
@@ -217,7 +238,7 @@ def skip_test(mistake=None):
     ("window_zero_literal", "window_zero_not_none", "0 means no window"),
 ])
 def test_03_tile_skip(mistake, diagnosis, says):
-    result = verdict("03_tile_skip", skip_test(mistake))
+    result = verdict("03_tile_skip", tile_is_masked_row_by_row if mistake == "row_by_row" else skip_test(mistake))
     assert (result.diagnosis, result.passed) == (diagnosis, diagnosis == "ok"), result.message
     assert says in result.message, result.message
 

@@ -278,8 +278,54 @@ def _run_tile_skip(tile_is_masked, case, rng, launch):
     traced = traced_launch(window_kernel(tile_is_masked), grid, block, q, k, scores.scale_factor(d_k),
                            np.int32(window), got)
     visible = reference.causal_mask(t_q, t_k, window or None)
-    _judge_skipped(~computed_tiles(traced, grid), visible, t_q, t_k, window)
+    skipped = ~computed_tiles(traced, grid)
+    if _swapped(skipped, t_q, t_k, window) is not None and _swapped_at_probe(tile_is_masked):
+        r, c = _swapped(skipped, t_q, t_k, window)
+        raise Diagnosed("tile_axes_swapped", (
+            f"tile (row block {r}, col block {c}) was {'skipped' if skipped[0, r, c] else 'computed'} as if it were "
+            f"tile (row block {c}, col block {r}): the tiles' rows and columns were swapped. row_block counts tiles "
+            "of queries (the grid's y, blockIdx.y) and col_block tiles of keys (its x); take the tile's place from "
+            "those two arguments, each on its own axis"))
+    _judge_skipped(skipped, visible, t_q, t_k, window)
     return got, np.where(visible, reference.scores(q, k), -np.inf)
+
+
+# (T_q, T_k, window) where a test with the tile's rows and columns swapped skips other tiles than a window
+# of 0 taken for a window of no keys (the two agree on some cases without a window, 17 queries and 16 keys).
+PROBE = (3 * TILE, 3 * TILE, TILE + 1)
+
+
+def _tile_test(row_block, col_block, t_q, t_k, window):
+    """The contract's test in plain arithmetic: True when tile (row_block, col_block) holds no visible
+    score (at a place past the edges too, where a test with the tile's axes swapped asks it)."""
+    offset = t_k - t_q
+    first_row, first_col = row_block * TILE, col_block * TILE
+    last_row, last_col = min(first_row + TILE, t_q) - 1, min(first_col + TILE, t_k) - 1
+    return first_col > last_row + offset or (window > 0 and last_col <= first_row + offset - window)
+
+
+def _swapped(skipped, t_q, t_k, window):
+    """(row block, col block) of the first tile skipped wrongly when every head skipped the tiles that the
+    contract's test skips with its row and column blocks swapped; None otherwise."""
+    rows, cols = skipped.shape[1:]
+    swapped = np.array([[_tile_test(c, r, t_q, t_k, window) for c in range(cols)] for r in range(rows)], bool)
+    wrong = skipped[0] != wholly_masked_tiles(reference.causal_mask(t_q, t_k, window or None))
+    if wrong.any() and (skipped == swapped).all():
+        return tuple(int(v) for v in np.argwhere(wrong)[0])
+    return None
+
+
+def _swapped_at_probe(tile_is_masked):
+    """Whether the window kernel with `tile_is_masked` skips, at PROBE, the tiles of the swapped reading."""
+    t_q, t_k, window = PROBE
+    q, k = np.ones((1, t_q, 1), np.float32), np.ones((1, t_k, 1), np.float32)
+    grid, block = scores.score_grid(1, t_q, t_k)
+    try:
+        traced = traced_launch(window_kernel(tile_is_masked), grid, block, q, k, np.float32(1.0), np.int32(window),
+                               host_output((1, t_q, t_k)), compile=False)
+    except Exception:       # the answer's own failure shows at its own case: here it only rules the reading out
+        return False
+    return _swapped(~computed_tiles(traced, grid), t_q, t_k, window) is not None
 
 
 def _judge_skipped(skipped, visible, t_q, t_k, window):
@@ -343,7 +389,7 @@ register(Exercise(
         "not; a window of 0 means there is no past edge at all"),
     rtol=1e-5,    # float32 sums of 5 products of standard normals, against float64
     atol=1e-5,
-    diagnoses=("skips_visible_tile", "skips_too_few", "window_zero_not_none"),
+    diagnoses=("skips_visible_tile", "skips_too_few", "window_zero_not_none", "tile_axes_swapped"),
     solution=(mask.tile_is_masked, mask.window_scores_kernel),
     forbidden=(mask.causal_scores, mask.causal_scores_kernel),
 ))
