@@ -64,7 +64,36 @@ WORK_MISTAKES = {
                             "the masked ones too"),
     "wrong_values": (changed("decode", nbytes=lambda s: 4 * (2 * s.BH * s.T * s.d_k + 3 * s.BH * s.d_k)),
                      "the sanitizer counted 960 (elements: q 10 read, k_cache 110 read"),
+    # H where B * H is meant, in the products only: right at B = 1, half at B = 2 (where it was taken for
+    # a multiply-add counted as 1 FLOP)
+    "batch_left_out": (changed("decode", flops=lambda s: 4 * s.d_k * s.H * s.T + 5 * s.BH * s.T),
+                       "at (decode, B 2, H 1, T 16, d_k 3): the batch was left out: H = 1 heads counted where the "
+                       "kernel runs B·H = 2"),
 }
+
+
+@pytest.mark.parametrize("answer, says", [
+    # every count with H: the FLOPs, then (the FLOPs right) the bytes, once called arrays_missed
+    (lambda kernel, s: ideal_work(kernel, bench_cases.BenchSizes(1, s.H, s.T, s.d_k)), "got 1,280 FLOPs"),
+    (changed("flash", nbytes=lambda s: 4 * (4 * s.H * s.T * s.d_k + s.H * s.T)),
+     "the batch was left out of q, k, v, out, lse"),
+    (changed("decode", nbytes=lambda s: 4 * (2 * s.BH * s.T * s.d_k + 2 * s.H * s.d_k)), "left out of q, out"),
+])
+def test_the_batch_left_out_of_the_heads_is_named(answer, says):
+    result = verdict("10x_ideal_work", answer)
+    assert (result.passed, result.diagnosis) == (False, "batch_left_out") and says in result.message, result.message
+
+
+def test_the_heads_written_as_b_times_h_pass():
+    """A right answer in another style: B * H written out, the pairs and elements counted per head."""
+    def answer(kernel, s):
+        heads = s.B * s.H
+        if kernel == "softmax":
+            return heads * 5 * s.T * s.T, heads * 8 * s.T * s.T
+        if kernel == "flash":
+            return heads * (4 * s.d_k + 5) * (s.T * (s.T + 1) // 2), heads * 4 * (4 * s.T * s.d_k + s.T)
+        return heads * (4 * s.d_k + 5) * s.T, heads * 4 * (2 * s.T * s.d_k + 2 * s.d_k)
+    assert verdict("10x_ideal_work", answer).passed
 
 
 def test_the_ideal_work_solution_passes():

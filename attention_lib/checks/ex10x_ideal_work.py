@@ -89,10 +89,20 @@ def _run_work(answer, case, rng, _launch):              # plain Python: no kerne
             case, truth)
 
 
+BATCH_LEFT_OUT = ("the batch was left out{of}: H = {H} heads counted where the kernel runs B·H = {BH} (s.BH, B = {B} "
+                  "sequences of H heads each)")
+
+
 def _flops_slip(got, want, case):
     """(code, message) for FLOPs equal to a usual wrong count, else None."""
     s = case.sizes
-    wrong = []
+    # H for B·H: right at B = 1, where every kernel runs first, so a count that is wrong only at B = 2 is
+    # that; there half the count reads like a multiply-add taken for 1 FLOP. Either term, or both.
+    per_head = s.T * s.T if case.kernel == "softmax" else s.T * (s.T + 1) // 2 if case.kernel == "flash" else s.T
+    products = 0 if case.kernel == "softmax" else 4 * s.d_k
+    batch = BATCH_LEFT_OUT.format(of="", H=s.H, BH=s.BH, B=s.B)
+    wrong = [("batch_left_out", (products * x + 5 * y) * per_head, batch)
+             for x, y in ((s.H, s.H), (s.H, s.BH), (s.BH, s.H))]
     if case.kernel != "softmax":
         pairs = s.BH * s.T * (s.T + 1) // 2 if case.kernel == "flash" else s.BH * s.T
         wrong += [("multiply_adds_not_flops", want - 2 * s.d_k * pairs,
@@ -119,8 +129,17 @@ def _flops_slip(got, want, case):
     return None
 
 
-def _bytes_slip(got, want, truth):
+def _bytes_slip(got, want, truth, case):
     """(code, message) for bytes equal to a usual wrong count, else None."""
+    s = case.sizes
+    names = list(truth.arrays)
+    # H for B·H in some arrays' sizes (every array here has B·H heads): checked first, as in the FLOPs
+    for size in range(1, len(names) + 1) if s.B > 1 else ():
+        for short in itertools.combinations(names, size):
+            if np.isclose(got, 4 * sum(sum(truth.arrays[n]) // (s.B if n in short else 1) for n in names), rtol=1e-12):
+                return "batch_left_out", (BATCH_LEFT_OUT.format(of=f" of {', '.join(short)}", H=s.H, BH=s.BH, B=s.B)
+                                          + f"; got {got:,.0f} bytes, the sanitizer counted {want:,.0f} "
+                                            f"({truth.describe()})")
     if np.isclose(got, want / 4, rtol=1e-12):
         return "bytes_as_elements", (f"{got:,.0f} is the number of float32 elements moved; each is 4 bytes: "
                                      f"{want:,.0f} bytes")
@@ -128,7 +147,6 @@ def _bytes_slip(got, want, truth):
         return "every_access_counted", (f"{got:,.0f} bytes is every load and store the kernel requests (the "
                                         "counted bytes, as if no cache caught anything); the ideal bytes count "
                                         f"each element once: {want:,.0f}")
-    names = list(truth.arrays)
     for size in range(1, len(names)):
         for kept in itertools.combinations(names, size):
             if np.isclose(got, 4 * sum(sum(truth.arrays[n]) for n in kept), rtol=1e-12):
@@ -148,7 +166,7 @@ def _diagnose_work(got, expected, case, truth):
             "wrong_values", f"the FLOPs: got {got[0]:,.0f}, the bench's formula (the softmax kernel: 5 per score "
                             f"of its rows, masked or not; fused attention and decoding: 4 d_k + 5 per pair, "
                             f"two products of d_k multiply-adds and the softmax of the score) gives {expected[0]:,.0f}")
-    return _bytes_slip(got[1], expected[1], truth) or (
+    return _bytes_slip(got[1], expected[1], truth, case) or (
         "wrong_values", f"the bytes: got {got[1]:,.0f}, the sanitizer counted {expected[1]:,.0f} ({truth.describe()}, "
                         "4 bytes each)")
 
@@ -172,7 +190,7 @@ register(Exercise(
     atol=0.5,
     diagnose=_diagnose_work,
     diagnoses=("counts_not_integers", "bytes_as_elements", "every_access_counted", "arrays_missed", "multiply_adds_not_flops",
-               "softmax_not_counted", "mask_ignored", "diagonal_missed", "visible_scores_only"),
+               "softmax_not_counted", "mask_ignored", "diagonal_missed", "visible_scores_only", "batch_left_out"),
     solution=registers.ideal_work,
     forbidden=(bench.predictions, bench.formula_results),
 ))
