@@ -253,6 +253,13 @@ PLANTED = {
                                                  "min(t_q, max(0, seen_from) // BLOCK_Q * BLOCK_Q + 2 * BLOCK_Q), BLOCK_Q)")),
     "walk_ends_at_t_k": changed(SOLUTION, (WALK, "range(max(0, seen_from) // BLOCK_Q * BLOCK_Q, t_k, BLOCK_Q)")),
     "tile_size_written_as_number": changed(SOLUTION, ("n = min(BLOCK_Q, t_q - i0)", "n = min(16, t_q - i0)")),
+    # one query short at either end of the band of queries that see key j (once called wrong_values, and
+    # last_query_tile_skipped where the last tile holds only the last query)
+    "band_starts_one_late": changed(SOLUTION, (ROWS, "range(max(0, seen_from + tid - i0) + 1, n)")),
+    "band_ends_one_short": changed(SOLUTION, (ROWS, "range(max(0, seen_from + tid - i0), min(n, t_q - 1 - i0))")),
+    # the walk from the last tile back to the first, its step left positive: no step (once a bare "got 0")
+    "walk_never_ran": changed(SOLUTION, (WALK, "range((t_q - 1) // BLOCK_Q * BLOCK_Q, max(0, seen_from) // BLOCK_Q "
+                                               "* BLOCK_Q - 1, BLOCK_Q)")),
 }
 # The usual wrong answers of the design, with the verdict and what its message must say.
 DESIGN = {
@@ -286,13 +293,24 @@ DESIGN = {
     "the barrier inside a guard": (changed(SOLUTION, (NEXT_COPY, "        if tid < n:\n            cuda.syncthreads()\n")),
                                    "divergent_barrier", ""),
     "no barrier before the next copy": (changed(SOLUTION, (NEXT_COPY, "")), "race", "race on shared"),
+    "the walk's step of the wrong sign": (PLANTED["walk_never_ran"], "walk_never_ran",
+                                          "at (BH 2, T_q 17, T_k 17, d_k 2, d_v 3): dK and dV came back 0 for every "
+                                          "key, and no thread reached a barrier: the walk over the query tiles made no step"),
+    "the band's last query left out": (PLANTED["band_ends_one_short"], "band_ends_one_short",
+                                       "at (BH 2, T_q 17, T_k 17, d_k 2, d_v 3): the last query, T_q - 1, was folded "
+                                       "into no key's sums, though its tile was walked"),
     "a barrier more": (changed(SOLUTION, ("        n = min(BLOCK_Q, t_q - i0)\n", "        n = min(BLOCK_Q, t_q - i0)\n        cuda.syncthreads()\n")),
                        "extra_barriers", "two a query tile"),
 }
 
 
+# A right answer of another design: the walk from the last query tile back to the first.
+BACKWARDS = changed(SOLUTION, (WALK, "range((t_q - 1) // BLOCK_Q * BLOCK_Q, max(0, seen_from) // BLOCK_Q * BLOCK_Q - 1, "
+                                     "-BLOCK_Q)"))
+
+
 def test_the_dkdv_pass_solution_and_another_style_pass():
-    for answer in (mutation.solution_copy(EXERCISES["11_dkdv_pass"]), pass_answer(OTHER)):
+    for answer in (mutation.solution_copy(EXERCISES["11_dkdv_pass"]), pass_answer(OTHER), pass_answer(BACKWARDS)):
         result = verdict("11_dkdv_pass", answer)
         assert result.passed and result.diagnosis == "ok", result
         assert "with the simulator's launch sizes and a GPU's" in result.message

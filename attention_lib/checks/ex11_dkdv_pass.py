@@ -137,7 +137,18 @@ def _run_pass(walk, case, rng, _launch):
     if np.allclose(got, expected, rtol=PASS_RTOL, atol=PASS_ATOL):
         _staged_loads(traced, case)                          # right values: then how they were read
         _walk_barriers(traced, case)
-    return got, expected, q, k, v, d_out
+    elif not got.any() and traced.barriers == 0:
+        raise Diagnosed("walk_never_ran", (
+            "dK and dV came back 0 for every key, and no thread reached a barrier: the walk over the query tiles "
+            "made no step. Its range is empty: look at its start, its stop and its step (a start past the stop, a "
+            "stop counted in tiles where the start counts queries, or a step of the wrong sign makes none)"))
+    return got, expected, q, k, v, d_out, _last_query_loaded(traced, case)
+
+
+def _last_query_loaded(traced, case):
+    """Whether a block loaded q of the last query, T_q - 1 (its tile was walked)."""
+    name = traced.launch.params[0]
+    return name in traced.launch.targets and bool(traced.loads(name)[:, case.T_q - 1].any())
 
 
 def _tiles_walked(t_q, t_k, rows, end):
@@ -213,7 +224,9 @@ def _folded(t_q, t_k, mistake):
             "offset_ignored": (j <= i) & (i >= first_tile),
             "masked_pairs_folded": i >= first_tile,
             "block_ignored": j % backward.BLOCK_K <= i + offset,
-            "walk_ends_at_t_k": visible & (i < ceil_div(t_k, tile) * tile)}[mistake]
+            "walk_ends_at_t_k": visible & (i < ceil_div(t_k, tile) * tile),
+            "band_starts_one_late": visible & (i != np.maximum(i // tile * tile, j - offset)),
+            "band_ends_one_short": visible & (i != t_q - 1)}[mistake]
 
 
 def _pass_variant(q, k, v, d_out, mistake=None, folded=None):
@@ -264,6 +277,13 @@ PAIR_MISTAKES = {
     "block_ignored": "every block folded the queries of keys 0 .. BLOCK_K - 1: block x holds keys from "
                      "x * BLOCK_K on, which later queries see",
     "walk_ends_at_t_k": WALK_ENDS_AT_T_K,
+    # one query short at either end of the rows a thread folds, counted from the band of queries that see
+    # key j (its first, j - (T_k - T_q), to T_q - 1) where the slips above count from the tile
+    "band_starts_one_late": "in every tile the rows key j folds started one past the first that sees it: the "
+                            "key missed its diagonal query (j = i + T_k - T_q) and the first query of each later "
+                            "tile; a thread's rows start at its first query that sees the key, included",
+    "band_ends_one_short": "the last query, T_q - 1, was folded into no key's sums, though its tile was walked: "
+                           "the queries that see key j run to T_q - 1 included, so a range of them stops at T_q",
 }
 FORMULA_MISTAKES = {
     "lse_not_subtracted": "P_ij is exp(S_ij) without the log-sum-exp: the weights are not normalised; "
@@ -294,8 +314,10 @@ def _matches(got, expected, wrong):
                 and np.allclose(got[seen], wrong[seen], rtol=1e-3, atol=1e-4))
 
 
-def _diagnose_pass(got, expected, q, k, v, d_out):
+def _diagnose_pass(got, expected, q, k, v, d_out, last_query_loaded):
     for code, message in PASS_MISTAKES.items():
+        if code == "last_query_tile_skipped" and last_query_loaded:   # walked, its rows not folded: a row slip
+            continue
         if _matches(got, expected, _pass_variant(q, k, v, d_out, code)):
             return code, message
     t_q, t_k, tile = q.shape[1], k.shape[1], backward.BLOCK_Q
@@ -353,7 +375,7 @@ register(Exercise(
     atol=PASS_ATOL,
     diagnose=_diagnose_pass,
     diagnoses=tuple(PASS_MISTAKES) + ("unstable_softmax", "tile_above_diagonal", "walk_stops_early",
-                                      "tile_size_written_as_number"),
+                                      "tile_size_written_as_number", "walk_never_ran"),
     both_shapes=True,
     limits=(Coalesced("q", 2), Coalesced("d_out", 2), Coalesced("lse", 2), Coalesced("d_rows", 2),
             NoSerialCopy("q"), NoSerialCopy("d_out"), NoSerialCopy("lse"), NoSerialCopy("d_rows"),
