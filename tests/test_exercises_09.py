@@ -184,6 +184,27 @@ def test_lse_merge_mistakes_get_their_diagnosis(answer, diagnosis):
     assert "\n" not in str(result)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("changes, diagnosis, says", [
+    # M started at 0 and maxed with every LSE_c: right near +1000, every weight 0 near -1000
+    ([("big = np.float32(-math.inf)", "big = np.float32(0.0)")], "max_started_at_zero", "lie near -1000"),
+    # the outputs right, lse off: said as lse[h], not as a column of out
+    ([("lse[h] = big + math.log(total)", "lse[h] = big + math.log(total) + np.float32(1.0)")], "wrong_values",
+     "the outputs are right but lse is not; lse differs in 1 of 1 heads, first lse[0]"),
+], ids=["max_started_at_zero", "lse_off"])
+def test_lse_merge_slips_are_named_as_the_student_wrote_them(changes, diagnosis, says):
+    result = check("09_lse_merge", variant("09_lse_merge", *changes), verbose=False)
+    assert (result.passed, result.diagnosis, says in result.message) == (False, diagnosis, True), result
+    assert "column" not in result.message, result
+
+
+def test_a_merge_whose_max_starts_at_the_first_chunk_passes():
+    """M started at the first LSE_c, then maxed with the others: right whatever the LSEs."""
+    result = check("09_lse_merge", variant("09_lse_merge", ("big = np.float32(-math.inf)", "big = lse_part[h, 0]")),
+                   verbose=False)
+    assert result.passed and result.diagnosis == "ok", result
+
+
 def test_the_rounded_lse_diagnosis_says_why():
     message = check("09_lse_merge", lse_merge_against_rounded_lse, verbose=False).message
     assert "6.1e-05" in message and "exp(LSE_c - M)" in message
@@ -198,6 +219,14 @@ STATS_MISTAKES = {
     "one_sum_rescaled": ([(PAIR, "l_s[tid] = l_s[tid] + l_s[tid + stride] * math.exp(m_b - m)")],
                          "sums_not_rescaled", "m is right but l is not"),
     "no_empty_guard": ([("if m > -math.inf:", "if True:")], "empty_pairs_nan", "two empty pairs"),
+    # an empty thread's sum exp(s - s), NaN at s = -inf, kept out of the tree only while the empty
+    # threads come last (a pair merged only when the incoming one has a position)
+    "empty_sum_exp_s_minus_s": ([("(np.float32(0.0) if s == -math.inf else np.float32(1.0))", "math.exp(s - s)"),
+                                 ("if m > -math.inf:", "if m_b > -math.inf:")], "empty_pairs_nan",
+                                "sit among threads with one"),
+    # a pair merged only when the slot's own has a position: a full pair above an empty slot is lost
+    "guard_on_own_pair": ([("if m > -math.inf:", "if m_a > -math.inf:")], "pair_dropped",
+                          "block 0, thread 0 got (m, l) = (-inf, 0)"),
     "max_from_zero": ([("m_s[tid], l_s[tid] = s,", "m_s[tid], l_s[tid] = max(s, np.float32(0.0)),")],
                       "max_from_zero", "not from 0"),
     "own_slot_read": ([("m, l = m_s[0], l_s[0]", "m, l = m_s[tid], l_s[tid]")], "result_not_broadcast",
@@ -310,6 +339,14 @@ def test_chunk_stats_mistakes_get_their_diagnosis(mistake):
     assert "\n" not in str(result)
 
 
+def test_chunk_stats_that_merges_only_pairs_with_a_position_passes():
+    """A right answer: the pair above is merged only when it has a position, and an empty slot takes
+    it in whole (its (-inf, 0) times exp(-inf) adds 0), wherever the empty threads sit."""
+    result = check("09_chunk_stats", variant("09_chunk_stats", ("if m > -math.inf:", "if m_b > -math.inf:")),
+                   verbose=False)
+    assert result.passed and result.diagnosis == "ok" and "scattered scores" in result.message, result
+
+
 def test_chunk_stats_walked_by_one_thread_is_serial():
     result = check("09_chunk_stats", stats_walked_by_thread_0, verbose=False)
     assert (result.passed, result.diagnosis) == (False, "serial_reduction"), result
@@ -372,6 +409,9 @@ CHUNK_MISTAKES = {
     # the formula
     "not_normalised": ([("o_part[h, c, e] = acc / l", "o_part[h, c, e] = acc")], "output_not_normalised",
                        "divide it by l"),
+    # the weights exp(s), divided by the right l: off by exp(m) in every chunk, though divided by l
+    "weights_not_shifted": ([("a_s[tid] = math.exp(s - m)", "a_s[tid] = math.exp(s)")], "unstable_softmax",
+                            "the weights were exp(s), divided by l"),
     "lse_m": ([(LSE, "lse_part[h, c] = m")], "lse_is_max", "m + log l"),
     "lse_log_l": ([(LSE, "lse_part[h, c] = math.log(l)")], "lse_without_max", "add m back"),
     "no_scale": ([("s = scale * row_dot", "s = row_dot")], "missing_scale", "1/sqrt(d_k)"),

@@ -215,6 +215,13 @@ def _diagnose_chunk_partial(got, expected, q, keys, values, length, scale):
     with np.errstate(all="ignore"):
         if np.allclose(got[..., d_k], lse, **close):
             # lse right: l = exp(lse - m) is known only through the output's normalisation
+            m = np.array([[_chunk_max(q, keys, length, scale, h, c) for c in range(expected.shape[1])]
+                          for h in range(q.shape[0])])
+            if np.allclose(got[..., :d_k], o * np.exp(m)[..., None], **close):
+                return "unstable_softmax", (
+                    "o_part is each chunk's output times exp(m): the weights were exp(s), divided by "
+                    "l = sum of exp(s - m). Take every weight against the chunk's max, exp(s - m), as l is "
+                    "(exp(s) alone also overflows float32 above 88.7)")
             ratio = got[..., :d_k] / np.where(o == 0, 1, o)
             constant = np.isfinite(ratio).all() and np.allclose(ratio, ratio[..., :1], **close)
             if constant and not np.allclose(ratio, 1, **close):

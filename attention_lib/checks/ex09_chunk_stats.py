@@ -28,10 +28,15 @@ def log2_chunk():
     return int(math.log2(kv_cache.KEYS_PER_CHUNK))
 
 
+# Threads without a position anywhere in the block, not only after the last filled one: of each 8
+# threads, these hold -inf in a "scattered" case (an empty pair then meets a full one on either side).
+SCATTERED_EMPTY = (0, 3, 6, 7)
+
+
 class StatsCase(NamedTuple):
     """One size tried: two blocks of KEYS_PER_CHUNK threads, every thread of the first holding a score
     and the first n_keys of the second; scores "random" (N(0, 3)), "spread" (-700 .. 760, the first
-    the lowest) or "low" (-800 .. -760)."""
+    the lowest), "low" (-800 .. -760) or "scattered" (random, -inf in threads 0, 3, 6 and 7 of every 8)."""
 
     n_keys: int
     scores: str = "random"
@@ -46,11 +51,13 @@ class StatsCase(NamedTuple):
 def _stats_cases(configuration):
     """Beside a full block of the configuration's chunk n (8 or 32), one of 3 positions with every score
     below -760 (first: a max started from 0 shows there); then one short, half plus one and 1, and 1
-    and one short with scores spread past exp's range."""
+    and one short with scores spread past exp's range; last, threads without a position scattered
+    through both blocks."""
     n = kv_cache.SHAPE_CONSTANTS["KEYS_PER_CHUNK"][0 if configuration == shapes.SIMULATOR else 1]
-    # half plus one and 1: runs of threads without a position, where two empty pairs merge
+    # half plus one and 1: runs of threads without a position, where two empty pairs merge; scattered:
+    # an empty pair below a full one, which a pair tree merges into the empty slot
     return [StatsCase(3, "low"), StatsCase(n - 1), StatsCase(n // 2 + 1), StatsCase(1), StatsCase(1, "spread"),
-            StatsCase(n - 1, "spread")]
+            StatsCase(n - 1, "spread"), StatsCase(n - 1, "scattered")]
 
 
 def _stats_kernel_around(answer, size):
@@ -61,8 +68,11 @@ def _stats_scores(case, rng):
     """(blocks, KEYS_PER_CHUNK) float32 scores, exact integers where they lie past exp's range."""
     n = kv_cache.KEYS_PER_CHUNK
     blocks = len(case.filled())
-    if case.scores == "random":
-        return (3.0 * rng.standard_normal((blocks, n))).astype(np.float32)
+    if case.scores in ("random", "scattered"):
+        scores = (3.0 * rng.standard_normal((blocks, n))).astype(np.float32)
+        if case.scores == "scattered":               # a thread without a position passes -inf
+            scores[:, np.isin(np.arange(n) % 8, SCATTERED_EMPTY)] = -np.inf
+        return scores
     if case.scores == "low":
         return rng.integers(-800, -760, (blocks, n)).astype(np.float32)
     scores = rng.integers(-700, 761, (blocks, n)).astype(np.float32)
@@ -92,7 +102,7 @@ def _run_chunk_stats(answer, case, rng, launch):
         launch(kernel, blocks, n, cuda.to_device(scores), cuda.to_device(n_keys), m_out, l_out)
     except FLOAT_ERRORS:
         # The simulator's math.exp raises past float64's range; a GPU's float32 exp returns inf.
-        if case.scores == "random":
+        if case.scores in ("random", "scattered"):
             raise
         return np.full(expected.shape, np.nan), expected, scores, n_keys
     got = np.stack([read_output(full_m, m_out), read_output(full_l, l_out)], axis=-1)
@@ -103,6 +113,21 @@ def _diagnose_chunk_stats(got, expected, scores, n_keys):
     close = dict(rtol=1e-5, atol=1e-5)
     with np.errstate(all="ignore"):
         broken = np.isnan(got).any(axis=(1, 2))                       # per block
+        if np.isneginf(scores[0]).any():                              # a scattered case
+            said = ("threads without a position sit among threads with one (threads 0, 3, 6 and 7 of every 8), "
+                    "where the earlier cases had them all after the last position")
+            if broken.any():
+                return "empty_pairs_nan", (
+                    f"NaN where {said}: a pair without a position merged with a pair that has one gave NaN. "
+                    "A thread without a position holds (-inf, 0) from the start (exp(s - s) is NaN at s = -inf), "
+                    "and a NaN sum times exp(-inf) = 0 stays NaN")
+            # a dropped pair leaves less than the whole: m no larger, l exp(m_got - m) smaller
+            mass = got[..., 1] * np.exp(got[..., 0] - expected[..., 0])
+            if (mass < expected[..., 1] * (1 - 1e-5)).any() and (got[..., 0] <= expected[..., 0]).all():
+                return "pair_dropped", (
+                    f"m or l wrong where {said}: {_say_first(got, expected)}. A pair with a position was dropped "
+                    "when merged into an empty slot: when one of the two pairs is empty, the merged pair is the "
+                    "other one")
         if broken[n_keys < kv_cache.KEYS_PER_CHUNK - 1].any() and not broken[n_keys == kv_cache.KEYS_PER_CHUNK].any():
             return "empty_pairs_nan", (
                 "NaN in a block with several threads without a position: two empty pairs (-inf, 0) merged "
@@ -123,6 +148,14 @@ def _diagnose_chunk_stats(got, expected, scores, n_keys):
             return "max_from_zero", ("m came out 0 where every score lies below 0: start from the thread's "
                                      "score (-inf without one), not from 0")
     return None
+
+
+def _say_first(got, expected):
+    """'block b, thread t got (m, l), expected (m, l)' for the first thread whose pair is wrong."""
+    bad = ~np.isclose(got, expected, rtol=1e-5, atol=1e-5).all(axis=-1)
+    b, t = (int(i) for i in np.argwhere(bad)[0])
+    return (f"block {b}, thread {t} got (m, l) = ({got[b, t, 0]:.6g}, {got[b, t, 1]:.6g}), "
+            f"expected ({expected[b, t, 0]:.6g}, {expected[b, t, 1]:.6g})")
 
 
 def _stats_reads(case):
@@ -152,7 +185,7 @@ register(Exercise(
     rtol=1e-5,
     atol=1e-5,
     diagnose=_diagnose_chunk_stats,
-    diagnoses=("empty_pairs_nan", "result_not_broadcast", "sums_not_rescaled", "max_from_zero"),
+    diagnoses=("empty_pairs_nan", "pair_dropped", "result_not_broadcast", "sums_not_rescaled", "max_from_zero"),
     solution=kv_cache.chunk_stats,
     forbidden=(kv_cache.chunk_stats_kernel, kv_cache.chunk_partial, kv_cache.chunk_partial_kernel,
                kv_cache.decode_kernel_v2, kv_cache.attend_chunk, kv_cache.online_step),

@@ -15,6 +15,7 @@ from attention_lib.stages import kv_cache
 from attention_lib.checks.engine import Exercise, register
 from attention_lib.checks.launch import output_array, read_output
 from attention_lib.checks.limits import NoSerialCopy
+from attention_lib.checks.result import Diagnosed, got_and_expected
 
 
 class LseCase(NamedTuple):
@@ -55,24 +56,78 @@ def _lse_partials(n_head, n_chunks, d_v, kind, rng):
     return lse.astype(np.float32), o.astype(np.float32)
 
 
+FLOAT_ERRORS = (OverflowError, ZeroDivisionError, FloatingPointError, ValueError)
+
+
+def _merged(kernel, lse_part, o_part, launch):
+    """The kernel's (n_head, d_v + 1) result: out, then the merged lse as one more column."""
+    n_head, _, d_v = o_part.shape
+    full_out, d_out = output_array((n_head, d_v), guard=d_v * kv_cache.MERGE_BLOCK[1])
+    full_lse, d_lse = output_array(n_head, guard=kv_cache.MERGE_BLOCK[1])
+    (_, _), (grid, block) = kv_cache.decode_grid(n_head, d_v, 1, 2)
+    launch(kernel, grid, block, cuda.to_device(lse_part), cuda.to_device(o_part), d_out, d_lse)
+    return np.concatenate([read_output(full_out, d_out), read_output(full_lse, d_lse)[:, None]], axis=1)
+
+
+def _right_near(kernel, centre, launch):
+    """Whether the kernel merges two heads of 4 chunks whose LSEs all lie within 3 of `centre` right."""
+    lse_part = (centre + np.array([[0.0, -2.0, 1.5, -0.5], [2.5, -1.0, 0.0, 3.0]])).astype(np.float32)
+    o_part = np.linspace(-1.0, 1.0, 2 * 4 * 5, dtype=np.float32).reshape(2, 4, 5)
+    want_out, want_lse = kv_cache.merge_partials(lse_part, o_part)
+    try:
+        got = _merged(kernel, lse_part, o_part, launch)
+    except Exception:  # noqa: BLE001  (whatever the answer raises, these heads are not right)
+        return False
+    return bool(np.allclose(got, np.concatenate([want_out, want_lse[:, None]], axis=1), rtol=1e-5, atol=1e-5))
+
+
+def _name_a_max_from_zero(kernel, launch):
+    """Diagnosed when the answer merges heads whose LSEs lie near +1000 right but not those near
+    -1000: M started at 0 (above every LSE of such a head), not at -inf or the first LSE_c."""
+    if _right_near(kernel, 1000.0, launch) and not _right_near(kernel, -1000.0, launch):
+        raise Diagnosed("max_started_at_zero", (
+            "inf or NaN for heads whose chunk LSEs all lie near -1000, right for heads near +1000: M started at "
+            "0, above every LSE_c of such a head, so M stayed 0, every weight exp(LSE_c - M) underflowed to 0 "
+            "and their sum was 0; start M at -inf (or at the head's first LSE_c), so that it becomes the "
+            "largest LSE_c"))
+
+
 def _run_lse_merge(kernel, case, rng, launch):
     n_head, n_chunks, d_v, kind = case
     lse_part, o_part = _lse_partials(n_head, n_chunks, d_v, kind, rng)
     want_out, want_lse = kv_cache.merge_partials(lse_part, o_part)
     expected = np.concatenate([want_out, want_lse[:, None]], axis=1)   # column d_v: the merged lse
-    full_out, d_out = output_array((n_head, d_v), guard=d_v * kv_cache.MERGE_BLOCK[1])
-    full_lse, d_lse = output_array(n_head, guard=kv_cache.MERGE_BLOCK[1])
-    (_, _), (grid, block) = kv_cache.decode_grid(n_head, d_v, 1, 2)
     try:
-        launch(kernel, grid, block, cuda.to_device(lse_part), cuda.to_device(o_part), d_out, d_lse)
-    except (OverflowError, ZeroDivisionError, FloatingPointError, ValueError):
+        got = _merged(kernel, lse_part, o_part, launch)
+    except FLOAT_ERRORS:
         # The simulator's math.exp raises on overflow, and math.log(0) (a sum that underflowed)
         # raises ValueError; a GPU returns inf, NaN or -inf instead.
         if kind not in ("large", "spread", "last high"):
             raise                        # not the overflow this case tests: the engine reports it
-        return np.full(expected.shape, np.inf), expected, lse_part, o_part, kind
-    got = np.concatenate([read_output(full_out, d_out), read_output(full_lse, d_lse)[:, None]], axis=1)
+        got = np.full(expected.shape, np.inf)
+    if kind == "large" and not np.isfinite(got).all():
+        _name_a_max_from_zero(kernel, launch)
     return got, expected, lse_part, o_part, kind
+
+
+def _wrong_values_said(got, expected, close):
+    """wrong_values, said as out[h, e] and lse[h] (the check holds lse as one more column of out)."""
+    out, lse = got[:, :-1], got[:, -1]
+    out_bad = ~np.isclose(out, expected[:, :-1], **close)
+    lse_bad = ~np.isclose(lse, expected[:, -1], **close)
+    said = []
+    if out_bad.any():
+        h, e = (int(i) for i in np.argwhere(out_bad)[0])
+        said.append(f"out differs in {int(out_bad.sum())} of {out.size} entries, first out[{h}, {e}]: "
+                    f"{got_and_expected(out[h, e], expected[h, e])}")
+    if lse_bad.any():
+        h = int(np.argmax(lse_bad))
+        said.append(f"lse differs in {int(lse_bad.sum())} of {lse.size} heads, first lse[{h}]: "
+                    f"{got_and_expected(lse[h], expected[h, -1])}")
+    if not out_bad.any():
+        said.insert(0, "the outputs are right but lse is not")
+        said.append("lse[h] is M + log of the sum of the weights exp(LSE_c - M)")
+    return "wrong_values", "; ".join(said)
 
 
 def _diagnose_lse_merge(got, expected, lse_part, o_part, kind):
@@ -97,7 +152,7 @@ def _diagnose_lse_merge(got, expected, lse_part, o_part, kind):
         if np.allclose(lse, np.log(w.sum(axis=1)), **close):
             return "lse_without_max", ("the outputs are right but lse is log of the sum of exp(LSE_c - M), "
                                        "the log-sum-exp taken against M: add M back")
-        return None
+        return _wrong_values_said(got, expected, close)
     if np.allclose(out, o_part.mean(axis=1), **close) or np.allclose(out, o_part.sum(axis=1), **close):
         return "merge_unweighted", ("every chunk's output got the same weight: chunk c counts in proportion to "
                                     "exp(LSE_c), its share of the softmax's denominator")
@@ -111,7 +166,7 @@ def _diagnose_lse_merge(got, expected, lse_part, o_part, kind):
             f"step of {step:.1e}, so exp(LSE_c - LSE) with LSE rounded carries that error into every weight and "
             "the weights no longer sum to 1; weigh by exp(LSE_c - M), whose exponent is exact, and divide by "
             "the weights' sum")
-    return None
+    return _wrong_values_said(got, expected, close)
 
 
 register(Exercise(
@@ -119,8 +174,8 @@ register(Exercise(
     kind="kernel",
     run=_run_lse_merge,
     # (n_head, n_chunks, d_v, kind): one of each; sizes that are no multiple of the (16, 4)
-    # block; chunk LSEs around +-1000 (overflow without the max, lost precision with a
-    # rounded LSE); the last chunk's LSE -inf; the first chunk's -inf; LSEs 120 apart, the first
+    # block; chunk LSEs around +-1000 (overflow without the max, underflow of every weight of the
+    # heads near -1000 with a max started at 0, lost precision with a rounded LSE); the last chunk's LSE -inf; the first chunk's -inf; LSEs 120 apart, the first
     # the lowest (overflow with an M that is not the largest); the last chunk's LSE 800 above the
     # others (overflow with a max that misses the last chunk).
     cases=LSE_CASES,
@@ -138,7 +193,7 @@ register(Exercise(
     rtol=1e-5,
     atol=1e-5,
     diagnose=_diagnose_lse_merge,
-    diagnoses=("unstable_softmax", "max_not_largest", "merge_unweighted", "weights_not_normalised",
+    diagnoses=("unstable_softmax", "max_not_largest", "max_started_at_zero", "merge_unweighted", "weights_not_normalised",
                "weights_from_rounded_lse", "lse_is_max", "lse_without_max"),
     # One thread per output component: a head's components written by one thread in a loop are refused.
     limits=(NoSerialCopy("out", access="store"),),
