@@ -158,6 +158,52 @@ def split_head_width_from(axis):
 
 
 @cuda.jit
+def split_head_width_16_in_column(x, out):
+    """The head width written as the simulator's 16 in the column of x (the guard on out's shape): the
+    trial's answer, right whenever d_k is 16."""
+    c, t = cuda.grid(2)
+    bh = cuda.blockIdx.z
+    n_head = out.shape[1]
+    b, h = bh // n_head, bh % n_head
+    if t < out.shape[2] and c < out.shape[3]:
+        out[b, h, t, c] = x[b, t, h * 16 + c]
+
+
+@cuda.jit
+def split_head_width_64_in_column(x, out):
+    """The same with ANDREA-120M's head width, 64."""
+    c, t = cuda.grid(2)
+    bh = cuda.blockIdx.z
+    n_head = out.shape[1]
+    b, h = bh // n_head, bh % n_head
+    if t < out.shape[2] and c < out.shape[3]:
+        out[b, h, t, c] = x[b, t, h * 64 + c]
+
+
+@cuda.jit
+def split_d_k_16(x, out):
+    """d_k = 16 written once, so in the guard too: the first case's threads past d_k 1 pass the guard."""
+    c, t = cuda.grid(2)
+    bh = cuda.blockIdx.z
+    n_head, d_k = out.shape[1], 16
+    b, h = bh // n_head, bh % n_head
+    if t < out.shape[2] and c < d_k:
+        out[b, h, t, c] = x[b, t, h * d_k + c]
+
+
+@cuda.jit
+def split_n_head_from_16(x, out):
+    """d_k = 16 and n_head computed from it, d_model // 16: 0 heads at d_k 1, a division by zero."""
+    c, t = cuda.grid(2)
+    bh = cuda.blockIdx.z
+    d_k = 16
+    n_head = x.shape[2] // d_k
+    b, h = bh // n_head, bh % n_head
+    if t < out.shape[2] and c < d_k:
+        out[b, h, t, c] = x[b, t, h * d_k + c]
+
+
+@cuda.jit
 def split_stub(x, out):
     raise NotImplementedError()
 
@@ -178,12 +224,19 @@ def split_stub(x, out):
                                                    "of x from column 2 * 7 = 14 on, a head width of 7: T, the length "
                                                    "of out's position axis"),
     (split_head_width_from(1), "wrong_head_width", "a head width of 3: n_head, the length of out's head axis"),
+    (split_head_width_16_in_column, "head_width_written_as_number",
+     "a head width of 16 written as a number. A head is d_k = out.shape[3] columns wide: 5 in this case"),
+    (split_head_width_64_in_column, "head_width_written_as_number", "64 only at ANDREA-120M's size"),
+    (split_d_k_16, "head_width_written_as_number", "at d_k 16 (T 7, 2 heads) every value is right: the number 16 "
+                                                   "stands where d_k belongs"),
+    (split_n_head_from_16, "head_width_written_as_number", "16 only at ANDREA-sim's size"),
     (split_stub, "not_implemented", "Hint:"),
     (lambda x, out: None, "not_a_kernel", "@cuda.jit"),
     (multihead.split_heads_kernel, "calls_given_code", "split_heads_kernel"),
 ], ids=["solution", "interleaved", "no_guard", "batch_ignored", "layer_misread", "transposed_in_block",
         "reads_twice", "one_thread_per_row", "thread_0_stages_the_tile", "one_thread", "through_a_tile",
-        "d_k_from_positions", "d_k_from_heads", "stub", "plain_function", "library_kernel"])
+        "d_k_from_positions", "d_k_from_heads", "d_k_16_in_column", "d_k_64_in_column", "d_k_16",
+        "n_head_from_d_k_16", "stub", "plain_function", "library_kernel"])
 def test_split_heads_diagnoses(answer, diagnosis, says):
     result = check("06_split_heads", answer, verbose=False)
     assert (result.diagnosis, result.passed, says in result.message) == (diagnosis, diagnosis == "ok", True), result

@@ -14,10 +14,15 @@ from numba import cuda
 from attention_lib import reference
 from attention_lib.checks import cases as sizes
 from attention_lib.checks.engine import Exercise, register
-from attention_lib.checks.launch import output_array, read_output
+from attention_lib.checks.launch import output_array, plain_launch, read_output
 from attention_lib.checks.result import Diagnosed
 from attention_lib.checks.limits import Coalesced, MostLoads, NoSerialCopy
+from attention_lib.platform.runtime import ANDREA_120M, ANDREA_SIMULATOR
 from attention_lib.stages import multihead
+
+# The head widths a student sees printed, ANDREA-sim's 16 and ANDREA-120M's 64: the numbers a head width
+# written into the kernel takes (the probe of _written_width launches the answer at each).
+MODEL_HEAD_WIDTHS = tuple(sorted({ANDREA_SIMULATOR.d_k, ANDREA_120M.d_k}))
 
 
 class Case(NamedTuple):
@@ -66,12 +71,28 @@ def _head_width_message(h, width, what, d_k):
             f"{what}. A head is d_k = {d_k} columns wide, the length of out's last axis")
 
 
+def _number_message(width, d_k, what=None):
+    """The verdict's words for a head width written as the number `width` at head width d_k."""
+    model = ANDREA_SIMULATOR.name if width == ANDREA_SIMULATOR.d_k else ANDREA_120M.name
+    return (f"{what or f'a head width of {width} written as a number'}. A head is d_k = out.shape[3] columns wide: "
+            f"{d_k} in this case, {width} only at {model}'s size. Read d_k from out's shape, in the column of x "
+            "and in the guard")
+
+
+def _width_named(width, B, T, n_head, d_k):
+    """(code, what) for a head width that is not d_k: wrong_head_width when it is another axis's length,
+    head_width_written_as_number otherwise."""
+    what = next((what for length, what in _other_axes(B, T, n_head, d_k) if length == width), None)
+    return ("wrong_head_width", what) if what is not None else ("head_width_written_as_number", None)
+
+
 def _layer_out_of_range(error, case):
     """Diagnosed when the out-of-bounds access came from a thread whose own position (grid x, grid y)
     lies inside the output: wrong_head_width when it read x in its own sequence and row at the column
-    h * w + c of a head width w that is another axis's length (d_k read from the wrong axis), else
-    grid_layer_order (only what it decoded from the grid layer z can have left the array). None
-    otherwise (a missing guard: the engine's)."""
+    h * w + c of a head width w that is another axis's length (d_k read from the wrong axis),
+    head_width_written_as_number when w is a model's head width (16 or 64) that is no axis's length,
+    else grid_layer_order (only what it decoded from the grid layer z can have left the array). None
+    otherwise (a missing guard, or a guard on a number: the engine's, or _written_width's)."""
     parsed = _out_of_bounds(error)
     if parsed is None:
         return None
@@ -82,18 +103,24 @@ def _layer_out_of_range(error, case):
         return None
     b, h = divmod(block[2], n_head)
     if kind == "read" and array == "x" and len(index) == 3 and index[:2] == (b, y) and h > 0:
+        thread = (f"the thread at grid x {x}, y {y} of grid layer z {block[2]} (sequence {b}, head {h}) read "
+                  f"x{list(index)}, past x's {n_head * d_k} columns: ")
         for width, what in _other_axes(B, T, n_head, d_k):
             if index[2] == h * width + x:
-                return Diagnosed("wrong_head_width", (
-                    f"the thread at grid x {x}, y {y} of grid layer z {block[2]} (sequence {b}, head {h}) read "
-                    f"x{list(index)}, past x's {n_head * d_k} columns: " + _head_width_message(h, width, what, d_k)))
+                return Diagnosed("wrong_head_width", thread + _head_width_message(h, width, what, d_k))
+        for width in MODEL_HEAD_WIDTHS:
+            if index[2] == h * width + x:
+                return Diagnosed("head_width_written_as_number", (
+                    thread + f"head {h}'s columns started at {h} * {width} = {h * width}, "
+                    + _number_message(width, d_k)))
     return Diagnosed("grid_layer_order", (
         f"the thread at grid x {x}, y {y} of grid layer z {block[2]} lies inside the output, yet it "
         f"{'read' if kind == 'read' else 'wrote'} {array}{list(index)}, outside {array}: the sequence or the head "
         "it decoded from z is out of range; the launch numbers the layers z = b * n_head + h, b < B, h < n_head"))
 
 
-def _run_split(kernel, case, rng, launch):
+def _split_once(kernel, case, rng, launch, **options):
+    """(got, expected, x) of one launch at `case`, on x and out with guard zones behind them."""
     B, T, n_head, d_k = case
     d_model = n_head * d_k
     x = rng.standard_normal((B, T, d_model)).astype(np.float32)
@@ -105,18 +132,48 @@ def _run_split(kernel, case, rng, launch):
     d_x = guarded_input(x, ty * (d_model + 1) + tx)               # (B, T, d_model)
     full, out = output_array((B, n_head, T, d_k), guard=ty * (d_k + 1) + tx)
     grid, block = multihead.head_grid(B * n_head, T, d_k)
+    launch(kernel, grid, block, d_x, out, **options)
+    return read_output(full, out), reference.split_heads(x, n_head), x
+
+
+def _written_width(kernel, case):
+    """Diagnosed head_width_written_as_number when the answer, which went out of bounds or raised at
+    `case`, copies every value right at a head width of the models' (16 or 64; T 7 and 2 heads, so that
+    both the guard and the second head's columns count): a head width written as a number fits that d_k
+    only. None otherwise."""
+    if case.d_k in MODEL_HEAD_WIDTHS:
+        return None
+    for width in MODEL_HEAD_WIDTHS:
+        try:
+            got, expected, _ = _split_once(kernel, Case(1, 7, 2, width), np.random.default_rng(width),
+                                           plain_launch, compile=False)
+        except Exception:  # the probe's own failure: no evidence either way
+            continue
+        if np.array_equal(got, expected):
+            return Diagnosed("head_width_written_as_number", (
+                f"a thread went out of bounds or raised here, yet at d_k {width} (T 7, 2 heads) every value is "
+                "right: " + _number_message(width, case.d_k, (
+                    f"the number {width} stands where d_k belongs, in the guard or in the column of x (or a size "
+                    f"that is {width} there only, such as the block's width)"))))
+    return None
+
+
+def _run_split(kernel, case, rng, launch):
     # Which layer copies which (sequence, head) does not matter: out is indexed by both, so any
     # one-to-one reading of z is right; only a reading that leaves the arrays is named.
     try:
-        launch(kernel, grid, block, d_x, out)
+        got, expected, x = _split_once(kernel, case, rng, launch)
     except IndexError as error:
-        raise _layer_out_of_range(error, case) or error from None
-    return read_output(full, out), reference.split_heads(x, n_head), x, n_head
+        raise _layer_out_of_range(error, case) or _written_width(kernel, case) or error from None
+    except ZeroDivisionError as error:          # e.g. n_head computed as d_model // 16 at d_k 1
+        raise _written_width(kernel, case) or error from None
+    return got, expected, x, case.n_head
 
 
 def _diagnose_split(got, expected, x, n_head):
-    """Name the interleaved split, and a head width read from another axis; None for any other mistake
-    (the engine shows where)."""
+    """Name the interleaved split, a head width read from another axis, and one written as a model's
+    number (what a GPU, which checks no index, gives: _read_flat); None for any other mistake (the
+    engine shows where)."""
     B, T, d_model = x.shape
     d_k = d_model // n_head
     interleaved = x.reshape(B, T, d_k, n_head).transpose(0, 3, 1, 2)   # head h: columns h, h + n_head, ...
@@ -129,7 +186,24 @@ def _diagnose_split(got, expected, x, n_head):
         columns = np.arange(n_head)[:, None] * width + np.arange(d_k)       # head h's columns at that width
         if n_head > 1 and columns.max() < d_model and np.array_equal(got, x[:, :, columns].transpose(0, 2, 1, 3)):
             return "wrong_head_width", f"the heads' columns came out of place: {_head_width_message(1, width, what, d_k)}"
+    for width in (*MODEL_HEAD_WIDTHS, *(length for length, _ in _other_axes(B, T, n_head, d_k))):
+        if n_head > 1 and width != d_k and np.array_equal(got, _read_flat(x, n_head, width)):
+            code, what = _width_named(width, B, T, n_head, d_k)
+            if code == "wrong_head_width":
+                return code, f"the heads' columns came out of place: {_head_width_message(1, width, what, d_k)}"
+            return code, (f"head 1's columns of x started at column {width}, not {d_k}: "
+                          + _number_message(width, d_k))
     return None
+
+
+def _read_flat(x, n_head, width):
+    """What a GPU's out holds when each thread reads x[b, t, h * width + c] unchecked: x's elements in
+    memory order, the row's end crossed into the next row, zeros past x (guarded_input's guard zone)."""
+    B, T, d_model = x.shape
+    d_k = d_model // n_head
+    flat = np.concatenate([x.ravel(), np.zeros(x.size + n_head * width + d_k, np.float32)])
+    b, h, t, c = np.indices((B, n_head, T, d_k))
+    return flat[(b * T + t) * d_model + h * width + c]
 
 
 def _split_cases():
@@ -157,7 +231,7 @@ register(Exercise(
     rtol=0.0,   # a split moves values, it computes none: every entry must be exact
     atol=0.0,
     diagnose=_diagnose_split,
-    diagnoses=("heads_interleaved", "grid_layer_order", "wrong_head_width"),
+    diagnoses=("heads_interleaved", "grid_layer_order", "wrong_head_width", "head_width_written_as_number"),
     # Each element of x is copied once, and the 16 threads of a block row (half a warp) read 16
     # consecutive floats: a warp's load of two rows touches at most 4 segments of 128 bytes (each
     # row may straddle a boundary, as a head's columns start anywhere).

@@ -15,7 +15,7 @@ references are ``reference.split_heads``, ``reference.merge_heads`` and
 - ``qkv_scores_kernel`` and ``qkv_weighted_sum_kernel``: the layer's attention without those
   copies, as production kernels do it. The scores of every head are read in place from the fused
   projection (B, T, (n_head + 2 n_kv_head) d_k) through views of its columns, query head h with
-  key/value head h // (n_head / n_kv_head) (grouped-query attention); the weighted sum reads V
+  key/value head h // (n_head // n_kv_head) (grouped-query attention); the weighted sum reads V
   the same way and writes each head's output straight into its columns of the merged (B, T,
   d_model). They call the tiled device functions of notebooks 03 and 01 (``scores.tile_dot``,
   ``projection.tile_matmul``), causal tiles skipped.
@@ -358,7 +358,7 @@ def multi_head_attention(x, w_q, w_k, w_v, w_o, n_head, causal=True,
     w_k, w_v: (d_model, n_kv_head * d_k), d_k = d_model / n_head; b_q, b_o: (d_model,), b_k, b_v:
     (n_kv_head * d_k,) float or None; n_head: int dividing d_model; n_kv_head: key/value heads,
     dividing n_head (None: n_head; fewer: grouped-query attention, query head h reads key/value
-    head h // (n_head / n_kv_head); 1: multi-query attention); causal: each position sees only
+    head h // (n_head // n_kv_head); 1: multi-query attention); causal: each position sees only
     itself and the past -> the shape of x, float32.
     Steps (launch_layer): one fused projection [Q | K | V] = x @ [W_Q | W_K | W_V] (+ biases);
     Q, K and V split into heads; attention for every head of every sequence at once (the head
