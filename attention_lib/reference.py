@@ -9,7 +9,7 @@ Conventions (PyTorch's scaled-dot-product layout):
 - a masked score is -inf, and a row whose scores are all masked gets all-zero weights
   (it attends to nothing), never NaN;
 - grouped-query attention: k and v may have H_kv heads on axis -3 where q has H, H a multiple
-  of H_kv; query head h reads key/value head h // (H / H_kv) (PyTorch's enable_gqa).
+  of H_kv; query head h reads key/value head h // (H // H_kv) (PyTorch's enable_gqa).
 """
 
 import numpy as np

@@ -48,6 +48,9 @@ def in_place(mistake=None):
         t_q, t_k = s.shape[1], s.shape[2]
         if mistake == "axes_swapped":
             i, j = cuda.grid(2)
+        elif mistake == "threads_swapped":                # the blocks right, a warp's lanes down a column
+            i = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.x
+            j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.y
         else:
             j, i = cuda.grid(2)
         h = cuda.blockIdx.z
@@ -82,6 +85,7 @@ def in_place(mistake=None):
     ("no_offset", "mask_ignores_offset", "T_q = 5, T_k = 9"),
     ("minus_1e9", "mask_value_not_neg_inf", "with -1e+09"),
     ("axes_swapped", "grid_axes_swapped", "T_q = 40, T_k = 5"),
+    ("threads_swapped", "uncoalesced", "the values are right, but a warp's store of s at"),
     ("no_window", "mask_ignores_window", "window = 4"),
     ("window_too_wide", "window_off_by_one", "one key off"),
     ("window_zero_literal", "window_zero_not_none", "0 means no window"),

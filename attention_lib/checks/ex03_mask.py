@@ -18,6 +18,7 @@ from attention_lib.checks import cases
 from attention_lib.checks.engine import Exercise, register
 from attention_lib.checks.launch import host_output, output_array, read_output, traced_launch, unwritten
 from attention_lib.checks.result import Diagnosed
+from attention_lib.checks.limits import Coalesced
 
 
 def _run_mask(kernel, case, rng, launch):
@@ -89,11 +90,12 @@ register(Exercise(
     run=_run_mask,
     # (BH, T_q, T_k, window): 7 x 7 (less than a block) first, where every wrong mask below
     # changes a different set of scores (on one score, masking the diagonal and taking window 0
-    # for a window of no keys look alike); one score; 33 x 33 (a partly used last block, several
-    # heads); then 5 queries against 9 keys, as when decoding with a cache; then 40 queries
-    # against 5 keys (rows 0..34 fully masked), where swapped grid axes miss rows; then sliding
+    # for a window of no keys look alike); one score; 5 queries against 9 keys, as when decoding
+    # with a cache; 40 queries against 5 keys (rows 0..34 fully masked), where swapped grid axes miss
+    # rows (before a square size, where they are only uncoalesced); 33 x 33 (a partly used last
+    # block, several heads); then sliding
     # windows: 4 over 19 x 19, 1 (each query sees itself only), and 3 with 5 queries against 12 keys.
-    cases=[(2, 7, 7, 0), (1, 1, 1, 0), (3, 33, 33, 0), (2, 5, 9, 0), (1, 40, 5, 0), (2, 19, 19, 4),
+    cases=[(2, 7, 7, 0), (1, 1, 1, 0), (2, 5, 9, 0), (1, 40, 5, 0), (3, 33, 33, 0), (2, 19, 19, 4),
            (1, 6, 6, 1), (1, 5, 12, 3)],
     describe_case=lambda c: f"BH = {c[0]}, T_q = {c[1]}, T_k = {c[2]}, window = {c[3]}",
     hint=("one thread per score: a thread whose key the mask hides from its query overwrites its score "
@@ -112,6 +114,9 @@ register(Exercise(
     diagnoses=("mask_includes_diagonal", "mask_wrong_side", "mask_not_applied", "mask_ignores_offset",
                "mask_value_not_neg_inf", "grid_axes_swapped", "mask_ignores_window", "window_off_by_one",
                "window_zero_not_none"),
+    # A warp of a 16 x 16 block is two rows of 16 threads: its stores along the keys lie in 2 runs of
+    # 64 bytes, 2 to 4 segments of 128 bytes; lanes down a column of s touch one segment each.
+    limits=(Coalesced("s", 4, access="store"),),
     solution=mask.mask_kernel,
     forbidden=(mask.apply_causal_mask, mask.launch_mask),
 ))

@@ -73,7 +73,7 @@ def kv_group(name, array, like_name, like):
     """How many query heads share each key/value head: 1, or H / H_kv under grouped-query attention.
 
     like: q (..., H, T_q, d_k); array: k or v (..., H_kv, T_k, d) with the same other leading
-    axes, H a multiple of H_kv (query head h reads key/value head h // (H / H_kv)). Anything
+    axes, H a multiple of H_kv (query head h reads key/value head h // (H // H_kv)). Anything
     else is a one-line ValueError naming `name` and the shape it needs.
     """
     lead, kv_lead = like.shape[:-2], array.shape[:-2]

@@ -13,7 +13,7 @@ kernels in three launches, the scores and weights kept on the device between the
 
 Layout as PyTorch's ``scaled_dot_product_attention``: q (..., T_q, d_k), k (..., T_k, d_k),
 v (..., T_k, d_v); under GQA H query heads and H_kv key/value heads on axis -3, query head h
-reading h // (H / H_kv) (``enable_gqa``). Causal with T_q != T_k: the queries are the last T_q
+reading h // (H // H_kv) (``enable_gqa``). Causal with T_q != T_k: the queries are the last T_q
 positions (``reference.causal_mask``); a query that sees no key gets zeros, never NaN.
 """
 

@@ -1002,7 +1002,7 @@ def flash_attention(q, k, v, causal=True, version=None, kernel=None, return_lse=
 
     q: (..., T_q, d_k); k: (..., T_k, d_k); v: (..., T_k, d_v), float, same leading axes, or
     (grouped-query attention) H query heads on q's axis -3 and H_kv key/value heads on k's and
-    v's, H a multiple of H_kv (query head h reads key/value head h // (H / H_kv)); d_k and d_v
+    v's, H a multiple of H_kv (query head h reads key/value head h // (H // H_kv)); d_k and d_v
     at most MAX_D (version 3: d_v = d_k) -> (..., T_q, d_v) float32, and with
     return_lse also lse (..., T_q) float32, the natural log of each row's sum of exp(score)
     (-inf for a row that sees no key): the backward pass recomputes the weights from it.
