@@ -45,11 +45,13 @@ def _check_grid_axes(got, expected, grid):
 def _warm_up_cases(configuration):
     """(BH, T_q, T_k, d_k), and a scale where it is not 1/sqrt(d_k): all ones first; then T_q = T_k = d_k = 7, where both transposes stay
     in bounds; T_q != T_k next; then a tile + 1 keys and two tiles + 1 queries in 3 heads: partly used
-    blocks, and rows beyond the grid's x extent (two tiles + 1 rows, keys in two tiles). The scale is
+    blocks, and rows beyond the grid's x extent (two tiles + 1 rows, keys in two tiles), after a few scores
+    at the model's head width, 64. The scale is
     1/sqrt(d_k), as the launcher passes it, except in the last case: a kernel that computes it itself
     instead of multiplying by its argument is wrong there."""
     tile = scores.TILE
-    return [(1, 1, 1, 1), (2, 7, 7, 7), (2, 7, 5, 5), (3, 2 * tile + 1, tile + 1, 24, 0.3)]
+    # d_k 64, the model's head width, in a few scores (a loop bounded by a typed 16 or 24 shows there).
+    return [(1, 1, 1, 1), (2, 7, 7, 7), (2, 7, 5, 5), (1, 3, 5, 64), (3, 2 * tile + 1, tile + 1, 24, 0.3)]
 
 
 def _warm_up_scale(case):

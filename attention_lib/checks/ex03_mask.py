@@ -229,11 +229,11 @@ def _causal_cases(configuration):
     exactly when the offset is 1 modulo the tile), the first in two heads; 9 queries that are the
     last of two tiles + 1 positions, in two heads (a test that forgets the offset, or tests the
     tile's first row, skips visible tiles); two tiles + 1, d_k a tile + 4 (3 x 3 tiles, 3 skipped,
-    two steps along d_k)."""
+    two steps along d_k); last, a few scores at the model's head width, 64."""
     tile = scores.TILE
     pairs = cases.offsets(tile)
     return ([(1, 1, 1, 1)] + [(2 if n == 0 else 1, t_q, t_k, 5) for n, (t_q, t_k) in enumerate(pairs)]
-            + [(2, tile // 2 + 1, 2 * tile + 1, 5), (1, 2 * tile + 1, 2 * tile + 1, tile + 4)])
+            + [(2, tile // 2 + 1, 2 * tile + 1, 5), (1, 2 * tile + 1, 2 * tile + 1, tile + 4), (1, 3, 5, 64)])
 
 
 register(Exercise(

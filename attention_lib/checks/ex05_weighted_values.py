@@ -92,7 +92,7 @@ register(Exercise(
     # and one block across, so swapped axes leave outputs unwritten); d_v 24 (two blocks across,
     # the second partly used); 33 queries of 20 keys (three block rows); three heads of 5 queries;
     # a tile less one query, a tile and one key, two tiles and one column.
-    cases=[Case(1, 1, 1, 1), Case(2, 19, 19, 3), Case(2, 7, 5, 24), Case(1, 33, 20, 5), Case(3, 5, 9, 17),
+    cases=[Case(1, 1, 1, 1), Case(2, 19, 19, 3), Case(2, 7, 5, 24), Case(1, 33, 20, 5), Case(3, 5, 9, 17), Case(1, 3, 4, 64),
            Case(1, TILE - 1, TILE + 1, 2 * TILE + 1)],
     hint=("one thread per output element: the grid's x picks the value's feature, y the query, z the "
           "head; the thread walks the keys, adding each weight of its query's row times that key's "

@@ -208,11 +208,12 @@ def _read_flat(x, n_head, width):
 
 def _split_cases():
     """One element; then T and d_k around the 16 x 16 block (a partial block down and across, one
-    exactly full, two across), several heads (an interleaved split differs), a batch of 2."""
+    exactly full, two across), several heads (an interleaved split differs), a batch of 2; last, the
+    model's head width, 64, in a few positions."""
     tile = multihead.BLOCK[0]
     t_short, t_full, t_over = sizes.around(tile)
     return [Case(1, 1, 1, 1), Case(1, 7, 3, 5), Case(2, t_over, 4, 6), Case(1, t_full, 2, t_over + 3),
-            Case(2, t_short, 3, t_full)]
+            Case(2, t_short, 3, t_full), Case(1, 3, 2, 64)]
 
 
 register(Exercise(

@@ -35,7 +35,7 @@ class LseCase(NamedTuple):
 
 LSE_CASES = [LseCase(1, 1, 1, "normal"), LseCase(3, 5, 7, "normal"), LseCase(5, 3, 19, "large"),
              LseCase(2, 4, 33, "masked"), LseCase(3, 4, 5, "first masked"), LseCase(2, 5, 9, "spread"),
-             LseCase(3, 4, 6, "last high")]
+             LseCase(3, 4, 6, "last high"), LseCase(2, 3, 64, "normal")]       # the last: the model's d_v
 
 
 def _lse_partials(n_head, n_chunks, d_v, kind, rng):

@@ -84,7 +84,8 @@ register(Exercise(
     # One query and one key first (P = 1, dS = 0: a check of indexing and the guard); then square
     # causal heads (a transposed P has the right shape there, so it is named), a partial 16 x 16
     # block each way; then T_q != T_k, not causal, two heads.
-    cases=[Case(1, 1, 1, 3, True), Case(1, 7, 7, 4, True), Case(2, 19, 19, 8, True), Case(2, 5, 23, 16, False)],
+    cases=[Case(1, 1, 1, 3, True), Case(1, 7, 7, 4, True), Case(2, 19, 19, 8, True), Case(2, 5, 23, 16, False),
+           Case(1, 5, 6, 64, True)],                                # the model's head width
     hint=("each thread owns one entry (i, j) of one head; the softmax's Jacobian turns dP into dS by "
           "subtracting the row's weighted mean of dP (the row sum D), everything weighted by P; and the "
           "scores were scaled"),

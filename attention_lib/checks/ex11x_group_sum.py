@@ -57,7 +57,8 @@ register(Exercise(
     run=_run_group_sum,
     # No group (1 on 1); a group of 3 (6 on 2) whose T x d entries fill one block and a part (T 9, d 4:
     # 36 entries in blocks of 32); multi-query (4 on 1); a group of 2 over several blocks.
-    cases=[GroupCase(1, 1, 1, 1), GroupCase(6, 2, 9, 4), GroupCase(4, 1, 5, 7), GroupCase(4, 2, 17, 3)],
+    cases=[GroupCase(1, 1, 1, 1), GroupCase(6, 2, 9, 4), GroupCase(4, 1, 5, 7), GroupCase(4, 2, 17, 3),
+           GroupCase(4, 2, 3, 64)],                                 # the model's head width
     hint=("each element of a K/V head's gradient is the sum of group numbers, one from each query head that "
           "reads that K/V head, all at the same position and column; one thread can own that sum, and "
           "neighbouring threads can own neighbouring elements"),
