@@ -73,13 +73,22 @@ def text(element):
     return element.get_attribute("textContent") or ""
 
 
+def kernel_idle(browser):
+    """Whether the notebook's kernel says it is idle: in the notebook's toolbar (JupyterLab 4.6 and on,
+    its execution indicator) or in the status bar (earlier versions)."""
+    indicators = browser.find_elements(By.CSS_SELECTOR, f"{PANEL} .jp-Notebook-ExecutionIndicator")
+    if any(i.get_attribute("data-status") == "idle" for i in indicators):
+        return True
+    return "Idle" in text(browser.find_element(By.CSS_SELECTOR, "#jp-main-statusbar"))
+
+
 def test_a_student_runs_all_answers_and_sees_the_check_pass(tmp_path, browser):
     exercises = [e.exercise_id for e in student_copies.exercises(
         nbformat.read(ROOT / "notebooks" / NOTEBOOK, as_version=4))]
     with running_lab(tmp_path / "my-notebooks", tmp_path / "lab.log") as (url, _):
         browser.get(f"{url}/lab/tree/{NOTEBOOK}?token={TOKEN}")
         wait_for("the notebook with its kernel idle", lambda: browser.find_elements(By.CSS_SELECTOR, f"{PANEL} .jp-Cell")
-                 and "Idle" in text(browser.find_element(By.CSS_SELECTOR, "#jp-main-statusbar")), 90)
+                 and kernel_idle(browser), 90)
 
         menu = next(m for m in browser.find_elements(By.CSS_SELECTOR, ".lm-MenuBar-itemLabel") if m.text == "Run")
         menu.click()
