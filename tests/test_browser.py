@@ -111,7 +111,10 @@ def test_a_student_runs_all_answers_and_sees_the_check_pass(tmp_path, browser):
         try:
             found = wait_for("every cell run by Run All, and every exercise's verdict shown", verdicts, 180)
         except pytest.fail.Exception:
-            pytest.fail(f"after Run All the page shows the verdicts {seen}, not one for each of {exercises}")
+            prompts = [text(p).strip() for p in browser.find_elements(By.CSS_SELECTOR, f"{PANEL} .jp-CodeCell .jp-InputPrompt")]
+            browser.save_screenshot(str(tmp_path / "after-run-all.png"))
+            pytest.fail(f"after Run All the page shows the verdicts {seen}, not one for each of {exercises}; the "
+                        f"cells' prompts: {prompts} (a screenshot: {tmp_path / 'after-run-all.png'})")
         # Every exercise's check says so (notebook 00 also shows a check of its own before them).
         for exercise in exercises:
             assert any(v.startswith(f"✘ {exercise} [not_implemented]: not implemented yet. Hint:") for v in found), found
