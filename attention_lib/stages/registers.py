@@ -11,9 +11,9 @@ in local memory: per-thread device memory (DRAM, cached in L1 and L2), one load 
 
 - NumPy reference: ``attention_lib.reference.scores(q, k, scale=False)``.
 - ``row_scores_kernel_v1``: the loops bounded by ``q.shape[1]``: the array in local memory (the
-  exercise's given kernel).
-- ``row_scores_kernel_v2``: the loops bounded by D: the array in registers (the warm-up's
-  solution). Each multiply-add still loads its element of k from main memory.
+  kernel report, ptxas for sm_90: a stack frame of 4 D bytes; the exercise's given kernel).
+- ``row_scores_kernel_v2``: the loops bounded by D: the array in registers (the kernel report: a
+  0-byte stack frame; the warm-up's solution). Each multiply-add still loads its element of k from main memory.
 - ``row_scores_kernel_v3``: v2 with k staged through shared memory, a tile of ROWS_PER_BLOCK keys
   a step, so that a block reads each element of k from main memory once instead of once per row
   (the main exercise's solution); q_row stays in registers (the kernel report: a 0-byte stack
